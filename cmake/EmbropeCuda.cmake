@@ -1,0 +1,22 @@
+# CUDA detection: EMBROPE_CUDA=AUTO enables CUDA when nvcc is found. The default target is
+# sm_90 (Hopper: H100, H200); set CMAKE_CUDA_ARCHITECTURES (e.g. "80;90") to change it.
+set(EMBROPE_WITH_CUDA OFF)
+if(NOT EMBROPE_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    endif()
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    find_package(CUDAToolkit REQUIRED)
+    set(EMBROPE_WITH_CUDA ON)
+  elseif(EMBROPE_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "EMBROPE_CUDA=ON but no CUDA compiler was found (put nvcc on PATH or "
+                        "set CMAKE_CUDA_COMPILER)")
+  else()
+    message(STATUS "embrope: no CUDA compiler found; building the CPU backend only")
+  endif()
+endif()

@@ -1,0 +1,23 @@
+# Build options of embrope.
+set(EMBROPE_CUDA AUTO CACHE STRING "Build the CUDA kernels: AUTO (when nvcc is found), ON or OFF")
+set_property(CACHE EMBROPE_CUDA PROPERTY STRINGS AUTO ON OFF)
+option(EMBROPE_BUILD_TESTS "Build the tests" ${PROJECT_IS_TOP_LEVEL})
+option(EMBROPE_BUILD_BENCHMARKS "Build the benchmark executable" ${PROJECT_IS_TOP_LEVEL})
+option(EMBROPE_BUILD_EXAMPLES "Build the examples" ${PROJECT_IS_TOP_LEVEL})
+set(EMBROPE_CONFORMANCE_DIR "${PROJECT_SOURCE_DIR}/../shared/conformance/onnx-rotary-embedding"
+    CACHE PATH "ONNX RotaryEmbedding conformance vectors (JSON)")
+option(EMBROPE_WERROR "Treat warnings in embrope's own code as errors" ON)
+
+# -Wall -Wextra (and -Werror) for a target of embrope's own, for C++ and CUDA sources alike.
+function(embrope_warnings target)
+  set(cxx -Wall -Wextra)
+  set(cuda -Xcompiler=-Wall,-Wextra)
+  if(EMBROPE_WERROR)
+    list(APPEND cxx -Werror)
+    list(APPEND cuda -Werror=all-warnings -Xcompiler=-Werror)
+  endif()
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:${cxx}>
+    $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra $<$<BOOL:${EMBROPE_WERROR}>:-Werror>>
+    $<$<COMPILE_LANGUAGE:CUDA>:${cuda}>)
+endfunction()

@@ -1,0 +1,73 @@
+// Shared pieces of the CUDA backend: error checks, the current-device guard, and the
+// bad-index record protocol of DESIGN.md section 5.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "embrope/detail/bad_index.hpp"
+#include "embrope/error.hpp"
+#include "embrope/tensor.hpp"
+
+namespace embrope::cuda {
+
+[[noreturn]] void throw_cuda_error(cudaError_t status, const char* what);
+
+inline void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw_cuda_error(status, what);
+}
+
+inline cudaStream_t to_cuda(Stream stream) { return static_cast<cudaStream_t>(stream.handle); }
+
+// Makes `device` current for the guard's lifetime.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(Device device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// Checks the launch that has just been enqueued.
+inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+// Bad-index protocol. A thread that meets a bad row lowers record->key with an atomic min.
+// When a block is done, one of its threads takes a ticket; the last block of the grid then
+// re-resolves the row named by the key and, if that row is bad in this launch, writes the
+// value and range (so that value and key always describe the same row, whatever the order
+// in which blocks ran). record->reserved counts finished blocks and is reset by the last.
+__device__ __forceinline__ void report_bad_row(detail::BadIndexRecord* record, std::int64_t key) {
+  atomicMin(reinterpret_cast<unsigned long long*>(&record->key),
+            static_cast<unsigned long long>(key));
+}
+
+// Call with all threads of the block after their last report_bad_row. Returns true in one
+// thread of the last block to finish; that thread then describes the record.
+__device__ __forceinline__ bool last_block_done(detail::BadIndexRecord* record) {
+  __shared__ bool is_last;
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    __threadfence();
+    const unsigned total = gridDim.x * gridDim.y * gridDim.z;
+    const unsigned ticket = atomicAdd(reinterpret_cast<unsigned*>(&record->reserved), 1u);
+    is_last = ticket == total - 1;
+    if (is_last) {
+      __threadfence();
+      record->reserved = 0;
+    }
+  }
+  __syncthreads();
+  return is_last && threadIdx.x == 0 && threadIdx.y == 0;
+}
+
+// Grid size for a grid-stride loop over `work` items of `per_block` each.
+inline unsigned grid_for(std::int64_t work, std::int64_t per_block, unsigned cap = 65535u * 8u) {
+  const std::int64_t blocks = (work + per_block - 1) / per_block;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
+}
+
+}  // namespace embrope::cuda

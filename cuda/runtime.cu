@@ -1,0 +1,78 @@
+// CUDA runtime services of the backend: devices, memory, copies, synchronisation.
+#include <fmt/format.h>
+
+#include "../src/backend.hpp"
+#include "common.cuh"
+
+namespace embrope::cuda {
+
+void throw_cuda_error(cudaError_t status, const char* what) {
+  (void)cudaGetLastError();  // clear a sticky launch error so the context stays usable
+  const ErrorCode code =
+      status == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::cuda_error;
+  throw Error(code, fmt::format("{}: {} ({})", what, cudaGetErrorString(status),
+                                cudaGetErrorName(status)));
+}
+
+DeviceGuard::DeviceGuard(Device device) {
+  check(cudaGetDevice(&previous_), "cudaGetDevice");
+  if (previous_ != device.index) {
+    check(cudaSetDevice(device.index), "cudaSetDevice");
+  } else {
+    previous_ = -1;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) (void)cudaSetDevice(previous_);
+}
+
+int device_count() {
+  int count = 0;
+  // Without a driver this returns an error rather than 0 devices (DESIGN.md section 7).
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+void* allocate(std::size_t bytes, Device device) {
+  DeviceGuard guard(device);
+  void* pointer = nullptr;
+  check(cudaMalloc(&pointer, bytes == 0 ? 1 : bytes), "cudaMalloc");
+  return pointer;
+}
+
+void release(void* pointer, Device device) noexcept {
+  if (pointer == nullptr) return;
+  int previous = -1;
+  if (cudaGetDevice(&previous) == cudaSuccess && previous != device.index) {
+    (void)cudaSetDevice(device.index);
+  }
+  (void)cudaFree(pointer);
+  if (previous >= 0 && previous != device.index) (void)cudaSetDevice(previous);
+  (void)cudaGetLastError();
+}
+
+void copy_to_host(void* host, const void* device_pointer, std::size_t bytes, Device device,
+                  Stream stream) {
+  DeviceGuard guard(device);
+  check(cudaMemcpyAsync(host, device_pointer, bytes, cudaMemcpyDeviceToHost, to_cuda(stream)),
+        "cudaMemcpyAsync (device to host)");
+  check(cudaStreamSynchronize(to_cuda(stream)), "cudaStreamSynchronize");
+}
+
+void copy_to_device(void* device_pointer, const void* host, std::size_t bytes, Device device,
+                    Stream stream) {
+  DeviceGuard guard(device);
+  check(cudaMemcpyAsync(device_pointer, host, bytes, cudaMemcpyHostToDevice, to_cuda(stream)),
+        "cudaMemcpyAsync (host to device)");
+}
+
+void synchronize(Stream stream, Device device) {
+  DeviceGuard guard(device);
+  check(cudaStreamSynchronize(to_cuda(stream)), "cudaStreamSynchronize");
+}
+
+}  // namespace embrope::cuda

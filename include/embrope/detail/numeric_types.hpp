@@ -1,0 +1,101 @@
+// float16 and bfloat16 storage types and their conversions to and from float32, written once
+// for both backends. Conversions to 16 bits round to nearest even (DESIGN.md section 4);
+// NaN stays NaN and overflow gives infinity. Bit-exact on the CPU and the GPU.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "embrope/detail/config.hpp"
+
+namespace embrope::detail {
+
+struct Half {
+  std::uint16_t bits;
+};
+struct BFloat16 {
+  std::uint16_t bits;
+};
+
+EMBROPE_HD std::uint32_t float_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+EMBROPE_HD float bits_float(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// bfloat16 is the top half of a float32: widen by shifting, narrow by rounding the low half.
+EMBROPE_HD float bfloat16_to_float(std::uint16_t h) { return bits_float(std::uint32_t{h} << 16); }
+EMBROPE_HD std::uint16_t float_to_bfloat16(float f) {
+  std::uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+// IEEE binary16 <-> binary32, after F. Giesen's branch-light conversions (public domain,
+// "half_to_float" and "float_to_half_fast3_rtne").
+EMBROPE_HD float half_to_float(std::uint16_t h) {
+  constexpr std::uint32_t shifted_exp = 0x7c00u << 13;  // exponent mask after shift
+  std::uint32_t o = (std::uint32_t{h} & 0x7fffu) << 13;
+  const std::uint32_t exp = shifted_exp & o;
+  o += (127u - 15u) << 23;  // rebias the exponent
+  if (exp == shifted_exp) {
+    o += (128u - 16u) << 23;  // Inf or NaN: exponent all ones
+  } else if (exp == 0) {
+    o += 1u << 23;  // zero or subnormal: renormalise through a float subtraction
+    o = float_bits(bits_float(o) - bits_float(113u << 23));
+  }
+  o |= (std::uint32_t{h} & 0x8000u) << 16;
+  return bits_float(o);
+}
+
+EMBROPE_HD std::uint16_t float_to_half(float value) {
+  constexpr std::uint32_t f32_infinity = 255u << 23;
+  constexpr std::uint32_t f16_overflow = (127u + 16u) << 23;  // 65536: rounds to infinity
+  constexpr std::uint32_t denorm_magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+  std::uint32_t f = float_bits(value);
+  const std::uint32_t sign = f & 0x80000000u;
+  f ^= sign;
+  std::uint16_t o;
+  if (f >= f16_overflow) {
+    o = f > f32_infinity ? 0x7e00u : 0x7c00u;  // NaN stays (quiet) NaN, the rest is Inf
+  } else if (f < (113u << 23)) {
+    // Result is subnormal or zero: one float addition aligns the mantissa and rounds it to
+    // nearest even (the FPU's rounding mode; embrope never builds with flush-to-zero).
+    o = static_cast<std::uint16_t>(float_bits(bits_float(f) + bits_float(denorm_magic)) -
+                                   denorm_magic);
+  } else {
+    const std::uint32_t mantissa_odd = (f >> 13) & 1u;
+    f += (static_cast<std::uint32_t>(15 - 127) << 23) + 0xfffu;  // rebias and round
+    f += mantissa_odd;                                           // ties to even
+    o = static_cast<std::uint16_t>(f >> 13);
+  }
+  return static_cast<std::uint16_t>(o | (sign >> 16));
+}
+
+// Load and store of a value element as float32.
+EMBROPE_HD float to_float(float x) { return x; }
+EMBROPE_HD float to_float(Half x) { return half_to_float(x.bits); }
+EMBROPE_HD float to_float(BFloat16 x) { return bfloat16_to_float(x.bits); }
+
+template <typename T>
+EMBROPE_HD T from_float(float x);
+template <>
+EMBROPE_HD float from_float<float>(float x) {
+  return x;
+}
+template <>
+EMBROPE_HD Half from_float<Half>(float x) {
+  return Half{float_to_half(x)};
+}
+template <>
+EMBROPE_HD BFloat16 from_float<BFloat16>(float x) {
+  return BFloat16{float_to_bfloat16(x)};
+}
+
+}  // namespace embrope::detail

@@ -1,0 +1,103 @@
+// The validated, flattened arguments of each op: produced once on the host by src/<op>.cpp,
+// consumed by the CPU kernel (src/cpu/) and the CUDA kernel (cuda/). Kernels trust them.
+#pragma once
+
+#include <cstdint>
+
+#include "embrope/detail/bad_index.hpp"
+#include "embrope/detail/config.hpp"
+#include "embrope/embedding.hpp"
+#include "embrope/rope.hpp"
+#include "embrope/tensor.hpp"
+
+namespace embrope::detail {
+
+// One of q and k: [B, S, H, D] views (a [T, H, D] tensor is B = 1, S = T).
+struct RopeHeads {
+  const void* in = nullptr;
+  void* out = nullptr;
+  std::int64_t heads = 0;
+  std::int64_t in_stride_b = 0, in_stride_s = 0, in_stride_h = 0;
+  std::int64_t out_stride_b = 0, out_stride_s = 0, out_stride_h = 0;
+};
+
+struct RopeParams {
+  RopeHeads q, k;
+  bool has_k = false;
+  DType dtype = DType::float32;  // of q and k (inputs and outputs)
+  std::int64_t batch = 0, seq = 0;
+  std::int64_t head_dim = 0, rotary_dim = 0;
+  const void* positions = nullptr;
+  DType position_dtype = DType::int64;
+  std::int64_t position_stride_b = 0, position_stride_s = 0;
+  // Row p of the table: cos at cos + p * cos_stride, sin at sin + p * sin_stride, R/2 each.
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  DType table_dtype = DType::float32;
+  std::int64_t cos_stride = 0, sin_stride = 0;
+  std::int64_t table_rows = 0;
+  RopeLayout layout = RopeLayout::neox;
+  bool inverse = false;
+  BadIndexRecord* bad = nullptr;
+};
+
+// Row n of an embed call (a flat row-major index over ids' shape) maps to element offsets in
+// ids, out (its leading dimensions), position_ids and type_ids.
+struct RowIndex {
+  enum Operand { ids = 0, out = 1, position_ids = 2, type_ids = 3, count = 4 };
+  int ndim = 0;
+  std::int64_t shape[kMaxDims] = {};
+  std::int64_t stride[count][kMaxDims] = {};
+};
+
+EMBROPE_HD void row_offsets(const RowIndex& index, std::int64_t row, std::int64_t* offsets) {
+  for (int t = 0; t < RowIndex::count; ++t) offsets[t] = 0;
+  for (int d = index.ndim - 1; d >= 0; --d) {
+    const std::int64_t extent = index.shape[d];
+    const std::int64_t coord = row % extent;
+    row /= extent;
+    for (int t = 0; t < RowIndex::count; ++t) offsets[t] += coord * index.stride[t][d];
+  }
+}
+
+struct EmbedParams {
+  DType dtype = DType::float32;  // of every table and of out
+  std::int64_t rows = 0;         // number of ids
+  std::int64_t dim = 0;          // D
+  RowIndex index;
+  const void* ids = nullptr;
+  DType id_dtype = DType::int64;
+  void* out = nullptr;
+
+  const void* table = nullptr;
+  std::int64_t vocab_size = 0, table_stride = 0, vocab_start = 0;
+  bool vocab_shard = false;
+  float scale = 1.0f;
+
+  PositionEncoding positions = PositionEncoding::none;
+  const void* position_table = nullptr;
+  std::int64_t max_positions = 0, position_table_stride = 0;
+  const void* position_ids = nullptr;  // null: implicit offset_b + s
+  DType position_id_dtype = DType::int64;
+  const void* position_offsets = nullptr;  // null: offsets are 0
+  DType position_offset_dtype = DType::int64;
+  std::int64_t position_offset_stride = 0;
+  std::int64_t seq_len = 1;  // S of implicit positions: row n is (b, s) = (n / S, n % S)
+  double sinusoid_base = 10000.0;
+  SinusoidLayout sinusoid_layout = SinusoidLayout::interleaved;
+
+  const void* type_table = nullptr;
+  std::int64_t num_types = 0, type_table_stride = 0;
+  const void* type_ids = nullptr;
+  DType type_id_dtype = DType::int64;
+
+  BadIndexRecord* bad = nullptr;
+};
+
+// Loads an index element of either index dtype.
+EMBROPE_HD std::int64_t load_index(const void* base, DType dtype, std::int64_t offset) {
+  return dtype == DType::int32 ? static_cast<std::int64_t>(static_cast<const std::int32_t*>(base)[offset])
+                               : static_cast<const std::int64_t*>(base)[offset];
+}
+
+}  // namespace embrope::detail

@@ -1,0 +1,36 @@
+// The arithmetic of rotary position embedding, shared by the CPU and CUDA backends.
+// Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding", eq. 34:
+// pair (a, b) at angle theta becomes (a cos - b sin, a sin + b cos),
+// theta_i = p * base^(-2i/R).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "embrope/detail/config.hpp"
+
+namespace embrope::detail {
+
+// inv_freq_i = base^(-2i / rotary_dim), in float64 (DESIGN.md 3.3, 4).
+EMBROPE_HD double rope_inv_freq(std::int64_t i, std::int64_t rotary_dim, double base) {
+  return ::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rotary_dim));
+}
+
+// One cache entry: cos and sin of p * inv_freq times the attention factor, all in float64,
+// rounded once to float32 (DESIGN.md 3.5).
+EMBROPE_HD void rope_cos_sin(std::int64_t position, double inv_freq, double attention_factor,
+                             float* cos_out, float* sin_out) {
+  const double angle = static_cast<double>(position) * inv_freq;
+  *cos_out = static_cast<float>(::cos(angle) * attention_factor);
+  *sin_out = static_cast<float>(::sin(angle) * attention_factor);
+}
+
+// Rotation of one pair by the angle whose cos and sin are given (sin negated for inverse).
+EMBROPE_HD void rotate_pair(float& a, float& b, float cos_v, float sin_v) {
+  const float ra = a * cos_v - b * sin_v;
+  const float rb = a * sin_v + b * cos_v;
+  a = ra;
+  b = rb;
+}
+
+}  // namespace embrope::detail

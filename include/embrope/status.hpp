@@ -1,0 +1,45 @@
+// Bad ids and positions found by kernels (DESIGN.md section 5).
+//
+// A kernel that meets an id outside the vocabulary or a position outside the cache reads and
+// writes nothing out of bounds, zero-fills the affected output rows and records the first
+// offending row. By default the op then throws an Error of code index_out_of_range (on a GPU
+// this costs one stream synchronisation). A caller that cannot afford the synchronisation
+// passes a DeferredStatus in the op's options: the op then returns without waiting, and the
+// caller calls check() when it chooses to.
+#pragma once
+
+#include "embrope/detail/export.hpp"
+
+#include <cstdint>
+
+#include "embrope/detail/bad_index.hpp"
+#include "embrope/tensor.hpp"
+
+namespace embrope {
+
+// Collects bad-index reports of any number of ops until check(). Not thread-safe: give each
+// thread (or stream) its own. Lives on the device of the ops that report to it.
+class EMBROPE_EXPORT DeferredStatus {
+ public:
+  explicit DeferredStatus(Device device = Device::cpu());
+  ~DeferredStatus();
+  DeferredStatus(const DeferredStatus&) = delete;
+  DeferredStatus& operator=(const DeferredStatus&) = delete;
+
+  Device device() const { return device_; }
+  // Throws Error(index_out_of_range) describing the first bad row recorded since the last
+  // check, then clears the record. On a GPU, synchronises the given stream first.
+  void check(Stream stream = {});
+  // True when nothing has been recorded (synchronises like check()).
+  bool ok(Stream stream = {});
+
+  // The record the kernels write; device memory for CUDA statuses.
+  detail::BadIndexRecord* record() const { return record_; }
+
+ private:
+  detail::BadIndexRecord read(Stream stream);
+  Device device_;
+  detail::BadIndexRecord* record_ = nullptr;
+};
+
+}  // namespace embrope

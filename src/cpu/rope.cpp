@@ -1,0 +1,118 @@
+// RoPE on the CPU: Su et al. 2021 (RoFormer), pairs as in GPT-NeoX (rotate_half) or GPT-J
+// (interleaved). One (token, head) row per iteration, threaded with OpenMP; the inner loops
+// touch only the row and the token's cos/sin row and are vectorized (omp simd).
+#include <algorithm>
+#include <cstring>
+
+#include "../backend.hpp"
+#include "embrope/detail/numeric_types.hpp"
+#include "embrope/detail/rope_math.hpp"
+
+namespace embrope::cpu {
+namespace {
+
+using detail::BFloat16;
+using detail::from_float;
+using detail::Half;
+using detail::to_float;
+
+// Rotates one head row. `in` and `out` may be the same row (each iteration reads and writes
+// only its own pair, so in place is safe under simd).
+template <typename T, typename C>
+void rotate_row(const T* in, T* out, const C* cos_row, const C* sin_row, std::int64_t rotary_dim,
+                std::int64_t head_dim, RopeLayout layout, float sin_sign) {
+  const std::int64_t half = rotary_dim / 2;
+  if (layout == RopeLayout::neox) {
+#pragma omp simd
+    for (std::int64_t i = 0; i < half; ++i) {
+      float a = to_float(in[i]);
+      float b = to_float(in[i + half]);
+      detail::rotate_pair(a, b, to_float(cos_row[i]), sin_sign * to_float(sin_row[i]));
+      out[i] = from_float<T>(a);
+      out[i + half] = from_float<T>(b);
+    }
+  } else {
+#pragma omp simd
+    for (std::int64_t i = 0; i < half; ++i) {
+      float a = to_float(in[2 * i]);
+      float b = to_float(in[2 * i + 1]);
+      detail::rotate_pair(a, b, to_float(cos_row[i]), sin_sign * to_float(sin_row[i]));
+      out[2 * i] = from_float<T>(a);
+      out[2 * i + 1] = from_float<T>(b);
+    }
+  }
+  if (out != in && head_dim > rotary_dim) {
+    std::memcpy(out + rotary_dim, in + rotary_dim,
+                static_cast<std::size_t>(head_dim - rotary_dim) * sizeof(T));
+  }
+}
+
+template <typename T, typename C>
+void rope_kernel(const detail::RopeParams& p) {
+  const std::int64_t tokens = p.batch * p.seq;
+  const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
+  const std::int64_t rows = tokens * heads;
+  const float sin_sign = p.inverse ? -1.0f : 1.0f;
+  const auto* cos_base = static_cast<const C*>(p.cos);
+  const auto* sin_base = static_cast<const C*>(p.sin);
+  std::int64_t first_bad = detail::kNoBadIndex;
+  // Threads pay off only past a few thousand elements (decode-sized calls stay serial).
+  const bool threaded = rows * p.head_dim >= (1 << 15);
+
+#pragma omp parallel for schedule(static) reduction(min : first_bad) if (threaded)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t t = r / heads;
+    const std::int64_t h = r % heads;
+    const std::int64_t b = t / p.seq;
+    const std::int64_t s = t % p.seq;
+    const bool is_q = h < p.q.heads;
+    const detail::RopeHeads& x = is_q ? p.q : p.k;
+    const std::int64_t hh = is_q ? h : h - p.q.heads;
+    const T* in = static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s +
+                  hh * x.in_stride_h;
+    T* out = static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s +
+             hh * x.out_stride_h;
+    const std::int64_t position =
+        detail::load_index(p.positions, p.position_dtype,
+                           b * p.position_stride_b + s * p.position_stride_s);
+    if (position < 0 || position >= p.table_rows) {
+      std::fill(out, out + p.head_dim, from_float<T>(0.0f));
+      first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+      continue;
+    }
+    rotate_row(in, out, cos_base + position * p.cos_stride, sin_base + position * p.sin_stride,
+               p.rotary_dim, p.head_dim, p.layout, sin_sign);
+  }
+
+  if (first_bad != detail::kNoBadIndex && first_bad < p.bad->key) {
+    const std::int64_t t = first_bad / 8;
+    p.bad->key = first_bad;
+    p.bad->value = detail::load_index(p.positions, p.position_dtype,
+                                      (t / p.seq) * p.position_stride_b +
+                                          (t % p.seq) * p.position_stride_s);
+    p.bad->lower = 0;
+    p.bad->upper = p.table_rows;
+    p.bad->op = static_cast<std::int32_t>(detail::BadIndexOp::apply_rope);
+  }
+}
+
+template <typename T>
+void rope_for_table(const detail::RopeParams& p) {
+  switch (p.table_dtype) {
+    case DType::float16: return rope_kernel<T, Half>(p);
+    case DType::bfloat16: return rope_kernel<T, BFloat16>(p);
+    default: return rope_kernel<T, float>(p);
+  }
+}
+
+}  // namespace
+
+void apply_rope(const detail::RopeParams& p) {
+  switch (p.dtype) {
+    case DType::float16: return rope_for_table<Half>(p);
+    case DType::bfloat16: return rope_for_table<BFloat16>(p);
+    default: return rope_for_table<float>(p);
+  }
+}
+
+}  // namespace embrope::cpu

@@ -1,0 +1,160 @@
+// embed: validate once, fill EmbedParams, dispatch to the CPU or CUDA kernel.
+#include "embrope/embedding.hpp"
+
+#include <cmath>
+
+#include "backend.hpp"
+#include "bad_index.hpp"
+#include "validate.hpp"
+
+namespace embrope {
+namespace {
+
+constexpr const char* kOp = "embed";
+using validate::fail;
+
+// A [rows, D] table in the table's dtype on the table's device.
+void check_table(const char* name, const Tensor& t, const Tensor& table) {
+  validate::check_view(kOp, name, t, 2, 2);
+  validate::check_same_device(kOp, name, t, "table", table.device());
+  validate::check_same_dtype(kOp, name, t, "table", table.dtype());
+  validate::check_last_contiguous(kOp, name, t);
+  validate::check_dim(kOp, name, t, 1, table.shape(1), "the embedding dim D of table");
+}
+
+// An index tensor shaped like ids, on the ids' device.
+void check_like_ids(const char* name, const Tensor& t, const Tensor& ids) {
+  validate::check_view(kOp, name, t, ids.ndim(), ids.ndim());
+  validate::check_index_dtype(kOp, name, t);
+  validate::check_same_device(kOp, name, t, "ids", ids.device());
+  for (int d = 0; d < ids.ndim(); ++d) {
+    if (t.shape(d) != ids.shape(d)) {
+      fail(kOp, "{} has shape {} but ids has {}; they must match", name,
+           validate::shape_string(t), validate::shape_string(ids));
+    }
+  }
+}
+
+}  // namespace
+
+void embed(const Tensor& table, const Tensor& ids, const Tensor& out, const EmbedOptions& o) {
+  validate::check_view(kOp, "table", table, 2, 2);
+  validate::check_value_dtype(kOp, "table", table);
+  validate::check_last_contiguous(kOp, "table", table);
+  const Device device = table.device();
+  validate::check_device_usable(kOp, device);
+  const std::int64_t dim = table.shape(1);
+
+  validate::check_view(kOp, "ids", ids, 0, kMaxDims - 1);
+  validate::check_index_dtype(kOp, "ids", ids);
+  validate::check_same_device(kOp, "ids", ids, "table", device);
+
+  validate::check_view(kOp, "out", out, ids.ndim() + 1, ids.ndim() + 1);
+  validate::check_same_device(kOp, "out", out, "table", device);
+  validate::check_same_dtype(kOp, "out", out, "table", table.dtype());
+  validate::check_last_contiguous(kOp, "out", out);
+  for (int d = 0; d < ids.ndim(); ++d) {
+    validate::check_dim(kOp, "out", out, d, ids.shape(d), "the shape of ids");
+  }
+  validate::check_dim(kOp, "out", out, ids.ndim(), dim, "the embedding dim D of table");
+  if (!std::isfinite(o.scale)) fail(kOp, "scale {} must be finite", o.scale);
+
+  detail::EmbedParams p;
+  p.dtype = table.dtype();
+  p.rows = ids.numel();
+  p.dim = dim;
+  p.index.ndim = ids.ndim();
+  for (int d = 0; d < ids.ndim(); ++d) {
+    p.index.shape[d] = ids.shape(d);
+    p.index.stride[detail::RowIndex::ids][d] = ids.stride(d);
+    p.index.stride[detail::RowIndex::out][d] = out.stride(d);
+  }
+  p.ids = ids.data();
+  p.id_dtype = ids.dtype();
+  p.out = out.data();
+  p.table = table.data();
+  p.vocab_size = table.shape(0);
+  p.table_stride = table.stride(0);
+  p.vocab_start = o.vocab_start;
+  p.vocab_shard = o.vocab_shard;
+  p.scale = o.scale;
+  if (o.vocab_start < 0) fail(kOp, "vocab_start {} must not be negative", o.vocab_start);
+
+  p.positions = o.positions;
+  const bool uses_positions = o.positions != PositionEncoding::none;
+  if (!uses_positions && (o.position_table || o.position_ids || o.position_offsets)) {
+    fail(kOp, "position tensors are given but positions is PositionEncoding::none");
+  }
+  if (o.positions == PositionEncoding::learned) {
+    if (!o.position_table) fail(kOp, "learned positions need a position_table");
+    check_table("position_table", *o.position_table, table);
+    p.position_table = o.position_table->data();
+    p.max_positions = o.position_table->shape(0);
+    p.position_table_stride = o.position_table->stride(0);
+  }
+  if (o.positions == PositionEncoding::sinusoidal) {
+    if (o.position_table) fail(kOp, "position_table is given but positions are sinusoidal");
+    if (dim % 2 != 0) fail(kOp, "sinusoidal positions need an even D, got D {}", dim);
+    if (!(std::isfinite(o.sinusoid_base) && o.sinusoid_base > 0.0)) {
+      fail(kOp, "sinusoid_base {} must be finite and positive", o.sinusoid_base);
+    }
+    p.sinusoid_base = o.sinusoid_base;
+    p.sinusoid_layout = o.sinusoid_layout;
+  }
+  if (uses_positions) {
+    if (o.position_ids && o.position_offsets) {
+      fail(kOp, "position_ids and position_offsets are exclusive (explicit or implicit positions)");
+    }
+    if (o.position_ids) {
+      check_like_ids("position_ids", *o.position_ids, ids);
+      p.position_ids = o.position_ids->data();
+      p.position_id_dtype = o.position_ids->dtype();
+      for (int d = 0; d < ids.ndim(); ++d) {
+        p.index.stride[detail::RowIndex::position_ids][d] = o.position_ids->stride(d);
+      }
+    } else {
+      if (ids.ndim() < 1 || ids.ndim() > 2) {
+        fail(kOp, "implicit positions need ids of shape [S] or [B, S], got {}",
+             validate::shape_string(ids));
+      }
+      p.seq_len = ids.shape(ids.ndim() - 1);
+      if (o.position_offsets) {
+        const Tensor& offsets = *o.position_offsets;
+        validate::check_view(kOp, "position_offsets", offsets, 1, 1);
+        validate::check_index_dtype(kOp, "position_offsets", offsets);
+        validate::check_same_device(kOp, "position_offsets", offsets, "ids", device);
+        const std::int64_t rows_b = ids.ndim() == 2 ? ids.shape(0) : 1;
+        validate::check_dim(kOp, "position_offsets", offsets, 0, rows_b, "the batch size of ids");
+        p.position_offsets = offsets.data();
+        p.position_offset_dtype = offsets.dtype();
+        p.position_offset_stride = offsets.stride(0);
+      }
+    }
+  }
+
+  if (o.type_table || o.type_ids) {
+    if (!o.type_table || !o.type_ids) fail(kOp, "type_table and type_ids come together");
+    check_table("type_table", *o.type_table, table);
+    check_like_ids("type_ids", *o.type_ids, ids);
+    p.type_table = o.type_table->data();
+    p.num_types = o.type_table->shape(0);
+    p.type_table_stride = o.type_table->stride(0);
+    p.type_ids = o.type_ids->data();
+    p.type_id_dtype = o.type_ids->dtype();
+    for (int d = 0; d < ids.ndim(); ++d) {
+      p.index.stride[detail::RowIndex::type_ids][d] = o.type_ids->stride(d);
+    }
+  }
+
+  if (p.rows == 0 || dim == 0) return;
+  run_with_bad_index_policy(kOp, device, o.stream, o.deferred, [&](detail::BadIndexRecord* r) {
+    p.bad = r;
+    if (device.kind == DeviceKind::cpu) {
+      cpu::embed(p);
+    } else {
+      cuda::embed(p, device, o.stream);
+    }
+  });
+}
+
+}  // namespace embrope

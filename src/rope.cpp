@@ -1,0 +1,164 @@
+// apply_rope: validate once, fill RopeParams, dispatch to the CPU or CUDA kernel.
+#include "embrope/rope.hpp"
+
+#include "backend.hpp"
+#include "bad_index.hpp"
+#include "validate.hpp"
+
+namespace embrope {
+namespace {
+
+constexpr const char* kOp = "apply_rope";
+using validate::fail;
+
+// Where the cos/sin values come from, whatever their owner.
+struct CosSinTable {
+  const void* cos;
+  const void* sin;
+  DType dtype;
+  std::int64_t cos_stride, sin_stride, rows, rotary_dim;
+  Device device;
+  const char* name;  // for messages: "the cache" or "cos"
+};
+
+void fill_heads(const Tensor& in, const Tensor& out, detail::RopeHeads& heads) {
+  const int n = in.ndim();
+  heads.in = in.data();
+  heads.out = out.data();
+  heads.heads = in.shape(n - 2);
+  heads.in_stride_h = in.stride(n - 2);
+  heads.out_stride_h = out.stride(n - 2);
+  heads.in_stride_s = in.stride(n - 3);
+  heads.out_stride_s = out.stride(n - 3);
+  heads.in_stride_b = n == 4 ? in.stride(0) : 0;
+  heads.out_stride_b = n == 4 ? out.stride(0) : 0;
+}
+
+void check_output(const char* name, const Tensor& out, const char* in_name, const Tensor& in) {
+  validate::check_view(kOp, name, out, in.ndim(), in.ndim());
+  validate::check_same_device(kOp, name, out, in_name, in.device());
+  validate::check_same_dtype(kOp, name, out, in_name, in.dtype());
+  for (int d = 0; d < in.ndim(); ++d) {
+    if (out.shape(d) != in.shape(d)) {
+      fail(kOp, "{} has shape {} but {} has {}; they must match", name,
+           validate::shape_string(out), in_name, validate::shape_string(in));
+    }
+  }
+  validate::check_last_contiguous(kOp, name, out);
+}
+
+void apply(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
+           const CosSinTable& table, const RopeOptions& options) {
+  validate::check_view(kOp, "q", q, 3, 4);
+  validate::check_value_dtype(kOp, "q", q);
+  validate::check_last_contiguous(kOp, "q", q);
+  const Device device = q.device();
+  validate::check_device_usable(kOp, device);
+  const int n = q.ndim();
+  const std::int64_t head_dim = q.shape(n - 1);
+  const bool batched = n == 4;
+  const std::int64_t batch = batched ? q.shape(0) : 1;
+  const std::int64_t seq = q.shape(n - 3);
+
+  validate::check_view(kOp, "positions", positions, n - 2, n - 2);
+  validate::check_index_dtype(kOp, "positions", positions);
+  validate::check_same_device(kOp, "positions", positions, "q", device);
+  for (int d = 0; d < n - 2; ++d) {
+    validate::check_dim(kOp, "positions", positions, d, q.shape(d), "the token dimensions of q");
+  }
+
+  if (table.device != device) {
+    fail(kOp, "{} is on another device than q; all tensors of a call must be on one device",
+         table.name);
+  }
+  const std::int64_t rotary_dim = table.rotary_dim;
+  if (options.rotary_dim != 0 && options.rotary_dim != rotary_dim) {
+    fail(kOp, "rotary_dim {} does not match the rotary dim {} of {}", options.rotary_dim,
+         rotary_dim, table.name);
+  }
+  if (rotary_dim > head_dim) fail(kOp, "rotary_dim {} exceeds head_dim {}", rotary_dim, head_dim);
+
+  detail::RopeParams p;
+  p.dtype = q.dtype();
+  p.batch = batch;
+  p.seq = seq;
+  p.head_dim = head_dim;
+  p.rotary_dim = rotary_dim;
+  p.positions = positions.data();
+  p.position_dtype = positions.dtype();
+  p.position_stride_b = batched ? positions.stride(0) : 0;
+  p.position_stride_s = positions.ndim() > 0 ? positions.stride(positions.ndim() - 1) : 0;
+  p.cos = table.cos;
+  p.sin = table.sin;
+  p.table_dtype = table.dtype;
+  p.cos_stride = table.cos_stride;
+  p.sin_stride = table.sin_stride;
+  p.table_rows = table.rows;
+  p.layout = options.layout;
+  p.inverse = options.inverse;
+
+  const Tensor& q_out = options.q_out ? *options.q_out : q;
+  if (options.q_out) check_output("q_out", q_out, "q", q);
+  fill_heads(q, q_out, p.q);
+
+  if (options.k_out && !k) fail(kOp, "k_out is given but k is not");
+  if (k) {
+    validate::check_view(kOp, "k", *k, n, n);
+    validate::check_same_device(kOp, "k", *k, "q", device);
+    validate::check_same_dtype(kOp, "k", *k, "q", q.dtype());
+    validate::check_last_contiguous(kOp, "k", *k);
+    for (int d = 0; d < n - 2; ++d) {
+      validate::check_dim(kOp, "k", *k, d, q.shape(d), "the token dimensions of q");
+    }
+    validate::check_dim(kOp, "k", *k, n - 1, head_dim, "head_dim of q");
+    const Tensor& k_out = options.k_out ? *options.k_out : *k;
+    if (options.k_out) check_output("k_out", k_out, "k", *k);
+    fill_heads(*k, k_out, p.k);
+    p.has_k = true;
+  }
+
+  if (batch * seq == 0) return;
+  run_with_bad_index_policy(kOp, device, options.stream, options.deferred,
+                            [&](detail::BadIndexRecord* record) {
+                              p.bad = record;
+                              if (device.kind == DeviceKind::cpu) {
+                                cpu::apply_rope(p);
+                              } else {
+                                cuda::apply_rope(p, device, options.stream);
+                              }
+                            });
+}
+
+}  // namespace
+
+void apply_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
+                const RopeCache& cache, const RopeOptions& options) {
+  if (cache.data() == nullptr) fail(kOp, "the cache was moved from");
+  const std::int64_t r = cache.rotary_dim();
+  const CosSinTable table{cache.data(), cache.data() + r / 2, DType::float32, r, r,
+                          cache.max_positions(), r, cache.device(), "the cache"};
+  apply(q, k, positions, table, options);
+}
+
+void apply_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
+                const Tensor& cos, const Tensor& sin, const RopeOptions& options) {
+  validate::check_view(kOp, "cos", cos, 2, 2);
+  validate::check_view(kOp, "sin", sin, 2, 2);
+  validate::check_value_dtype(kOp, "cos", cos);
+  validate::check_same_dtype(kOp, "sin", sin, "cos", cos.dtype());
+  validate::check_same_device(kOp, "sin", sin, "cos", cos.device());
+  validate::check_last_contiguous(kOp, "cos", cos);
+  validate::check_last_contiguous(kOp, "sin", sin);
+  if (sin.shape(0) != cos.shape(0) || sin.shape(1) != cos.shape(1)) {
+    fail(kOp, "sin has shape {} but cos has {}; they must match", validate::shape_string(sin),
+         validate::shape_string(cos));
+  }
+  if (cos.shape(1) == 0) fail(kOp, "cos has shape {}: rotary_dim 0 must be positive",
+                              validate::shape_string(cos));
+  const CosSinTable table{cos.data(),    sin.data(),   cos.dtype(),  cos.stride(0),
+                          sin.stride(0), cos.shape(0), 2 * cos.shape(1), cos.device(),
+                          "cos"};
+  apply(q, k, positions, table, options);
+}
+
+}  // namespace embrope

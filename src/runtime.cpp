@@ -1,0 +1,8 @@
+#include "backend.hpp"
+#include "embrope/embrope.hpp"
+
+namespace embrope {
+
+int cuda_device_count() { return cuda::device_count(); }
+
+}  // namespace embrope

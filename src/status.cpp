@@ -1,0 +1,149 @@
+// DeferredStatus and the bad-index policy of every op (DESIGN.md section 5).
+#include <fmt/format.h>
+
+#include <unordered_map>
+
+#include "backend.hpp"
+#include "bad_index.hpp"
+#include "embrope/error.hpp"
+#include "validate.hpp"
+
+namespace embrope {
+
+using detail::BadIndexArg;
+using detail::BadIndexOp;
+using detail::BadIndexRecord;
+
+std::string describe_bad_index(const BadIndexRecord& record) {
+  const std::int64_t row = record.key / 8;
+  const auto arg = static_cast<BadIndexArg>(record.key % 8);
+  const char* op = static_cast<BadIndexOp>(record.op) == BadIndexOp::apply_rope ? "apply_rope"
+                                                                                : "embed";
+  std::string subject;
+  const char* table = "";
+  switch (arg) {
+    case BadIndexArg::ids:
+      subject = fmt::format("ids[{}]", row);
+      table = "the vocabulary";
+      break;
+    case BadIndexArg::position_ids:
+      subject = fmt::format("position_ids[{}]", row);
+      table = "the position table";
+      break;
+    case BadIndexArg::implicit_position:
+      subject = fmt::format("the implicit position (position_offsets[b] + s) of ids[{}]", row);
+      table = "the position table";
+      break;
+    case BadIndexArg::type_ids:
+      subject = fmt::format("type_ids[{}]", row);
+      table = "the type table";
+      break;
+    case BadIndexArg::positions:
+      subject = fmt::format("positions[{}]", row);
+      table = "the cos/sin table";
+      break;
+  }
+  if (record.upper == INT64_MAX) {
+    return fmt::format("{}: {} = {} is negative (flat row-major index)", op, subject,
+                       record.value);
+  }
+  return fmt::format("{}: {} = {} is outside {} [{}, {}) (flat row-major index)", op, subject,
+                     record.value, table, record.lower, record.upper);
+}
+
+void throw_bad_index(const BadIndexRecord& record) {
+  throw Error(ErrorCode::index_out_of_range, describe_bad_index(record));
+}
+
+namespace {
+// One device-side record per thread and CUDA device, for the default (raising) policy.
+class ScratchRecords {
+ public:
+  ~ScratchRecords() {
+    for (auto& [index, pointer] : records_) cuda::release(pointer, Device::cuda(index));
+  }
+  BadIndexRecord* get(Device device) {
+    auto& pointer = records_[device.index];
+    if (pointer == nullptr) {
+      pointer = static_cast<BadIndexRecord*>(cuda::allocate(sizeof(BadIndexRecord), device));
+    }
+    return pointer;
+  }
+
+ private:
+  std::unordered_map<int, BadIndexRecord*> records_;
+};
+}  // namespace
+
+void run_with_bad_index_policy(const char* op, Device device, Stream stream,
+                               DeferredStatus* deferred,
+                               const std::function<void(BadIndexRecord*)>& launch) {
+  if (deferred != nullptr) {
+    if (deferred->device() != device) {
+      validate::fail(op, "the deferred status lives on another device than the tensors");
+    }
+    launch(deferred->record());
+    return;
+  }
+  BadIndexRecord record;
+  if (device.kind == DeviceKind::cpu) {
+    launch(&record);
+  } else {
+    thread_local ScratchRecords scratch;
+    BadIndexRecord* on_device = scratch.get(device);
+    cuda::copy_to_device(on_device, &record, sizeof record, device, stream);
+    launch(on_device);
+    cuda::copy_to_host(&record, on_device, sizeof record, device, stream);  // synchronises
+  }
+  if (record.key != detail::kNoBadIndex) throw_bad_index(record);
+}
+
+DeferredStatus::DeferredStatus(Device device) : device_(device) {
+  if (device.kind == DeviceKind::cpu) {
+    record_ = new BadIndexRecord();
+  } else {
+    validate::check_device_usable("DeferredStatus", device);
+    record_ = static_cast<BadIndexRecord*>(cuda::allocate(sizeof(BadIndexRecord), device));
+    const BadIndexRecord empty;
+    cuda::copy_to_device(record_, &empty, sizeof empty, device, Stream{});
+    cuda::synchronize(Stream{}, device);
+  }
+}
+
+DeferredStatus::~DeferredStatus() {
+  if (device_.kind == DeviceKind::cpu) {
+    delete record_;
+  } else {
+    cuda::release(record_, device_);
+  }
+}
+
+BadIndexRecord DeferredStatus::read(Stream stream) {
+  BadIndexRecord record;
+  if (device_.kind == DeviceKind::cpu) {
+    record = *record_;
+    *record_ = BadIndexRecord();
+  } else {
+    cuda::copy_to_host(&record, record_, sizeof record, device_, stream);
+    const BadIndexRecord empty;
+    cuda::copy_to_device(record_, &empty, sizeof empty, device_, stream);
+  }
+  return record;
+}
+
+void DeferredStatus::check(Stream stream) {
+  const BadIndexRecord record = read(stream);
+  if (record.key != detail::kNoBadIndex) throw_bad_index(record);
+}
+
+bool DeferredStatus::ok(Stream stream) {
+  BadIndexRecord record;
+  if (device_.kind == DeviceKind::cpu) {
+    record = *record_;
+  } else {
+    cuda::copy_to_host(&record, record_, sizeof record, device_, stream);
+  }
+  return record.key == detail::kNoBadIndex;
+}
+
+}  // namespace embrope
