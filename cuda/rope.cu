@@ -1,10 +1,19 @@
 // RoPE on the GPU: Su et al. 2021 (RoFormer) rotation, pairs as in GPT-NeoX (rotate_half)
 // or GPT-J (interleaved), the same detail::rotate_pair as the CPU path.
 //
-// Shape of the launch: one warp per (token, head) row, q heads then k heads in one grid
-// (one launch for both), grid-stride over rows. Each lane owns whole rotation pairs, so in
-// place is race-free. This is the straightforward kernel; its speed is measured by the
-// benchmark.
+// Two kernels, one launch per call for q and k together (q heads, then k heads):
+// - rope_vector_kernel, the fast path (after FlashInfer's pos_enc.cuh): 16-byte loads and
+//   stores; threadIdx.x owns a chunk of rotation pairs (neox: VEC elements of each half;
+//   interleaved: VEC consecutive elements), threadIdx.y a head; the chunk's cos/sin are
+//   loaded once per token into registers and reused across the block's heads. Token-parallel
+//   (each block loops over all heads of its tokens) when there are enough tokens to fill
+//   the GPU, head-parallel (blocks split a token's heads) for decode-sized calls.
+// - rope_kernel, the general path (any rotary dim, unaligned pointers or strides, a
+//   float16/bfloat16 cos/sin table): one warp per (token, head) row, scalar accesses.
+// Each thread owns whole rotation pairs, so in place is race-free in both.
+#include <algorithm>
+#include <cstdint>
+
 #include "../src/backend.hpp"
 #include "common.cuh"
 #include "embrope/detail/numeric_types.hpp"
@@ -19,6 +28,26 @@ using detail::Half;
 using detail::to_float;
 
 constexpr int kWarpsPerBlock = 8;
+
+// Run by one thread of the last block: if the record's key names a token of this call whose
+// position is out of range, write that position and the range.
+__device__ void describe_bad_position(const detail::RopeParams& p) {
+  const std::int64_t key = p.bad->key;
+  if (key == detail::kNoBadIndex || key / 8 >= p.batch * p.seq ||
+      key % 8 != static_cast<std::int64_t>(detail::BadIndexArg::positions)) {
+    return;
+  }
+  const std::int64_t t = key / 8;
+  const std::int64_t b = t / p.seq;
+  const std::int64_t value = detail::load_index(
+      p.positions, p.position_dtype, b * p.position_stride_b + (t - b * p.seq) * p.position_stride_s);
+  if (value < 0 || value >= p.table_rows) {
+    p.bad->value = value;
+    p.bad->lower = 0;
+    p.bad->upper = p.table_rows;
+    p.bad->op = static_cast<std::int32_t>(detail::BadIndexOp::apply_rope);
+  }
+}
 
 template <typename T, typename C>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
@@ -64,22 +93,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       for (std::int64_t j = p.rotary_dim + lane; j < p.head_dim; j += 32) out[j] = in[j];
     }
   }
-  if (last_block_done(p.bad)) {
-    const std::int64_t key = p.bad->key;
-    if (key != detail::kNoBadIndex && key / 8 < p.batch * p.seq &&
-        key % 8 == static_cast<std::int64_t>(detail::BadIndexArg::positions)) {
-      const std::int64_t t = key / 8;
-      const std::int64_t b = t / p.seq;
-      const std::int64_t value = detail::load_index(
-          p.positions, p.position_dtype, b * p.position_stride_b + (t - b * p.seq) * p.position_stride_s);
-      if (value < 0 || value >= p.table_rows) {
-        p.bad->value = value;
-        p.bad->lower = 0;
-        p.bad->upper = p.table_rows;
-        p.bad->op = static_cast<std::int32_t>(detail::BadIndexOp::apply_rope);
-      }
-    }
-  }
+  if (last_block_done(p.bad)) describe_bad_position(p);
 }
 
 template <typename T, typename C>
@@ -90,8 +104,186 @@ void launch(const detail::RopeParams& p, cudaStream_t stream) {
   check_launch("rope_kernel");
 }
 
+// ---------------------------------------------------------------- fast path ----
+
+template <typename T>
+struct alignas(16) Vector {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+};
+
+// Loads N floats from an address aligned to min(N, 4) floats.
+template <int N>
+__device__ __forceinline__ void load_floats(const float* src, float* dst) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const float4 f = *reinterpret_cast<const float4*>(src + i);
+      dst[i] = f.x;
+      dst[i + 1] = f.y;
+      dst[i + 2] = f.z;
+      dst[i + 3] = f.w;
+    }
+  } else {
+    static_assert(N == 2, "cos/sin chunks are 2, 4 or 8 floats");
+    const float2 f = *reinterpret_cast<const float2*>(src);
+    dst[0] = f.x;
+    dst[1] = f.y;
+  }
+}
+
+template <typename T, RopeLayout kLayout>
+__global__ void __launch_bounds__(256)
+    rope_vector_kernel(const __grid_constant__ detail::RopeParams p, std::int64_t heads_per_block) {
+  using V = Vector<T>;
+  constexpr int kVec = V::kSize;
+  // Floats of cos (and of sin) a chunk needs: one per pair it holds.
+  constexpr int kPairs = kLayout == RopeLayout::neox ? kVec : kVec / 2;
+  const std::int64_t tokens = p.batch * p.seq;
+  const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
+  const std::int64_t half = p.rotary_dim / 2;
+  const std::int64_t head_begin = blockIdx.y * heads_per_block;
+  const std::int64_t head_end = min(heads, head_begin + heads_per_block);
+  const int chunk = threadIdx.x;  // blockDim.x == number of chunks of the rotary part
+  const std::int64_t first = chunk * kVec;  // first element of the chunk (of each half for neox)
+  const std::int64_t pair0 = kLayout == RopeLayout::neox ? chunk * kVec : chunk * (kVec / 2);
+  const float sin_sign = p.inverse ? -1.0f : 1.0f;
+  const std::int64_t tail_chunks = (p.head_dim - p.rotary_dim) / kVec;
+
+  for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const std::int64_t b = t / p.seq;
+    const std::int64_t s = t - b * p.seq;
+    const std::int64_t position = detail::load_index(
+        p.positions, p.position_dtype, b * p.position_stride_b + s * p.position_stride_s);
+    const bool bad = position < 0 || position >= p.table_rows;
+    float c[kPairs], sn[kPairs];
+    if (!bad) {
+      load_floats<kPairs>(static_cast<const float*>(p.cos) + position * p.cos_stride + pair0, c);
+      load_floats<kPairs>(static_cast<const float*>(p.sin) + position * p.sin_stride + pair0, sn);
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) sn[j] *= sin_sign;
+    } else if (threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.y == 0) {
+      report_bad_row(p.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+    }
+    for (std::int64_t h = head_begin + threadIdx.y; h < head_end; h += blockDim.y) {
+      const bool is_q = h < p.q.heads;
+      const detail::RopeHeads& x = is_q ? p.q : p.k;
+      const std::int64_t hh = is_q ? h : h - p.q.heads;
+      const T* in = static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s +
+                    hh * x.in_stride_h;
+      T* out = static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s +
+               hh * x.out_stride_h;
+      if (bad) {
+        V zero;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) zero.v[j] = from_float<T>(0.0f);
+        for (std::int64_t e = chunk * kVec; e < p.head_dim; e += blockDim.x * kVec) {
+          *reinterpret_cast<V*>(out + e) = zero;
+        }
+        continue;
+      }
+      if constexpr (kLayout == RopeLayout::neox) {
+        V lo = *reinterpret_cast<const V*>(in + first);
+        V hi = *reinterpret_cast<const V*>(in + first + half);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          float a = to_float(lo.v[j]);
+          float v = to_float(hi.v[j]);
+          detail::rotate_pair(a, v, c[j], sn[j]);
+          lo.v[j] = from_float<T>(a);
+          hi.v[j] = from_float<T>(v);
+        }
+        *reinterpret_cast<V*>(out + first) = lo;
+        *reinterpret_cast<V*>(out + first + half) = hi;
+      } else {
+        V xv = *reinterpret_cast<const V*>(in + first);
+#pragma unroll
+        for (int j = 0; j < kVec / 2; ++j) {
+          float a = to_float(xv.v[2 * j]);
+          float v = to_float(xv.v[2 * j + 1]);
+          detail::rotate_pair(a, v, c[j], sn[j]);
+          xv.v[2 * j] = from_float<T>(a);
+          xv.v[2 * j + 1] = from_float<T>(v);
+        }
+        *reinterpret_cast<V*>(out + first) = xv;
+      }
+      if (out != in) {
+        for (std::int64_t e = chunk; e < tail_chunks; e += blockDim.x) {
+          const std::int64_t at = p.rotary_dim + e * kVec;
+          *reinterpret_cast<V*>(out + at) = *reinterpret_cast<const V*>(in + at);
+        }
+      }
+    }
+  }
+  if (last_block_done(p.bad)) describe_bad_position(p);
+}
+
+bool aligned(const void* pointer, std::size_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
+}
+
+// The fast path needs: a float32 table, whole 16-byte chunks everywhere (rotary part,
+// pass-through part, every pointer and stride), and at most 256 threads per head row.
+template <typename T>
+bool fits_vector_path(const detail::RopeParams& p) {
+  constexpr std::int64_t vec = 16 / sizeof(T);
+  if (p.table_dtype != DType::float32) return false;
+  const bool neox = p.layout == RopeLayout::neox;
+  if (neox ? (p.rotary_dim / 2) % vec != 0 : p.rotary_dim % vec != 0) return false;
+  if (p.head_dim % vec != 0) return false;
+  const std::int64_t chunks = neox ? p.rotary_dim / 2 / vec : p.rotary_dim / vec;
+  if (chunks > 256) return false;
+  auto heads_ok = [&](const detail::RopeHeads& x) {
+    return aligned(x.in, 16) && aligned(x.out, 16) && x.in_stride_b % vec == 0 &&
+           x.in_stride_s % vec == 0 && x.in_stride_h % vec == 0 && x.out_stride_b % vec == 0 &&
+           x.out_stride_s % vec == 0 && x.out_stride_h % vec == 0;
+  };
+  if (!heads_ok(p.q) || (p.has_k && !heads_ok(p.k))) return false;
+  const std::int64_t pairs = neox ? vec : vec / 2;  // floats of cos per chunk
+  const std::size_t table_align = static_cast<std::size_t>(pairs >= 4 ? 16 : 4 * pairs);
+  return aligned(p.cos, table_align) && aligned(p.sin, table_align) &&
+         p.cos_stride % (pairs >= 4 ? 4 : pairs) == 0 && p.sin_stride % (pairs >= 4 ? 4 : pairs) == 0;
+}
+
+int multiprocessor_count() {
+  int device = 0, count = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
+        "cudaDeviceGetAttribute");
+  return count;
+}
+
+template <typename T, RopeLayout kLayout>
+void launch_vector(const detail::RopeParams& p, cudaStream_t stream) {
+  constexpr std::int64_t vec = 16 / sizeof(T);
+  const std::int64_t chunks =
+      kLayout == RopeLayout::neox ? p.rotary_dim / 2 / vec : p.rotary_dim / vec;
+  const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
+  const std::int64_t tokens = p.batch * p.seq;
+  const std::int64_t rows_per_block = std::max<std::int64_t>(1, std::min(heads, 256 / chunks));
+  const dim3 block(static_cast<unsigned>(chunks), static_cast<unsigned>(rows_per_block));
+  // Enough tokens to give every multiprocessor a few blocks: one block per token, looping
+  // over all heads (cos/sin loaded once per token). Otherwise split each token's heads
+  // over blocks so that decode-sized calls still spread over the GPU.
+  const std::int64_t blocks_wanted = 4LL * multiprocessor_count();
+  std::int64_t heads_per_block = heads;
+  if (tokens < blocks_wanted) {
+    const std::int64_t splits =
+        std::min((heads + rows_per_block - 1) / rows_per_block, (blocks_wanted + tokens - 1) / tokens);
+    heads_per_block = (heads + splits - 1) / splits;
+  }
+  const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>(tokens, 1LL << 30)),
+                  static_cast<unsigned>((heads + heads_per_block - 1) / heads_per_block));
+  rope_vector_kernel<T, kLayout><<<grid, block, 0, stream>>>(p, heads_per_block);
+  check_launch("rope_vector_kernel");
+}
+
 template <typename T>
 void launch_for_table(const detail::RopeParams& p, cudaStream_t stream) {
+  if (fits_vector_path<T>(p)) {
+    if (p.layout == RopeLayout::neox) return launch_vector<T, RopeLayout::neox>(p, stream);
+    return launch_vector<T, RopeLayout::interleaved>(p, stream);
+  }
   switch (p.table_dtype) {
     case DType::float16: return launch<T, Half>(p, stream);
     case DType::bfloat16: return launch<T, BFloat16>(p, stream);

@@ -178,7 +178,7 @@ TEST_CASE("GPU cache equals CPU cache within one float32 ulp", "[gpu][rope_cache
   }
 }
 
-TEST_CASE("GPU RoPE equals CPU RoPE over the grid", "[gpu][rope]") {
+TEST_CASE("GPU RoPE equals CPU RoPE over the grid", "[gpu][rope][sweep]") {
   for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
     for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
       for (std::int64_t d : {64, 80, 96, 128, 256}) {

@@ -1,0 +1,393 @@
+// embrope-bench: every op against the memory ceiling measured in the same run (a
+// device-to-device copy on the GPU, memcpy on the CPU, of the same bytes, read + write
+// counted) and against an unfused baseline inside embrope.
+//
+//   embrope-bench [--device=auto|cpu|gpu] [--quick] [Google Benchmark flags]
+//
+// Counters per case: GB/s (bytes the op must move / median time), pct_of_copy (that
+// bandwidth over the same-run copy of the same bytes).
+#include <benchmark/benchmark.h>
+#include <embrope/embrope.hpp>
+#include <omp.h>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "embrope/detail/numeric_types.hpp"
+
+#ifdef EMBROPE_BENCH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace {
+
+using embrope::Device;
+using embrope::DType;
+using embrope::Tensor;
+
+bool g_gpu = false;
+bool g_quick = false;
+std::map<std::int64_t, double> g_copy_gbps;  // bytes -> same-run copy bandwidth
+
+// Memory on the benchmark's device, filled with values in [-1, 1].
+class Memory {
+ public:
+  explicit Memory(std::size_t bytes) : bytes_(bytes) {
+#ifdef EMBROPE_BENCH_CUDA
+    if (g_gpu) {
+      if (cudaMalloc(&data_, bytes) != cudaSuccess) throw std::bad_alloc();
+      return;
+    }
+#endif
+    data_ = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (data_ == nullptr) throw std::bad_alloc();
+  }
+  ~Memory() {
+#ifdef EMBROPE_BENCH_CUDA
+    if (g_gpu) {
+      cudaFree(data_);
+      return;
+    }
+#endif
+    std::free(data_);
+  }
+  Memory(const Memory&) = delete;
+  Memory& operator=(const Memory&) = delete;
+  void* data() const { return data_; }
+
+  // Fills with a host-made pattern: random values of dtype, or indices in [0, modulo).
+  void fill_values(DType dtype) {
+    const std::size_t n = bytes_ / embrope::dtype_size(dtype);
+    std::vector<unsigned char> host(bytes_);
+#pragma omp parallel
+    {
+      std::mt19937 rng(1234 + omp_get_thread_num());
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+#pragma omp for
+      for (std::size_t i = 0; i < n; ++i) {
+        const float v = u(rng);
+        if (dtype == DType::float32) {
+          std::memcpy(&host[4 * i], &v, 4);
+        } else {
+          const std::uint16_t b = dtype == DType::float16 ? embrope::detail::float_to_half(v)
+                                                          : embrope::detail::float_to_bfloat16(v);
+          std::memcpy(&host[2 * i], &b, 2);
+        }
+      }
+    }
+    upload(host.data());
+  }
+  void fill_indices(std::int64_t count, std::int64_t modulo, bool sequential) {
+    std::vector<std::int64_t> host(static_cast<std::size_t>(count));
+    std::mt19937_64 rng(42);
+    for (std::int64_t i = 0; i < count; ++i) {
+      host[i] = sequential ? i % modulo : static_cast<std::int64_t>(rng() % modulo);
+    }
+    upload(host.data());
+  }
+
+ private:
+  void upload(const void* host) {
+#ifdef EMBROPE_BENCH_CUDA
+    if (g_gpu) {
+      cudaMemcpy(data_, host, bytes_, cudaMemcpyHostToDevice);
+      return;
+    }
+#endif
+    std::memcpy(data_, host, bytes_);
+  }
+  void* data_ = nullptr;
+  std::size_t bytes_;
+};
+
+Device device() { return g_gpu ? Device::cuda(0) : Device::cpu(); }
+
+// Times body() with CUDA events on the GPU (manual time) or wall time on the CPU.
+void run_timed(benchmark::State& state, const std::function<void()>& body,
+               std::int64_t bytes_moved) {
+  body();  // warm up
+#ifdef EMBROPE_BENCH_CUDA
+  if (g_gpu) {
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    for (auto _ : state) {
+      cudaEventRecord(start);
+      body();
+      cudaEventRecord(stop);
+      cudaEventSynchronize(stop);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      state.SetIterationTime(ms / 1e3);
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  } else
+#endif
+  {
+    for (auto _ : state) body();
+  }
+  state.counters["bytes"] = static_cast<double>(bytes_moved);
+  state.counters["GBps"] = benchmark::Counter(static_cast<double>(bytes_moved) / 1e9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The ceiling: copy bytes/2 (read + write = bytes moved).
+void copy_case(benchmark::State& state, std::int64_t bytes) {
+  const std::size_t half = static_cast<std::size_t>(bytes / 2);
+  Memory src(half), dst(half);
+  src.fill_values(DType::float32);
+  std::function<void()> body;
+#ifdef EMBROPE_BENCH_CUDA
+  if (g_gpu) body = [&] { cudaMemcpyAsync(dst.data(), src.data(), half, cudaMemcpyDeviceToDevice); };
+#endif
+  if (!g_gpu) {
+    body = [&] {
+      // memcpy split over the cores, like the ops it bounds.
+#pragma omp parallel
+      {
+        const std::size_t threads = static_cast<std::size_t>(omp_get_num_threads());
+        const std::size_t chunk = (half + threads - 1) / threads;
+        const std::size_t begin = std::min(half, chunk * static_cast<std::size_t>(omp_get_thread_num()));
+        const std::size_t end = std::min(half, begin + chunk);
+        std::memcpy(static_cast<char*>(dst.data()) + begin, static_cast<const char*>(src.data()) + begin,
+                    end - begin);
+      }
+    };
+  }
+  run_timed(state, body, bytes);
+}
+
+struct RopeShape {
+  const char* model;
+  std::int64_t hq, hk, head_dim, rotary_dim;
+  embrope::RopeLayout layout;
+};
+
+void rope_case(benchmark::State& state, RopeShape s, DType dtype, std::int64_t tokens,
+               bool fused) {
+  const int es = embrope::dtype_size(dtype);
+  Memory q(tokens * s.hq * s.head_dim * es), k(tokens * s.hk * s.head_dim * es),
+      pos(tokens * 8);
+  q.fill_values(dtype);
+  k.fill_values(dtype);
+  pos.fill_indices(tokens, 65536, true);
+  embrope::RopeCache cache({s.rotary_dim, 500000.0, 65536}, device());
+  const Tensor tq(q.data(), dtype, {tokens, s.hq, s.head_dim}, device());
+  const Tensor tk(k.data(), dtype, {tokens, s.hk, s.head_dim}, device());
+  const Tensor tp(pos.data(), DType::int64, {tokens}, device());
+  embrope::RopeOptions options;
+  options.layout = s.layout;
+  const std::int64_t bytes = 2 * tokens * (s.hq + s.hk) * s.rotary_dim * es;
+  run_timed(
+      state,
+      [&] {
+        if (fused) {
+          embrope::apply_rope(tq, tk, tp, cache, options);
+        } else {
+          embrope::apply_rope(tq, std::nullopt, tp, cache, options);
+          embrope::apply_rope(tk, std::nullopt, tp, cache, options);
+        }
+      },
+      bytes);
+}
+
+void embed_case(benchmark::State& state, DType dtype, std::int64_t dim, std::int64_t tokens,
+                embrope::PositionEncoding positions, bool fused) {
+  const std::int64_t vocab = g_quick ? 32000 : 128256;
+  const std::int64_t max_pos = 32768;
+  const int es = embrope::dtype_size(dtype);
+  Memory table(vocab * dim * es), ptable(max_pos * dim * es), ids(tokens * 8), pids(tokens * 8),
+      out(tokens * dim * es), tmp(tokens * dim * es);
+  table.fill_values(dtype);
+  if (positions == embrope::PositionEncoding::learned) ptable.fill_values(dtype);
+  ids.fill_indices(tokens, vocab, false);
+  pids.fill_indices(tokens, max_pos, true);
+  const Tensor tt(table.data(), dtype, {vocab, dim}, device());
+  const Tensor ti(ids.data(), DType::int64, {tokens}, device());
+  const Tensor tpi(pids.data(), DType::int64, {tokens}, device());
+  const Tensor to(out.data(), dtype, {tokens, dim}, device());
+  embrope::EmbedOptions options;
+  options.positions = positions;
+  options.position_ids = tpi;
+  if (positions == embrope::PositionEncoding::learned) {
+    options.position_table = Tensor(ptable.data(), dtype, {max_pos, dim}, device());
+  }
+  if (positions == embrope::PositionEncoding::none) options.position_ids.reset();
+  const std::int64_t reads = positions == embrope::PositionEncoding::learned ? 2 : 1;
+  const std::int64_t bytes = (reads + 1) * tokens * dim * es;
+  std::function<void()> body = [&] { embrope::embed(tt, ti, to, options); };
+  if (!fused) {
+    // Unfused baseline: lookup, then a second lookup of positions, then a separate add pass.
+    embrope::EmbedOptions lookup;
+    embrope::EmbedOptions add_positions;
+    add_positions.positions = positions;
+    add_positions.position_ids = tpi;
+    add_positions.position_table = options.position_table;
+    body = [&, lookup, add_positions] {
+      embrope::embed(tt, ti, to, lookup);
+      // positions only: a zero-scaled token row plus the position row, then out += tmp
+      embrope::EmbedOptions pos_only = add_positions;
+      pos_only.scale = 0.0f;
+      embrope::embed(tt, ti, Tensor(tmp.data(), dtype, {tokens, dim}, device()), pos_only);
+      {
+        auto* o = static_cast<float*>(out.data());
+        const auto* t = static_cast<const float*>(tmp.data());
+#pragma omp parallel for
+        for (std::int64_t i = 0; i < tokens * dim; ++i) o[i] += t[i];
+      }
+    };
+  }
+  run_timed(state, body, bytes);
+}
+
+template <typename Fn>
+void register_pair(const std::string& name, std::int64_t bytes, Fn op) {
+  if (g_copy_gbps.count(bytes) == 0) {
+    g_copy_gbps[bytes] = 0;
+    auto* c = benchmark::RegisterBenchmark(("copy/" + std::to_string(bytes)).c_str(),
+                                           [bytes](benchmark::State& st) { copy_case(st, bytes); });
+    if (g_gpu) c->UseManualTime(); else c->UseRealTime();
+    c->Unit(benchmark::kMicrosecond);
+  }
+  auto* b = benchmark::RegisterBenchmark(name.c_str(), op);
+  if (g_gpu) b->UseManualTime(); else b->UseRealTime();
+  b->Unit(benchmark::kMicrosecond);
+}
+
+DType parse_dtype(const char* s) {
+  return std::strcmp(s, "bf16") == 0 ? DType::bfloat16
+         : std::strcmp(s, "f16") == 0 ? DType::float16
+                                      : DType::float32;
+}
+
+void register_all() {
+  const RopeShape shapes[] = {
+      {"llama3-8b", 32, 8, 128, 128, embrope::RopeLayout::neox},
+      {"llama3-70b", 64, 8, 128, 128, embrope::RopeLayout::neox},
+      {"qwen2.5-7b", 28, 4, 128, 128, embrope::RopeLayout::neox},
+      {"pythia", 32, 32, 128, 32, embrope::RopeLayout::neox},
+      {"gpt-j", 16, 16, 256, 64, embrope::RopeLayout::interleaved},
+      {"hd80", 32, 32, 80, 80, embrope::RopeLayout::neox},
+  };
+  std::vector<std::int64_t> token_counts = {1, 8, 64, 1024, 16384};
+  if (!g_quick && g_gpu) token_counts.push_back(65536);
+  if (g_quick) token_counts = {1, 64, 4096};
+  for (const char* dt : {"bf16", "f16", "f32"}) {
+    const DType dtype = parse_dtype(dt);
+    for (const RopeShape& s : shapes) {
+      if (g_quick && std::strcmp(s.model, "llama3-8b") != 0) continue;
+      for (std::int64_t t : token_counts) {
+        const std::int64_t bytes = 2 * t * (s.hq + s.hk) * s.rotary_dim * embrope::dtype_size(dtype);
+        for (bool fused : {true, false}) {
+          if (!fused && std::strcmp(s.model, "llama3-8b") != 0) continue;
+          const std::string name = std::string("rope/") + s.model + "/" + dt + "/T=" +
+                                   std::to_string(t) + (fused ? "" : "/unfused_q_then_k");
+          register_pair(name, bytes, [s, dtype, t, fused](benchmark::State& st) {
+            rope_case(st, s, dtype, t, fused);
+          });
+        }
+      }
+    }
+  }
+  for (const char* dt : {"bf16", "f32"}) {
+    const DType dtype = parse_dtype(dt);
+    for (std::int64_t dim : {4096, 8192}) {
+      if (g_quick && dim != 4096) continue;
+      for (std::int64_t t : g_quick ? std::vector<std::int64_t>{64, 4096}
+                                    : std::vector<std::int64_t>{1, 64, 1024, 16384}) {
+        for (auto positions : {embrope::PositionEncoding::none, embrope::PositionEncoding::learned,
+                               embrope::PositionEncoding::sinusoidal}) {
+          const char* pname = positions == embrope::PositionEncoding::none      ? "lookup"
+                              : positions == embrope::PositionEncoding::learned ? "learned"
+                                                                                : "sinusoidal";
+          const std::int64_t reads = positions == embrope::PositionEncoding::learned ? 2 : 1;
+          const std::int64_t bytes = (reads + 1) * t * dim * embrope::dtype_size(dtype);
+          for (bool fused : {true, false}) {
+            if (!fused && positions != embrope::PositionEncoding::learned) continue;
+            // the baseline's add pass is plain CPU float32 code
+            if (!fused && (g_gpu || dtype != DType::float32)) continue;
+            const std::string name = std::string("embed/") + pname + "/" + dt + "/D=" +
+                                     std::to_string(dim) + "/T=" + std::to_string(t) +
+                                     (fused ? "" : "/unfused_lookup_then_add");
+            register_pair(name, bytes, [=](benchmark::State& st) {
+              embed_case(st, dtype, dim, t, positions, fused);
+            });
+          }
+        }
+      }
+    }
+  }
+}
+
+// Adds pct_of_copy to every op row from the copy row of the same byte count in this run
+// (on the terminal and in the JSON file alike).
+template <typename Base>
+class PctReporter : public Base {
+ public:
+  using Run = benchmark::BenchmarkReporter::Run;
+  void ReportRuns(const std::vector<Run>& runs) override {
+    std::vector<Run> copy = runs;
+    for (Run& run : copy) {
+      auto it = run.counters.find("bytes");
+      if (it == run.counters.end()) continue;
+      const auto bytes = static_cast<std::int64_t>(it->second.value);
+      const double seconds = run.GetAdjustedRealTime() / 1e6;  // unit: microseconds
+      const double gbps = static_cast<double>(bytes) / seconds / 1e9;
+      if (run.run_name.function_name.rfind("copy/", 0) == 0) {
+        if (run.run_type == Run::RT_Iteration || run.aggregate_name == "median") {
+          g_copy_gbps[bytes] = gbps;
+        }
+      } else if (g_copy_gbps[bytes] > 0) {
+        run.counters["pct_of_copy"] = 100.0 * gbps / g_copy_gbps[bytes];
+      }
+    }
+    Base::ReportRuns(copy);
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string device_flag = "auto";
+  std::vector<char*> rest;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--device=", 9) == 0) {
+      device_flag = argv[i] + 9;
+    } else if (std::strcmp(argv[i], "--quick") == 0) {
+      g_quick = true;
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  const int gpus = embrope::cuda_device_count();
+  if (device_flag == "gpu" && gpus == 0) {
+    std::fprintf(stderr, "embrope-bench: --device=gpu but no usable CUDA device\n");
+    return 2;
+  }
+#ifdef EMBROPE_BENCH_CUDA
+  g_gpu = device_flag != "cpu" && gpus > 0;
+#endif
+  std::printf("embrope-bench %s on %s (%d CPU threads)\n", EMBROPE_VERSION_STRING,
+              g_gpu ? "GPU 0" : "CPU", omp_get_max_threads());
+  int rest_argc = static_cast<int>(rest.size());
+  benchmark::Initialize(&rest_argc, rest.data());
+  register_all();
+  PctReporter<benchmark::ConsoleReporter> display;
+  PctReporter<benchmark::JSONReporter> file;
+  bool has_out = false;
+  for (char* a : rest) has_out = has_out || std::strncmp(a, "--benchmark_out=", 16) == 0;
+  if (has_out) {
+    benchmark::RunSpecifiedBenchmarks(&display, &file);
+  } else {
+    benchmark::RunSpecifiedBenchmarks(&display);
+  }
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs embrope's build dependencies from Debian's packages when they are missing, and
+# does nothing when they are present. The CUDA toolkit (nvcc) is used when found; it is not
+# installed by this script.
+#   scripts/install-deps.sh            install what is missing (needs root or sudo)
+#   scripts/install-deps.sh --check    only report what is missing; exit 1 if anything is
+set -euo pipefail
+
+# package: a file it provides (checked instead of dpkg, so that a copy from elsewhere counts)
+declare -A provides=(
+  [cmake]=/usr/bin/cmake
+  [ninja-build]=/usr/bin/ninja
+  [g++]=/usr/bin/g++
+  [pkg-config]=/usr/bin/pkg-config
+  [libfmt-dev]=/usr/include/fmt/format.h
+  [catch2]=/usr/include/catch2/catch.hpp
+  [libdlpack-dev]=/usr/include/dlpack/dlpack.h
+  [nlohmann-json3-dev]=/usr/include/nlohmann/json.hpp
+  [libbenchmark-dev]=/usr/include/benchmark/benchmark.h
+)
+
+missing=()
+for package in "${!provides[@]}"; do
+  [ -e "${provides[$package]}" ] || missing+=("$package")
+done
+# OpenMP comes with GCC (libgomp); nothing to install separately.
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all dependencies present"
+  exit 0
+fi
+if [ "${1:-}" = "--check" ]; then
+  echo "install-deps: missing: ${missing[*]}"
+  exit 1
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
