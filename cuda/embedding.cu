@@ -1,7 +1,10 @@
-// embed on the GPU: one warp per output row, grid-stride over rows. Token row scaled, then
+// embed on the GPU: one warp per output row, grid-stride over rows, 16-byte loads and
+// stores when rows are aligned. Token row scaled, then
 // the positional row (learned, or sinusoidal after Vaswani et al. 2017) and the type row
 // added in float32 in that order, as on the CPU, and rounded once. Row resolution and
 // range checks are detail::resolve_embed_row, shared with the CPU path.
+#include <cstdint>
+
 #include "../src/backend.hpp"
 #include "common.cuh"
 #include "embrope/detail/embed_math.hpp"
@@ -18,8 +21,24 @@ using detail::to_float;
 
 constexpr int kWarpsPerBlock = 8;
 
-template <typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) embed_kernel(const __grid_constant__ detail::EmbedParams p) {
+template <typename T, int W>
+struct alignas(W * sizeof(T)) Chunk {
+  T v[W];
+};
+
+// W consecutive elements of a row as float32 (one 16-byte load when W * sizeof(T) == 16).
+template <typename T, int W>
+__device__ __forceinline__ void load_chunk(const T* src, float* dst) {
+  const Chunk<T, W> c = *reinterpret_cast<const Chunk<T, W>*>(src);
+#pragma unroll
+  for (int w = 0; w < W; ++w) dst[w] = to_float(c.v[w]);
+}
+
+// W is the number of consecutive elements a lane handles: 16 / sizeof(T) on the fast path
+// (aligned rows, D a multiple of W), 1 on the general path.
+template <typename T, int W>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    embed_kernel(const __grid_constant__ detail::EmbedParams p) {
   const int lane = threadIdx.x;
   const std::int64_t dim = p.dim;
   const std::int64_t half = dim / 2;
@@ -31,32 +50,60 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) embed_kernel(const __grid
     std::int64_t offsets[detail::RowIndex::count];
     detail::row_offsets(p.index, n, offsets);
     T* out = static_cast<T*>(p.out) + offsets[detail::RowIndex::out];
+    // Every lane resolves the same row: the id loads are one broadcast transaction.
     const detail::EmbedRow r = detail::resolve_embed_row(p, n);
+    Chunk<T, W> result;
     if (r.bad_key != detail::kNoBadIndex) {
-      for (std::int64_t j = lane; j < dim; j += 32) out[j] = from_float<T>(0.0f);
+#pragma unroll
+      for (int w = 0; w < W; ++w) result.v[w] = from_float<T>(0.0f);
+      for (std::int64_t j = lane * W; j < dim; j += 32 * W) {
+        *reinterpret_cast<Chunk<T, W>*>(out + j) = result;
+      }
       if (lane == 0) report_bad_row(p.bad, r.bad_key);
       continue;
     }
     const T* token = static_cast<const T*>(p.table) + r.token * p.table_stride;
     const T* pos = p.position_table == nullptr
                        ? nullptr
-                       : static_cast<const T*>(p.position_table) + r.position * p.position_table_stride;
+                       : static_cast<const T*>(p.position_table) +
+                             r.position * p.position_table_stride;
     const T* type = p.type_table == nullptr
                         ? nullptr
                         : static_cast<const T*>(p.type_table) + r.type * p.type_table_stride;
-    for (std::int64_t j = lane; j < dim; j += 32) {
-      float v = r.token_hit ? p.scale * to_float(token[j]) : 0.0f;
-      if (pos != nullptr) {
-        v += to_float(pos[j]);
-      } else if (sinusoidal) {
-        const std::int64_t i = split ? (j < half ? j : j - half) : j / 2;
-        const bool is_sin = split ? j < half : (j % 2 == 0);
-        float sv, cv;
-        detail::sinusoid_sin_cos(r.position, detail::sinusoid_freq(i, dim, p.sinusoid_base), &sv, &cv);
-        v += is_sin ? sv : cv;
+    for (std::int64_t j = lane * W; j < dim; j += 32 * W) {
+      float v[W], add[W];
+      if (r.token_hit) {
+        load_chunk<T, W>(token + j, v);
+#pragma unroll
+        for (int w = 0; w < W; ++w) v[w] *= p.scale;
+      } else {
+#pragma unroll
+        for (int w = 0; w < W; ++w) v[w] = 0.0f;
       }
-      if (type != nullptr) v += to_float(type[j]);
-      out[j] = from_float<T>(v);
+      if (pos != nullptr) {
+        load_chunk<T, W>(pos + j, add);
+#pragma unroll
+        for (int w = 0; w < W; ++w) v[w] += add[w];
+      } else if (sinusoidal) {
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          const std::int64_t e = j + w;
+          const std::int64_t i = split ? (e < half ? e : e - half) : (e >> 1);
+          const bool is_sin = split ? e < half : (e & 1) == 0;
+          float sv, cv;
+          detail::sinusoid_sin_cos(r.position, detail::sinusoid_freq(i, dim, p.sinusoid_base),
+                                   &sv, &cv);
+          v[w] += is_sin ? sv : cv;
+        }
+      }
+      if (type != nullptr) {
+        load_chunk<T, W>(type + j, add);
+#pragma unroll
+        for (int w = 0; w < W; ++w) v[w] += add[w];
+      }
+#pragma unroll
+      for (int w = 0; w < W; ++w) result.v[w] = from_float<T>(v[w]);
+      *reinterpret_cast<Chunk<T, W>*>(out + j) = result;
     }
   }
   if (last_block_done(p.bad)) {
@@ -73,10 +120,37 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) embed_kernel(const __grid
   }
 }
 
+bool aligned(const void* pointer, std::size_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
+}
+
+// The fast path needs D and every row start (pointers and row strides) in whole 16-byte
+// chunks.
+template <typename T>
+bool fits_vector_path(const detail::EmbedParams& p) {
+  constexpr std::int64_t w = 16 / sizeof(T);
+  if (p.dim % w != 0) return false;
+  for (const void* table : {p.table, p.position_table, p.type_table, static_cast<const void*>(p.out)}) {
+    if (!aligned(table, 16)) return false;  // null (absent) tables are aligned
+  }
+  if (p.table_stride % w != 0 || p.position_table_stride % w != 0 || p.type_table_stride % w != 0) {
+    return false;
+  }
+  for (int d = 0; d < p.index.ndim; ++d) {
+    if (p.index.stride[detail::RowIndex::out][d] % w != 0) return false;
+  }
+  return true;
+}
+
 template <typename T>
 void launch(const detail::EmbedParams& p, cudaStream_t stream) {
   const dim3 block(32, kWarpsPerBlock);
-  embed_kernel<T><<<grid_for(p.rows, kWarpsPerBlock), block, 0, stream>>>(p);
+  const unsigned grid = grid_for(p.rows, kWarpsPerBlock);
+  if (fits_vector_path<T>(p)) {
+    embed_kernel<T, 16 / sizeof(T)><<<grid, block, 0, stream>>>(p);
+  } else {
+    embed_kernel<T, 1><<<grid, block, 0, stream>>>(p);
+  }
   check_launch("embed_kernel");
 }
 

@@ -293,3 +293,35 @@ TEST_CASE("GPU embed equals CPU embed", "[gpu][embed]") {
     }
   }
 }
+
+TEST_CASE("GPU embed: bad ids zero their rows, the error names the first, context usable",
+          "[gpu][embed][errors]") {
+  const std::int64_t vocab = 50, dim = 64, rows = 1000;
+  Buffer table(vocab * dim * 4), ids(rows * 8), out(rows * dim * 4);
+  fill_random(table, DType::float32, vocab * dim, 11);
+  for (std::int64_t n = 0; n < rows; ++n) {
+    const std::int64_t id = n == 611 ? -3 : (n == 900 ? vocab : n % vocab);
+    std::memcpy(ids.host.data() + 8 * n, &id, 8);
+  }
+  table.upload();
+  ids.upload();
+  out.poison_both(0xff);
+  const Device gpu = Device::cuda(0);
+  const Tensor tt(table.device, DType::float32, {vocab, dim}, gpu);
+  const Tensor ti(ids.device, DType::int64, {rows}, gpu);
+  const Tensor to(out.device, DType::float32, {rows, dim}, gpu);
+  REQUIRE_THROWS_WITH(embrope::embed(tt, ti, to), Catch::Contains("ids[611] = -3"));
+  embrope::embed(Tensor(table.host.data(), DType::float32, {vocab, dim}),
+                 Tensor(ids.host.data(), DType::int64, {rows}),
+                 Tensor(out.host.data(), DType::float32, {rows, dim}), [] {
+                   embrope::EmbedOptions o;
+                   o.vocab_shard = true;  // CPU oracle for the good rows; bad rows are zero
+                   return o;
+                 }());
+  compare_rows(out.download(), out.host, DType::float32, rows * dim, dim);
+  // Vocab-parallel shard on the GPU: the same ids are no error.
+  embrope::EmbedOptions shard;
+  shard.vocab_shard = true;
+  embrope::embed(tt, ti, to, shard);
+  compare_rows(out.download(), out.host, DType::float32, rows * dim, dim);
+}
