@@ -6,6 +6,7 @@ option(EMBROPE_BUILD_BENCHMARKS "Build the benchmark executable" ${PROJECT_IS_TO
 option(EMBROPE_BUILD_EXAMPLES "Build the examples" ${PROJECT_IS_TOP_LEVEL})
 set(EMBROPE_CONFORMANCE_DIR "${PROJECT_SOURCE_DIR}/../shared/conformance/onnx-rotary-embedding"
     CACHE PATH "ONNX RotaryEmbedding conformance vectors (JSON)")
+option(EMBROPE_REQUIRE_CONFORMANCE "Fail to configure when the ONNX vectors are missing" OFF)
 option(EMBROPE_WERROR "Treat warnings in embrope's own code as errors" ON)
 
 # -Wall -Wextra (and -Werror) for a target of embrope's own, for C++ and CUDA sources alike.

@@ -31,27 +31,27 @@ EMBROPE_HD float bits_float(std::uint32_t u) {
 // bfloat16 is the top half of a float32: widen by shifting, narrow by rounding the low half.
 EMBROPE_HD float bfloat16_to_float(std::uint16_t h) { return bits_float(std::uint32_t{h} << 16); }
 EMBROPE_HD std::uint16_t float_to_bfloat16(float f) {
-  std::uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return static_cast<std::uint16_t>(u >> 16);
+  const std::uint32_t u = float_bits(f);
+  const std::uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);  // nearest, ties to even
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  // Selects rather than branches, so that CPU loops vectorize.
+  return static_cast<std::uint16_t>((nan ? (u | 0x400000u) : rounded) >> 16);
 }
 
 // IEEE binary16 <-> binary32, after F. Giesen's branch-light conversions (public domain,
 // "half_to_float" and "float_to_half_fast3_rtne").
 EMBROPE_HD float half_to_float(std::uint16_t h) {
   constexpr std::uint32_t shifted_exp = 0x7c00u << 13;  // exponent mask after shift
-  std::uint32_t o = (std::uint32_t{h} & 0x7fffu) << 13;
-  const std::uint32_t exp = shifted_exp & o;
-  o += (127u - 15u) << 23;  // rebias the exponent
-  if (exp == shifted_exp) {
-    o += (128u - 16u) << 23;  // Inf or NaN: exponent all ones
-  } else if (exp == 0) {
-    o += 1u << 23;  // zero or subnormal: renormalise through a float subtraction
-    o = float_bits(bits_float(o) - bits_float(113u << 23));
-  }
-  o |= (std::uint32_t{h} & 0x8000u) << 16;
-  return bits_float(o);
+  const std::uint32_t bits = (std::uint32_t{h} & 0x7fffu) << 13;
+  const std::uint32_t exp = shifted_exp & bits;
+  const std::uint32_t normal = bits + ((127u - 15u) << 23);  // rebias the exponent
+  const std::uint32_t special = normal + ((128u - 16u) << 23);  // Inf or NaN: exponent all ones
+  // Zero or subnormal: renormalise through a float subtraction.
+  const std::uint32_t subnormal =
+      float_bits(bits_float(normal + (1u << 23)) - bits_float(113u << 23));
+  // Selects rather than branches, so that CPU loops vectorize.
+  const std::uint32_t o = exp == shifted_exp ? special : (exp == 0 ? subnormal : normal);
+  return bits_float(o | ((std::uint32_t{h} & 0x8000u) << 16));
 }
 
 EMBROPE_HD std::uint16_t float_to_half(float value) {
@@ -61,20 +61,16 @@ EMBROPE_HD std::uint16_t float_to_half(float value) {
   std::uint32_t f = float_bits(value);
   const std::uint32_t sign = f & 0x80000000u;
   f ^= sign;
-  std::uint16_t o;
-  if (f >= f16_overflow) {
-    o = f > f32_infinity ? 0x7e00u : 0x7c00u;  // NaN stays (quiet) NaN, the rest is Inf
-  } else if (f < (113u << 23)) {
-    // Result is subnormal or zero: one float addition aligns the mantissa and rounds it to
-    // nearest even (the FPU's rounding mode; embrope never builds with flush-to-zero).
-    o = static_cast<std::uint16_t>(float_bits(bits_float(f) + bits_float(denorm_magic)) -
-                                   denorm_magic);
-  } else {
-    const std::uint32_t mantissa_odd = (f >> 13) & 1u;
-    f += (static_cast<std::uint32_t>(15 - 127) << 23) + 0xfffu;  // rebias and round
-    f += mantissa_odd;                                           // ties to even
-    o = static_cast<std::uint16_t>(f >> 13);
-  }
+  // All three results are computed and one is selected (no branches: CPU loops vectorize).
+  // Inf or NaN (NaN stays a quiet NaN):
+  const std::uint32_t special = f > f32_infinity ? 0x7e00u : 0x7c00u;
+  // Subnormal or zero: one float addition aligns the mantissa and rounds it to nearest even
+  // (the FPU's rounding mode; embrope never builds with flush-to-zero).
+  const std::uint32_t subnormal = float_bits(bits_float(f) + bits_float(denorm_magic)) - denorm_magic;
+  // Normal: rebias the exponent, round to nearest, ties to even.
+  const std::uint32_t normal =
+      (f + (static_cast<std::uint32_t>(15 - 127) << 23) + 0xfffu + ((f >> 13) & 1u)) >> 13;
+  const std::uint32_t o = f >= f16_overflow ? special : (f < (113u << 23) ? subnormal : normal);
   return static_cast<std::uint16_t>(o | (sign >> 16));
 }
 
