@@ -7,6 +7,8 @@ option(EMBROPE_BUILD_EXAMPLES "Build the examples" ${PROJECT_IS_TOP_LEVEL})
 set(EMBROPE_CONFORMANCE_DIR "${PROJECT_SOURCE_DIR}/../shared/conformance/onnx-rotary-embedding"
     CACHE PATH "ONNX RotaryEmbedding conformance vectors (JSON)")
 option(EMBROPE_REQUIRE_CONFORMANCE "Fail to configure when the ONNX vectors are missing" OFF)
+set(EMBROPE_SANITIZE "" CACHE STRING
+    "Sanitizers for host code, e.g. address,undefined or thread (empty: none)")
 option(EMBROPE_WERROR "Treat warnings in embrope's own code as errors" ON)
 
 # -Wall -Wextra (and -Werror) for a target of embrope's own, for C++ and CUDA sources alike.
@@ -22,3 +24,10 @@ function(embrope_warnings target)
     $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra $<$<BOOL:${EMBROPE_WERROR}>:-Werror>>
     $<$<COMPILE_LANGUAGE:CUDA>:${cuda}>)
 endfunction()
+
+if(EMBROPE_SANITIZE)
+  add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=${EMBROPE_SANITIZE}>
+                      $<$<COMPILE_LANGUAGE:C,CXX>:-fno-omit-frame-pointer>
+                      $<$<COMPILE_LANGUAGE:C,CXX>:-fno-sanitize-recover=all>)
+  add_link_options(-fsanitize=${EMBROPE_SANITIZE})
+endif()

@@ -1,0 +1,600 @@
+// The C API (include/embrope/embrope.h, DESIGN.md 2 and 5): version, per-thread last error,
+// device count, cos/sin cache handles, apply_rope and embed over DLTensors (null strides,
+// byte_offset, every dtype) against the float64 reference, and status codes for errors.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "embrope/embrope.h"
+#include "embrope/embrope.hpp"
+#include "embrope/version.hpp"
+#include "reference.hpp"
+
+namespace {
+
+using embrope::DType;
+
+DLDataType dl_dtype(DType d) {
+  switch (d) {
+    case DType::float32:
+      return DLDataType{kDLFloat, 32, 1};
+    case DType::float16:
+      return DLDataType{kDLFloat, 16, 1};
+    case DType::bfloat16:
+      return DLDataType{kDLBfloat, 16, 1};
+    case DType::int32:
+      return DLDataType{kDLInt, 32, 1};
+    case DType::int64:
+      return DLDataType{kDLInt, 64, 1};
+  }
+  return DLDataType{kDLFloat, 32, 1};
+}
+
+const char* name_of(DType d) {
+  return d == DType::float32    ? "float32"
+         : d == DType::float16  ? "float16"
+         : d == DType::bfloat16 ? "bfloat16"
+         : d == DType::int32    ? "int32"
+                                : "int64";
+}
+
+// A DLTensor over a ref::Buffer that owns its shape and strides. `offset` elements are
+// passed through byte_offset (the data pointer stays at the buffer's start).
+struct DL {
+  std::vector<std::int64_t> shape, strides;
+  DLTensor t{};
+  DL(ref::Buffer& buf, std::vector<std::int64_t> shape_, std::vector<std::int64_t> strides_ = {},
+     std::int64_t offset = 0)
+      : shape(std::move(shape_)), strides(std::move(strides_)) {
+    t.data = buf.data();
+    t.device = DLDevice{kDLCPU, 0};
+    t.ndim = static_cast<int>(shape.size());
+    t.dtype = dl_dtype(buf.dtype());
+    t.shape = shape.data();
+    t.strides = strides.empty() ? nullptr : strides.data();
+    t.byte_offset = static_cast<std::uint64_t>(offset * embrope::dtype_size(buf.dtype()));
+  }
+};
+
+std::string last_error() {
+  return embrope_last_error();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ basics ---------------
+
+TEST_CASE("embrope_version is the library's MAJOR.MINOR.PATCH", "[c_api]") {
+  const char* v = embrope_version();
+  REQUIRE(v != nullptr);
+  CHECK(std::string(v) == EMBROPE_VERSION_STRING);
+  CHECK(std::string(v) == std::to_string(EMBROPE_VERSION_MAJOR) + "." +
+                              std::to_string(EMBROPE_VERSION_MINOR) + "." +
+                              std::to_string(EMBROPE_VERSION_PATCH));
+}
+
+TEST_CASE("embrope_last_error is empty on a fresh thread and names the failed function",
+          "[c_api][errors]") {
+  std::string fresh, after_failure, other_thread;
+  embrope_status_t status = EMBROPE_OK;
+  std::thread t([&] {
+    fresh = embrope_last_error();
+    status = embrope_apply_rope(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    after_failure = embrope_last_error();
+  });
+  t.join();
+  CHECK(fresh.empty());
+  CHECK(status == EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK_FALSE(after_failure.empty());
+  CHECK_THAT(after_failure, Catch::Contains("apply_rope"));
+  // The message belongs to that thread only.
+  std::thread u([&] { other_thread = embrope_last_error(); });
+  u.join();
+  CHECK(other_thread.empty());
+  CHECK(embrope_last_error() != nullptr);
+}
+
+TEST_CASE("embrope_cuda_device_count agrees with the C++ API and is never negative", "[c_api]") {
+  const int n = embrope_cuda_device_count();
+  CHECK(n >= 0);
+  CHECK(n == embrope::cuda_device_count());
+}
+
+TEST_CASE("the options init functions set the documented defaults", "[c_api]") {
+  embrope_rope_config_t config;
+  std::memset(&config, 0x5a, sizeof config);
+  embrope_rope_config_init(&config);
+  CHECK(config.rotary_dim == 0);
+  CHECK(config.base == 10000.0);
+  CHECK(config.max_positions == 0);
+
+  embrope_rope_options_t ro;
+  std::memset(&ro, 0x5a, sizeof ro);
+  embrope_rope_options_init(&ro);
+  CHECK(ro.layout == EMBROPE_ROPE_NEOX);
+  CHECK(ro.inverse == 0);
+  CHECK(ro.rotary_dim == 0);
+  CHECK(ro.q_out == nullptr);
+  CHECK(ro.k_out == nullptr);
+
+  embrope_embed_options_t eo;
+  std::memset(&eo, 0x5a, sizeof eo);
+  embrope_embed_options_init(&eo);
+  CHECK(eo.scale == 1.0f);
+  CHECK(eo.vocab_start == 0);
+  CHECK(eo.vocab_shard == 0);
+  CHECK(eo.positions == EMBROPE_POSITIONS_NONE);
+  CHECK(eo.position_table == nullptr);
+  CHECK(eo.sinusoid_base == 10000.0);
+  CHECK(eo.sinusoid_layout == EMBROPE_SINUSOID_INTERLEAVED);
+  CHECK(eo.position_ids == nullptr);
+  CHECK(eo.position_offsets == nullptr);
+  CHECK(eo.type_table == nullptr);
+  CHECK(eo.type_ids == nullptr);
+}
+
+// ------------------------------------------------------------------ caches ---------------
+
+TEST_CASE("C cos/sin cache: create, info, copy_to_host, destroy", "[c_api][rope_cache]") {
+  embrope_rope_config_t config;
+  embrope_rope_config_init(&config);
+  config.rotary_dim = 24;
+  config.base = 50000.0;
+  config.max_positions = 77;
+  embrope_rope_cache_t* cache = nullptr;
+  REQUIRE(embrope_rope_cache_create(&config, DLDevice{kDLCPU, 0}, nullptr, &cache) == EMBROPE_OK);
+  REQUIRE(cache != nullptr);
+
+  embrope_rope_config_t info;
+  std::memset(&info, 0, sizeof info);
+  DLDevice device{kDLCUDA, 7};
+  CHECK(embrope_rope_cache_info(cache, &info, &device) == EMBROPE_OK);
+  CHECK(info.rotary_dim == 24);
+  CHECK(info.base == 50000.0);
+  CHECK(info.max_positions == 77);
+  CHECK(device.device_type == kDLCPU);
+
+  const std::size_t n = 77 * 12;
+  std::vector<float> c(n, std::numeric_limits<float>::quiet_NaN()), s(c);
+  CHECK(embrope_rope_cache_copy_to_host(cache, c.data(), s.data()) == EMBROPE_OK);
+  std::int64_t wrong = 0;
+  for (std::int64_t p = 0; p < 77; ++p) {
+    for (std::int64_t i = 0; i < 12; ++i) {
+      const double angle = static_cast<double>(p) * ref::rope_inv_freq(i, 24, 50000.0);
+      const auto k = static_cast<std::size_t>(p * 12 + i);
+      const float want_c = static_cast<float>(std::cos(angle));
+      const float want_s = static_cast<float>(std::sin(angle));
+      // The float32 rounding of the float64 value, within one float32 ulp.
+      if (!(std::fabs(c[k] - want_c) <= ref::ulp(ref::kFloat32, want_c))) ++wrong;
+      if (!(std::fabs(s[k] - want_s) <= ref::ulp(ref::kFloat32, want_s))) ++wrong;
+    }
+  }
+  CHECK(wrong == 0);
+  CHECK(embrope_rope_cache_destroy(cache) == EMBROPE_OK);
+  CHECK(embrope_rope_cache_destroy(nullptr) == EMBROPE_OK);
+}
+
+TEST_CASE("C cos/sin cache creation errors", "[c_api][rope_cache][errors]") {
+  embrope_rope_config_t config;
+  embrope_rope_config_init(&config);
+  config.rotary_dim = 64;
+  config.max_positions = 16;
+  embrope_rope_cache_t* cache = nullptr;
+  SECTION("odd rotary_dim") {
+    config.rotary_dim = 63;
+    CHECK(embrope_rope_cache_create(&config, DLDevice{kDLCPU, 0}, nullptr, &cache) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("rotary_dim") && Catch::Contains("63"));
+  }
+  SECTION("default config (rotary_dim 0)") {
+    embrope_rope_config_init(&config);
+    CHECK(embrope_rope_cache_create(&config, DLDevice{kDLCPU, 0}, nullptr, &cache) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("rotary_dim"));
+  }
+  SECTION("base NaN") {
+    config.base = std::numeric_limits<double>::quiet_NaN();
+    CHECK(embrope_rope_cache_create(&config, DLDevice{kDLCPU, 0}, nullptr, &cache) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("base"));
+  }
+  SECTION("null config and null result pointer") {
+    CHECK(embrope_rope_cache_create(nullptr, DLDevice{kDLCPU, 0}, nullptr, &cache) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_FALSE(last_error().empty());
+    CHECK(embrope_rope_cache_create(&config, DLDevice{kDLCPU, 0}, nullptr, nullptr) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_FALSE(last_error().empty());
+  }
+  SECTION("a CUDA device without a GPU") {
+    if (embrope_cuda_device_count() > 0) {
+      WARN("a GPU is present: the no-GPU error path is not exercised");
+      return;
+    }
+    CHECK(embrope_rope_cache_create(&config, DLDevice{kDLCUDA, 0}, nullptr, &cache) ==
+          EMBROPE_ERROR_NOT_IMPLEMENTED);
+    CHECK_FALSE(last_error().empty());
+  }
+  SECTION("info and copy_to_host of a null cache") {
+    embrope_rope_config_t info;
+    DLDevice device;
+    CHECK(embrope_rope_cache_info(nullptr, &info, &device) == EMBROPE_ERROR_INVALID_ARGUMENT);
+    float c = 0, s = 0;
+    CHECK(embrope_rope_cache_copy_to_host(nullptr, &c, &s) == EMBROPE_ERROR_INVALID_ARGUMENT);
+  }
+  // A failed create leaves no cache behind (nothing to destroy, or a null handle).
+  CHECK(embrope_rope_cache_destroy(cache) == EMBROPE_OK);
+}
+
+// ------------------------------------------------------------------ RoPE -----------------
+
+namespace {
+
+struct CCache {
+  embrope_rope_cache_t* handle = nullptr;
+  CCache(std::int64_t rotary_dim, double base, std::int64_t max_positions) {
+    embrope_rope_config_t config;
+    embrope_rope_config_init(&config);
+    config.rotary_dim = rotary_dim;
+    config.base = base;
+    config.max_positions = max_positions;
+    REQUIRE(embrope_rope_cache_create(&config, DLDevice{kDLCPU, 0}, nullptr, &handle) ==
+            EMBROPE_OK);
+  }
+  ~CCache() { embrope_rope_cache_destroy(handle); }
+  CCache(const CCache&) = delete;
+  CCache& operator=(const CCache&) = delete;
+};
+
+// Checks `got` rows [T, H, D] (contiguous from element `offset`) against the reference
+// rotation of `before` rows at the given positions.
+void check_rope_rows(const ref::Buffer& got, std::int64_t got_offset, const ref::Buffer& before,
+                     std::int64_t before_offset, const ref::Buffer& pos, std::int64_t t,
+                     std::int64_t h, std::int64_t d, std::int64_t r, bool interleaved,
+                     bool inverse) {
+  ref::Mismatches m;
+  std::vector<double> x(static_cast<std::size_t>(d)), mag;
+  for (std::int64_t n = 0; n < t * h; ++n) {
+    for (std::int64_t e = 0; e < d; ++e) {
+      x[static_cast<std::size_t>(e)] = before.get(before_offset + n * d + e);
+    }
+    const std::int64_t p = pos.get_index(n / h);
+    const std::vector<double> y = ref::rope(x, p, r, 10000.0, interleaved, inverse, &mag);
+    const double norm = ref::norm(y);
+    for (std::int64_t e = 0; e < d; ++e) {
+      const auto ue = static_cast<std::size_t>(e);
+      m.expect_close(
+          [&] {
+            return ref::where("row", {n, e});
+          },
+          got.get(got_offset + n * d + e), y[ue],
+          ref::tolerance(got.dtype(), y[ue], norm, mag[ue]));
+    }
+  }
+  INFO(m.summary());
+  CHECK(m.count == 0);
+}
+
+}  // namespace
+
+TEST_CASE("embrope_apply_rope on DLTensors matches the float64 reference", "[c_api][rope]") {
+  const DType dtype = GENERATE(DType::float32, DType::float16, DType::bfloat16);
+  const DType pos_dtype = GENERATE(DType::int32, DType::int64);
+  INFO("dtype " << name_of(dtype) << " positions " << name_of(pos_dtype));
+  const std::int64_t t = 5, hq = 4, hk = 2, d = 64, r = 64, n = 512;
+  const CCache cache(r, 10000.0, n);
+  const std::uint64_t seed =
+      ref::seed_of({static_cast<int>(dtype), static_cast<int>(pos_dtype), 1});
+
+  SECTION("contiguous (null strides), in place, default options") {
+    ref::Buffer q(dtype, t * hq * d), k(dtype, t * hk * d), pos(pos_dtype, t);
+    ref::fill_random(q, seed);
+    ref::fill_random(k, seed + 1);
+    ref::fill_random_indices(pos, seed + 2, 0, n - 1);
+    const ref::Buffer q0 = q, k0 = k;
+    DL qd(q, {t, hq, d}), kd(k, {t, hk, d}), pd(pos, {t});
+    REQUIRE(embrope_apply_rope(&qd.t, &kd.t, &pd.t, cache.handle, nullptr, nullptr) == EMBROPE_OK);
+    check_rope_rows(q, 0, q0, 0, pos, t, hq, d, r, false, false);
+    check_rope_rows(k, 0, k0, 0, pos, t, hk, d, r, false, false);
+  }
+  SECTION("byte_offset honoured, explicit strides, interleaved, out of place, no k") {
+    const std::int64_t skip = 24;  // elements before the data (48 or 96 bytes)
+    ref::Buffer q(dtype, skip + t * hq * d), out(dtype, skip + t * hq * d);
+    ref::Buffer pos(pos_dtype, 3 + t);
+    ref::fill_random(q, seed + 3);
+    ref::poison(out);
+    ref::fill_random_indices(pos, seed + 4, 0, n - 1);
+    const ref::Buffer q0 = q;
+    DL qd(q, {t, hq, d}, {hq * d, d, 1}, skip), od(out, {t, hq, d}, {}, skip);
+    DL pd(pos, {t}, {1}, 3);
+    embrope_rope_options_t opt;
+    embrope_rope_options_init(&opt);
+    opt.layout = EMBROPE_ROPE_INTERLEAVED;
+    opt.q_out = &od.t;
+    REQUIRE(embrope_apply_rope(&qd.t, nullptr, &pd.t, cache.handle, &opt, nullptr) == EMBROPE_OK);
+    // Positions are read from element 3 on.
+    ref::Buffer pos_used(pos_dtype, t);
+    for (std::int64_t i = 0; i < t; ++i) pos_used.set_index(i, pos.get_index(3 + i));
+    check_rope_rows(out, skip, q0, skip, pos_used, t, hq, d, r, true, false);
+    CHECK(q.snapshot() == q0.snapshot());  // out of place: q untouched
+    std::int64_t head_written = 0;
+    for (std::int64_t i = 0; i < skip; ++i)
+      head_written += out.bits(i) != ref::kPoison16 && out.bits(i) != 0x7fc00badu ? 1 : 0;
+    CHECK(head_written == 0);  // nothing before byte_offset was written
+  }
+  SECTION("inverse") {
+    ref::Buffer q(dtype, t * hq * d), pos(pos_dtype, t);
+    ref::fill_random(q, seed + 5);
+    ref::fill_random_indices(pos, seed + 6, 0, n - 1);
+    const ref::Buffer q0 = q;
+    DL qd(q, {1, t, hq, d}), pd(pos, {1, t});
+    embrope_rope_options_t opt;
+    embrope_rope_options_init(&opt);
+    opt.inverse = 1;
+    REQUIRE(embrope_apply_rope(&qd.t, nullptr, &pd.t, cache.handle, &opt, nullptr) == EMBROPE_OK);
+    check_rope_rows(q, 0, q0, 0, pos, t, hq, d, r, false, true);
+  }
+}
+
+TEST_CASE("embrope_apply_rope status codes and messages", "[c_api][rope][errors]") {
+  const std::int64_t t = 3, h = 2, d = 32;
+  const CCache cache(d, 10000.0, 8);
+  ref::Buffer q(DType::float32, t * h * d), pos(DType::int64, t);
+  ref::fill_random(q, 11);
+  for (std::int64_t i = 0; i < t; ++i) pos.set_index(i, i);
+  DL qd(q, {t, h, d}), pd(pos, {t});
+  const ref::Buffer q0 = q;
+  {  // positive control on a copy
+    ref::Buffer q_ctrl = q;
+    DL cd(q_ctrl, {t, h, d});
+    REQUIRE(embrope_apply_rope(&cd.t, nullptr, &pd.t, cache.handle, nullptr, nullptr) ==
+            EMBROPE_OK);
+  }
+
+  SECTION("null q") {
+    CHECK(embrope_apply_rope(nullptr, nullptr, &pd.t, cache.handle, nullptr, nullptr) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("apply_rope") && Catch::Contains("q"));
+  }
+  SECTION("null positions") {
+    CHECK(embrope_apply_rope(&qd.t, nullptr, nullptr, cache.handle, nullptr, nullptr) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("apply_rope") && Catch::Contains("positions"));
+  }
+  SECTION("null cache") {
+    CHECK(embrope_apply_rope(&qd.t, nullptr, &pd.t, nullptr, nullptr, nullptr) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("apply_rope") && Catch::Contains("cache"));
+  }
+  SECTION("lanes 2") {
+    qd.t.dtype.lanes = 2;
+    CHECK(embrope_apply_rope(&qd.t, nullptr, &pd.t, cache.handle, nullptr, nullptr) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("apply_rope") && Catch::Contains("lanes"));
+  }
+  SECTION("float64 q") {
+    qd.t.dtype = DLDataType{kDLFloat, 64, 1};
+    CHECK(embrope_apply_rope(&qd.t, nullptr, &pd.t, cache.handle, nullptr, nullptr) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("apply_rope") && Catch::Contains("q"));
+  }
+  SECTION("uint64 positions") {
+    pd.t.dtype = DLDataType{kDLUInt, 64, 1};
+    CHECK(embrope_apply_rope(&qd.t, nullptr, &pd.t, cache.handle, nullptr, nullptr) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("apply_rope") && Catch::Contains("positions"));
+  }
+  SECTION("kDLCUDAHost memory") {
+    qd.t.device = DLDevice{kDLCUDAHost, 0};
+    CHECK(embrope_apply_rope(&qd.t, nullptr, &pd.t, cache.handle, nullptr, nullptr) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("apply_rope"));
+  }
+  SECTION("kDLCUDA q with a CPU cache and positions") {
+    qd.t.device = DLDevice{kDLCUDA, 0};
+    const embrope_status_t st =
+        embrope_apply_rope(&qd.t, nullptr, &pd.t, cache.handle, nullptr, nullptr);
+    CHECK((st == EMBROPE_ERROR_INVALID_ARGUMENT || st == EMBROPE_ERROR_NOT_IMPLEMENTED));
+    CHECK_THAT(last_error(), Catch::Contains("apply_rope"));
+  }
+  SECTION("kDLCUDA q and positions without a GPU") {
+    if (embrope_cuda_device_count() > 0) {
+      WARN("a GPU is present: the no-GPU error path is not exercised");
+      return;
+    }
+    qd.t.device = DLDevice{kDLCUDA, 0};
+    pd.t.device = DLDevice{kDLCUDA, 0};
+    const embrope_status_t st =
+        embrope_apply_rope(&qd.t, nullptr, &pd.t, cache.handle, nullptr, nullptr);
+    CHECK((st == EMBROPE_ERROR_INVALID_ARGUMENT || st == EMBROPE_ERROR_NOT_IMPLEMENTED));
+    CHECK_THAT(last_error(), Catch::Contains("apply_rope"));
+  }
+  SECTION("rotary_dim option mismatch") {
+    embrope_rope_options_t opt;
+    embrope_rope_options_init(&opt);
+    opt.rotary_dim = 16;
+    CHECK(embrope_apply_rope(&qd.t, nullptr, &pd.t, cache.handle, &opt, nullptr) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("apply_rope") && Catch::Contains("rotary_dim"));
+  }
+  SECTION("a position outside the cache: INDEX_OUT_OF_RANGE, the row zero-filled") {
+    pos.set_index(1, 8);
+    CHECK(embrope_apply_rope(&qd.t, nullptr, &pd.t, cache.handle, nullptr, nullptr) ==
+          EMBROPE_ERROR_INDEX_OUT_OF_RANGE);
+    CHECK_THAT(last_error(), Catch::Contains("apply_rope") && Catch::Contains("positions[1]") &&
+                                 Catch::Contains("8"));
+    std::int64_t nonzero = 0;
+    for (std::int64_t i = h * d; i < 2 * h * d; ++i) nonzero += q.get(i) != 0.0 ? 1 : 0;
+    CHECK(nonzero == 0);
+    // Tokens 0 and 2 are rotated as usual (compare rows of those tokens only).
+    ref::Buffer q_tok(DType::float32, h * d), q0_tok(DType::float32, h * d);
+    for (std::int64_t tok : {0, 2}) {
+      for (std::int64_t i = 0; i < h * d; ++i) {
+        q_tok.set(i, q.get(tok * h * d + i));
+        q0_tok.set(i, q0.get(tok * h * d + i));
+      }
+      ref::Buffer p1(DType::int64, 1);
+      p1.set_index(0, tok);
+      check_rope_rows(q_tok, 0, q0_tok, 0, p1, 1, h, d, d, false, false);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ embed ----------------
+
+TEST_CASE("embrope_embed on DLTensors matches the float64 reference", "[c_api][embed]") {
+  const DType dtype = GENERATE(DType::float32, DType::float16, DType::bfloat16);
+  const DType id_dtype = GENERATE(DType::int32, DType::int64);
+  INFO("dtype " << name_of(dtype) << " ids " << name_of(id_dtype));
+  const std::int64_t v = 30, d = 16, b = 2, s = 5, n = b * s;
+  const std::uint64_t seed = ref::seed_of({static_cast<int>(dtype), static_cast<int>(id_dtype), 2});
+  ref::Buffer table(dtype, v * d), ids(id_dtype, 2 + n), out(dtype, 4 + n * d);
+  ref::fill_random(table, seed);
+  ref::fill_random_indices(ids, seed + 1, 0, v - 1);
+  ref::poison(out);
+  DL td(table, {v, d}), id(ids, {b, s}, {}, 2), od(out, {b, s, d}, {}, 4);
+  ref::EmbedSpec spec;
+  spec.table = &table;
+  spec.vocab = v;
+  spec.dim = d;
+  spec.table_stride = d;
+
+  SECTION("default options (NULL), ids and out through byte_offset") {
+    REQUIRE(embrope_embed(&td.t, &id.t, &od.t, nullptr, nullptr) == EMBROPE_OK);
+  }
+  ref::Buffer pos_table(dtype, 12 * d), offsets(DType::int64, b);
+  SECTION("scale and learned positions with offsets") {
+    ref::fill_random(pos_table, seed + 2);
+    offsets.set_index(0, 7);
+    offsets.set_index(1, 0);
+    DL pt(pos_table, {12, d}), off(offsets, {b});
+    embrope_embed_options_t opt;
+    embrope_embed_options_init(&opt);
+    opt.scale = 4.0f;
+    opt.positions = EMBROPE_POSITIONS_LEARNED;
+    opt.position_table = &pt.t;
+    opt.position_offsets = &off.t;
+    REQUIRE(embrope_embed(&td.t, &id.t, &od.t, &opt, nullptr) == EMBROPE_OK);
+    spec.scale = 4.0;
+    spec.positions = ref::Positions::learned;
+    spec.position_table = &pos_table;
+    spec.max_positions = 12;
+    spec.position_stride = d;
+  }
+  SECTION("sinusoidal split positions") {
+    embrope_embed_options_t opt;
+    embrope_embed_options_init(&opt);
+    opt.positions = EMBROPE_POSITIONS_SINUSOIDAL;
+    opt.sinusoid_layout = EMBROPE_SINUSOID_SPLIT;
+    opt.sinusoid_base = 1000.0;
+    REQUIRE(embrope_embed(&td.t, &id.t, &od.t, &opt, nullptr) == EMBROPE_OK);
+    spec.positions = ref::Positions::sinusoidal;
+    spec.base = 1000.0;
+    spec.split = true;
+  }
+  ref::Mismatches m;
+  std::vector<double> want, mag;
+  for (std::int64_t row = 0; row < n; ++row) {
+    const std::int64_t p =
+        spec.positions == ref::Positions::learned ? offsets.get_index(row / s) + row % s : row % s;
+    REQUIRE(ref::embed_row(spec, ids.get_index(2 + row), p, 0, want, mag));
+    const double norm = ref::norm(want);
+    for (std::int64_t e = 0; e < d; ++e) {
+      const auto ue = static_cast<std::size_t>(e);
+      m.expect_close(
+          [&] {
+            return ref::where("out", {row, e});
+          },
+          out.get(4 + row * d + e), want[ue], ref::tolerance(dtype, want[ue], norm, mag[ue]));
+    }
+  }
+  INFO(m.summary());
+  CHECK(m.count == 0);
+  for (std::int64_t i = 0; i < 4; ++i) CHECK(out.get(i) != out.get(i));  // still poison (NaN)
+}
+
+TEST_CASE("embrope_embed status codes and messages", "[c_api][embed][errors]") {
+  const std::int64_t v = 10, d = 8, n = 4;
+  ref::Buffer table(DType::float32, v * d), ids(DType::int64, n), out(DType::float32, n * d);
+  ref::fill_random(table, 21);
+  for (std::int64_t i = 0; i < n; ++i) ids.set_index(i, i);
+  ref::poison(out);
+  DL td(table, {v, d}), id(ids, {n}), od(out, {n, d});
+  REQUIRE(embrope_embed(&td.t, &id.t, &od.t, nullptr, nullptr) == EMBROPE_OK);
+
+  SECTION("an id outside the vocabulary: INDEX_OUT_OF_RANGE naming ids[index] and the value") {
+    ref::poison(out);
+    ids.set_index(2, 10);
+    CHECK(embrope_embed(&td.t, &id.t, &od.t, nullptr, nullptr) == EMBROPE_ERROR_INDEX_OUT_OF_RANGE);
+    CHECK_THAT(last_error(),
+               Catch::Contains("embed") && Catch::Contains("ids[2]") && Catch::Contains("10"));
+    for (std::int64_t row = 0; row < n; ++row) {
+      for (std::int64_t e = 0; e < d; ++e) {
+        const double want = row == 2 ? 0.0 : table.get(ids.get_index(row) * d + e);
+        INFO("row " << row << " element " << e);
+        CHECK(out.get(row * d + e) == want);
+      }
+    }
+  }
+  SECTION("null tensor pointers") {
+    CHECK(embrope_embed(nullptr, &id.t, &od.t, nullptr, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("embed") && Catch::Contains("table"));
+    CHECK(embrope_embed(&td.t, nullptr, &od.t, nullptr, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("embed") && Catch::Contains("ids"));
+    CHECK(embrope_embed(&td.t, &id.t, nullptr, nullptr, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("embed") && Catch::Contains("out"));
+  }
+  SECTION("lanes 4 on the table") {
+    td.t.dtype.lanes = 4;
+    CHECK(embrope_embed(&td.t, &id.t, &od.t, nullptr, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("embed") && Catch::Contains("lanes"));
+  }
+  SECTION("float64 table") {
+    td.t.dtype = DLDataType{kDLFloat, 64, 1};
+    CHECK(embrope_embed(&td.t, &id.t, &od.t, nullptr, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("embed") && Catch::Contains("table"));
+  }
+  SECTION("float64 out") {
+    od.t.dtype = DLDataType{kDLFloat, 64, 1};
+    CHECK(embrope_embed(&td.t, &id.t, &od.t, nullptr, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("embed") && Catch::Contains("out"));
+  }
+  SECTION("int16 ids") {
+    id.t.dtype = DLDataType{kDLInt, 16, 1};
+    CHECK(embrope_embed(&td.t, &id.t, &od.t, nullptr, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("embed") && Catch::Contains("ids"));
+  }
+  SECTION("kDLCUDA tensors without a GPU") {
+    if (embrope_cuda_device_count() > 0) {
+      WARN("a GPU is present: the no-GPU error path is not exercised");
+      return;
+    }
+    td.t.device = DLDevice{kDLCUDA, 0};
+    id.t.device = DLDevice{kDLCUDA, 0};
+    od.t.device = DLDevice{kDLCUDA, 0};
+    const embrope_status_t st = embrope_embed(&td.t, &id.t, &od.t, nullptr, nullptr);
+    CHECK((st == EMBROPE_ERROR_NOT_IMPLEMENTED || st == EMBROPE_ERROR_INVALID_ARGUMENT));
+    CHECK_THAT(last_error(), Catch::Contains("embed"));
+  }
+  SECTION("kDLCUDA ids with CPU table and out") {
+    id.t.device = DLDevice{kDLCUDA, 0};
+    const embrope_status_t st = embrope_embed(&td.t, &id.t, &od.t, nullptr, nullptr);
+    CHECK((st == EMBROPE_ERROR_NOT_IMPLEMENTED || st == EMBROPE_ERROR_INVALID_ARGUMENT));
+    CHECK_THAT(last_error(), Catch::Contains("embed"));
+  }
+  SECTION("an unsupported device type (OpenCL)") {
+    td.t.device = DLDevice{kDLOpenCL, 0};
+    id.t.device = DLDevice{kDLOpenCL, 0};
+    od.t.device = DLDevice{kDLOpenCL, 0};
+    const embrope_status_t st = embrope_embed(&td.t, &id.t, &od.t, nullptr, nullptr);
+    CHECK((st == EMBROPE_ERROR_NOT_IMPLEMENTED || st == EMBROPE_ERROR_INVALID_ARGUMENT));
+    CHECK_THAT(last_error(), Catch::Contains("embed"));
+  }
+}
