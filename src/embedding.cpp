@@ -79,6 +79,10 @@ void embed(const Tensor& table, const Tensor& ids, const Tensor& out, const Embe
   p.vocab_shard = o.vocab_shard;
   p.scale = o.scale;
   if (o.vocab_start < 0) fail(kOp, "vocab_start {} must not be negative", o.vocab_start);
+  if (o.vocab_start > INT64_MAX - table.shape(0)) {
+    fail(kOp, "vocab_start {} plus the vocabulary size {} overflows int64", o.vocab_start,
+         table.shape(0));
+  }
 
   p.positions = o.positions;
   const bool uses_positions = o.positions != PositionEncoding::none;

@@ -43,7 +43,7 @@ std::string describe_bad_index(const BadIndexRecord& record) {
       table = "the cos/sin table";
       break;
   }
-  if (record.upper == INT64_MAX) {
+  if (record.upper == INT64_MAX && record.value < 0) {
     return fmt::format("{}: {} = {} is negative (flat row-major index)", op, subject,
                        record.value);
   }

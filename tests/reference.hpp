@@ -447,8 +447,9 @@ inline bool embed_row(const EmbedSpec& s, std::int64_t id, std::int64_t position
   const auto dim = static_cast<std::size_t>(s.dim);
   out.assign(dim, 0.0);
   magnitude.assign(dim, 0.0);
-  const std::int64_t row = id - s.vocab_start;
-  const bool hit = row >= 0 && row < s.vocab;
+  // Compared before subtracting: id - vocab_start would overflow for ids near INT64_MIN.
+  const bool hit = id >= s.vocab_start && id < s.vocab_start + s.vocab;
+  const std::int64_t row = hit ? id - s.vocab_start : 0;
   bool bad = !hit && !s.vocab_shard;
   if (s.positions == Positions::learned && (position < 0 || position >= s.max_positions)) {
     bad = true;

@@ -27,8 +27,10 @@ class EMBROPE_EXPORT DeferredStatus {
   DeferredStatus& operator=(const DeferredStatus&) = delete;
 
   Device device() const { return device_; }
-  // Throws Error(index_out_of_range) describing the first bad row recorded since the last
-  // check, then clears the record. On a GPU, synchronises the given stream first.
+  // Throws Error(index_out_of_range) if a bad row was recorded since the last check, then
+  // clears the record. When several calls recorded bad rows, the report kept is the one with
+  // the lowest (row, argument) key, whichever call it came from: check after each call when
+  // you need to know which call failed. On a GPU, synchronises the given stream first.
   void check(Stream stream = {});
   // True when nothing has been recorded (synchronises like check()).
   bool ok(Stream stream = {});

@@ -32,9 +32,10 @@ EMBROPE_HD EmbedRow resolve_embed_row(const EmbedParams& p, std::int64_t row) {
   row_offsets(p.index, row, offsets);
   EmbedRow r;
   const std::int64_t id = load_index(p.ids, p.id_dtype, offsets[RowIndex::ids]);
-  r.token = id - p.vocab_start;
-  if (r.token < 0 || r.token >= p.vocab_size) {
-    r.token_hit = false;
+  // Compared before subtracting: no overflow for any id (INT64_MIN included).
+  r.token_hit = id >= p.vocab_start && id - p.vocab_start < p.vocab_size;
+  r.token = r.token_hit ? id - p.vocab_start : 0;
+  if (!r.token_hit) {
     if (!p.vocab_shard) {
       mark_bad(r, row, BadIndexArg::ids, id, p.vocab_start, p.vocab_start + p.vocab_size);
     }
@@ -51,7 +52,9 @@ EMBROPE_HD EmbedRow resolve_embed_row(const EmbedParams& p, std::int64_t row) {
               ? 0
               : load_index(p.position_offsets, p.position_offset_dtype,
                            b * p.position_offset_stride);
-      r.position = offset + (row - b * p.seq_len);
+      const std::int64_t s = row - b * p.seq_len;
+      // offset + s, saturated: an offset near INT64_MAX must not wrap into the table.
+      r.position = offset > INT64_MAX - s ? INT64_MAX : offset + s;
     }
     const std::int64_t upper =
         p.positions == PositionEncoding::learned ? p.max_positions : INT64_MAX;
