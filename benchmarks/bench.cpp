@@ -59,7 +59,9 @@ class Memory {
   }
   Memory(const Memory&) = delete;
   Memory& operator=(const Memory&) = delete;
-  void* data() const { return data_; }
+  void* data() const {
+    return data_;
+  }
 
   // Fills with a host-made pattern: random values of dtype, or indices in [0, modulo).
   void fill_values(DType dtype) {
@@ -106,7 +108,9 @@ class Memory {
   std::size_t bytes_;
 };
 
-Device device() { return g_gpu ? Device::cuda(0) : Device::cpu(); }
+Device device() {
+  return g_gpu ? Device::cuda(0) : Device::cpu();
+}
 
 // Times body() with CUDA events on the GPU (manual time) or wall time on the CPU.
 void run_timed(benchmark::State& state, const std::function<void()>& body,
@@ -145,19 +149,21 @@ void copy_case(benchmark::State& state, std::int64_t bytes) {
   src.fill_values(DType::float32);
   std::function<void()> body;
 #ifdef EMBROPE_BENCH_CUDA
-  if (g_gpu) body = [&] { cudaMemcpyAsync(dst.data(), src.data(), half, cudaMemcpyDeviceToDevice); };
+  if (g_gpu)
+    body = [&] { cudaMemcpyAsync(dst.data(), src.data(), half, cudaMemcpyDeviceToDevice); };
 #endif
   if (!g_gpu) {
     body = [&] {
-      // memcpy split over the cores, like the ops it bounds.
+    // memcpy split over the cores, like the ops it bounds.
 #pragma omp parallel
       {
         const std::size_t threads = static_cast<std::size_t>(omp_get_num_threads());
         const std::size_t chunk = (half + threads - 1) / threads;
-        const std::size_t begin = std::min(half, chunk * static_cast<std::size_t>(omp_get_thread_num()));
+        const std::size_t begin =
+            std::min(half, chunk * static_cast<std::size_t>(omp_get_thread_num()));
         const std::size_t end = std::min(half, begin + chunk);
-        std::memcpy(static_cast<char*>(dst.data()) + begin, static_cast<const char*>(src.data()) + begin,
-                    end - begin);
+        std::memcpy(static_cast<char*>(dst.data()) + begin,
+                    static_cast<const char*>(src.data()) + begin, end - begin);
       }
     };
   }
@@ -170,11 +176,9 @@ struct RopeShape {
   embrope::RopeLayout layout;
 };
 
-void rope_case(benchmark::State& state, RopeShape s, DType dtype, std::int64_t tokens,
-               bool fused) {
+void rope_case(benchmark::State& state, RopeShape s, DType dtype, std::int64_t tokens, bool fused) {
   const int es = embrope::dtype_size(dtype);
-  Memory q(tokens * s.hq * s.head_dim * es), k(tokens * s.hk * s.head_dim * es),
-      pos(tokens * 8);
+  Memory q(tokens * s.hq * s.head_dim * es), k(tokens * s.hk * s.head_dim * es), pos(tokens * 8);
   q.fill_values(dtype);
   k.fill_values(dtype);
   pos.fill_indices(tokens, 65536, true);
@@ -253,16 +257,22 @@ void register_pair(const std::string& name, std::int64_t bytes, Fn op) {
     g_copy_gbps[bytes] = 0;
     auto* c = benchmark::RegisterBenchmark(("copy/" + std::to_string(bytes)).c_str(),
                                            [bytes](benchmark::State& st) { copy_case(st, bytes); });
-    if (g_gpu) c->UseManualTime(); else c->UseRealTime();
+    if (g_gpu)
+      c->UseManualTime();
+    else
+      c->UseRealTime();
     c->Unit(benchmark::kMicrosecond);
   }
   auto* b = benchmark::RegisterBenchmark(name.c_str(), op);
-  if (g_gpu) b->UseManualTime(); else b->UseRealTime();
+  if (g_gpu)
+    b->UseManualTime();
+  else
+    b->UseRealTime();
   b->Unit(benchmark::kMicrosecond);
 }
 
 DType parse_dtype(const char* s) {
-  return std::strcmp(s, "bf16") == 0 ? DType::bfloat16
+  return std::strcmp(s, "bf16") == 0  ? DType::bfloat16
          : std::strcmp(s, "f16") == 0 ? DType::float16
                                       : DType::float32;
 }
@@ -284,11 +294,12 @@ void register_all() {
     for (const RopeShape& s : shapes) {
       if (g_quick && std::strcmp(s.model, "llama3-8b") != 0) continue;
       for (std::int64_t t : token_counts) {
-        const std::int64_t bytes = 2 * t * (s.hq + s.hk) * s.rotary_dim * embrope::dtype_size(dtype);
+        const std::int64_t bytes =
+            2 * t * (s.hq + s.hk) * s.rotary_dim * embrope::dtype_size(dtype);
         for (bool fused : {true, false}) {
           if (!fused && std::strcmp(s.model, "llama3-8b") != 0) continue;
-          const std::string name = std::string("rope/") + s.model + "/" + dt + "/T=" +
-                                   std::to_string(t) + (fused ? "" : "/unfused_q_then_k");
+          const std::string name = std::string("rope/") + s.model + "/" + dt +
+                                   "/T=" + std::to_string(t) + (fused ? "" : "/unfused_q_then_k");
           register_pair(name, bytes, [s, dtype, t, fused](benchmark::State& st) {
             rope_case(st, s, dtype, t, fused);
           });
@@ -313,8 +324,8 @@ void register_all() {
             if (!fused && positions != embrope::PositionEncoding::learned) continue;
             // the baseline's add pass is plain CPU float32 code
             if (!fused && (g_gpu || dtype != DType::float32)) continue;
-            const std::string name = std::string("embed/") + pname + "/" + dt + "/D=" +
-                                     std::to_string(dim) + "/T=" + std::to_string(t) +
+            const std::string name = std::string("embed/") + pname + "/" + dt +
+                                     "/D=" + std::to_string(dim) + "/T=" + std::to_string(t) +
                                      (fused ? "" : "/unfused_lookup_then_add");
             register_pair(name, bytes, [=](benchmark::State& st) {
               embed_case(st, dtype, dim, t, positions, fused);

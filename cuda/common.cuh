@@ -18,7 +18,9 @@ inline void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw_cuda_error(status, what);
 }
 
-inline cudaStream_t to_cuda(Stream stream) { return static_cast<cudaStream_t>(stream.handle); }
+inline cudaStream_t to_cuda(Stream stream) {
+  return static_cast<cudaStream_t>(stream.handle);
+}
 
 // Makes `device` current for the guard's lifetime.
 class DeviceGuard {
@@ -33,7 +35,9 @@ class DeviceGuard {
 };
 
 // Checks the launch that has just been enqueued.
-inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+inline void check_launch(const char* kernel) {
+  check(cudaGetLastError(), kernel);
+}
 
 // Bad-index protocol. A thread that meets a bad row lowers record->key with an atomic min.
 // When a block is done, one of its threads takes a ticket; the last block of the grid then

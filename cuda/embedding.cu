@@ -63,10 +63,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       continue;
     }
     const T* token = static_cast<const T*>(p.table) + r.token * p.table_stride;
-    const T* pos = p.position_table == nullptr
-                       ? nullptr
-                       : static_cast<const T*>(p.position_table) +
-                             r.position * p.position_table_stride;
+    const T* pos = p.position_table == nullptr ? nullptr
+                                               : static_cast<const T*>(p.position_table) +
+                                                     r.position * p.position_table_stride;
     const T* type = p.type_table == nullptr
                         ? nullptr
                         : static_cast<const T*>(p.type_table) + r.type * p.type_table_stride;
@@ -91,8 +90,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
           const std::int64_t i = split ? (e < half ? e : e - half) : (e >> 1);
           const bool is_sin = split ? e < half : (e & 1) == 0;
           float sv, cv;
-          detail::sinusoid_sin_cos(r.position, detail::sinusoid_freq(i, dim, p.sinusoid_base),
-                                   &sv, &cv);
+          detail::sinusoid_sin_cos(r.position, detail::sinusoid_freq(i, dim, p.sinusoid_base), &sv,
+                                   &cv);
           v[w] += is_sin ? sv : cv;
         }
       }
@@ -130,7 +129,8 @@ template <typename T>
 bool fits_vector_path(const detail::EmbedParams& p) {
   constexpr std::int64_t w = 16 / sizeof(T);
   if (p.dim % w != 0) return false;
-  for (const void* table : {p.table, p.position_table, p.type_table, static_cast<const void*>(p.out)}) {
+  for (const void* table :
+       {p.table, p.position_table, p.type_table, static_cast<const void*>(p.out)}) {
     if (!aligned(table, 16)) return false;  // null (absent) tables are aligned
   }
   if (p.table_stride % w != 0 || p.position_table_stride % w != 0 || p.type_table_stride % w != 0) {
@@ -159,9 +159,12 @@ void launch(const detail::EmbedParams& p, cudaStream_t stream) {
 void embed(const detail::EmbedParams& p, Device device, Stream stream) {
   DeviceGuard guard(device);
   switch (p.dtype) {
-    case DType::float16: return launch<Half>(p, to_cuda(stream));
-    case DType::bfloat16: return launch<BFloat16>(p, to_cuda(stream));
-    default: return launch<float>(p, to_cuda(stream));
+    case DType::float16:
+      return launch<Half>(p, to_cuda(stream));
+    case DType::bfloat16:
+      return launch<BFloat16>(p, to_cuda(stream));
+    default:
+      return launch<float>(p, to_cuda(stream));
   }
 }
 

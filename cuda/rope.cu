@@ -39,8 +39,9 @@ __device__ void describe_bad_position(const detail::RopeParams& p) {
   }
   const std::int64_t t = key / 8;
   const std::int64_t b = t / p.seq;
-  const std::int64_t value = detail::load_index(
-      p.positions, p.position_dtype, b * p.position_stride_b + (t - b * p.seq) * p.position_stride_s);
+  const std::int64_t value =
+      detail::load_index(p.positions, p.position_dtype,
+                         b * p.position_stride_b + (t - b * p.seq) * p.position_stride_s);
   if (value < 0 || value >= p.table_rows) {
     p.bad->value = value;
     p.bad->lower = 0;
@@ -67,15 +68,15 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     const bool is_q = h < p.q.heads;
     const detail::RopeHeads& x = is_q ? p.q : p.k;
     const std::int64_t hh = is_q ? h : h - p.q.heads;
-    const T* in = static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s +
-                  hh * x.in_stride_h;
-    T* out = static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s +
-             hh * x.out_stride_h;
+    const T* in =
+        static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s + hh * x.in_stride_h;
+    T* out = static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s + hh * x.out_stride_h;
     const std::int64_t position = detail::load_index(
         p.positions, p.position_dtype, b * p.position_stride_b + s * p.position_stride_s);
     if (position < 0 || position >= p.table_rows) {
       for (std::int64_t j = lane; j < p.head_dim; j += 32) out[j] = from_float<T>(0.0f);
-      if (lane == 0) report_bad_row(p.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+      if (lane == 0)
+        report_bad_row(p.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
       continue;
     }
     const C* cos_row = static_cast<const C*>(p.cos) + position * p.cos_stride;
@@ -144,7 +145,7 @@ __global__ void __launch_bounds__(256)
   const std::int64_t half = p.rotary_dim / 2;
   const std::int64_t head_begin = blockIdx.y * heads_per_block;
   const std::int64_t head_end = min(heads, head_begin + heads_per_block);
-  const int chunk = threadIdx.x;  // blockDim.x == number of chunks of the rotary part
+  const int chunk = threadIdx.x;            // blockDim.x == number of chunks of the rotary part
   const std::int64_t first = chunk * kVec;  // first element of the chunk (of each half for neox)
   const std::int64_t pair0 = kLayout == RopeLayout::neox ? chunk * kVec : chunk * (kVec / 2);
   const float sin_sign = p.inverse ? -1.0f : 1.0f;
@@ -169,10 +170,10 @@ __global__ void __launch_bounds__(256)
       const bool is_q = h < p.q.heads;
       const detail::RopeHeads& x = is_q ? p.q : p.k;
       const std::int64_t hh = is_q ? h : h - p.q.heads;
-      const T* in = static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s +
-                    hh * x.in_stride_h;
-      T* out = static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s +
-               hh * x.out_stride_h;
+      const T* in =
+          static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s + hh * x.in_stride_h;
+      T* out =
+          static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s + hh * x.out_stride_h;
       if (bad) {
         V zero;
 #pragma unroll
@@ -242,7 +243,8 @@ bool fits_vector_path(const detail::RopeParams& p) {
   const std::int64_t pairs = neox ? vec : vec / 2;  // floats of cos per chunk
   const std::size_t table_align = static_cast<std::size_t>(pairs >= 4 ? 16 : 4 * pairs);
   return aligned(p.cos, table_align) && aligned(p.sin, table_align) &&
-         p.cos_stride % (pairs >= 4 ? 4 : pairs) == 0 && p.sin_stride % (pairs >= 4 ? 4 : pairs) == 0;
+         p.cos_stride % (pairs >= 4 ? 4 : pairs) == 0 &&
+         p.sin_stride % (pairs >= 4 ? 4 : pairs) == 0;
 }
 
 int multiprocessor_count() {
@@ -268,8 +270,8 @@ void launch_vector(const detail::RopeParams& p, cudaStream_t stream) {
   const std::int64_t blocks_wanted = 4LL * multiprocessor_count();
   std::int64_t heads_per_block = heads;
   if (tokens < blocks_wanted) {
-    const std::int64_t splits =
-        std::min((heads + rows_per_block - 1) / rows_per_block, (blocks_wanted + tokens - 1) / tokens);
+    const std::int64_t splits = std::min((heads + rows_per_block - 1) / rows_per_block,
+                                         (blocks_wanted + tokens - 1) / tokens);
     heads_per_block = (heads + splits - 1) / splits;
   }
   const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>(tokens, 1LL << 30)),
@@ -285,9 +287,12 @@ void launch_for_table(const detail::RopeParams& p, cudaStream_t stream) {
     return launch_vector<T, RopeLayout::interleaved>(p, stream);
   }
   switch (p.table_dtype) {
-    case DType::float16: return launch<T, Half>(p, stream);
-    case DType::bfloat16: return launch<T, BFloat16>(p, stream);
-    default: return launch<T, float>(p, stream);
+    case DType::float16:
+      return launch<T, Half>(p, stream);
+    case DType::bfloat16:
+      return launch<T, BFloat16>(p, stream);
+    default:
+      return launch<T, float>(p, stream);
   }
 }
 
@@ -296,9 +301,12 @@ void launch_for_table(const detail::RopeParams& p, cudaStream_t stream) {
 void apply_rope(const detail::RopeParams& p, Device device, Stream stream) {
   DeviceGuard guard(device);
   switch (p.dtype) {
-    case DType::float16: return launch_for_table<Half>(p, to_cuda(stream));
-    case DType::bfloat16: return launch_for_table<BFloat16>(p, to_cuda(stream));
-    default: return launch_for_table<float>(p, to_cuda(stream));
+    case DType::float16:
+      return launch_for_table<Half>(p, to_cuda(stream));
+    case DType::bfloat16:
+      return launch_for_table<BFloat16>(p, to_cuda(stream));
+    default:
+      return launch_for_table<float>(p, to_cuda(stream));
   }
 }
 

@@ -14,8 +14,8 @@ __global__ void build_rope_cache_kernel(float* table, std::int64_t max_positions
                                         double attention_factor) {
   const std::int64_t half = rotary_dim / 2;
   const std::int64_t total = max_positions * half;
-  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       e < total; e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t p = e / half;
     const std::int64_t i = e - p * half;
     float* row = table + p * rotary_dim;

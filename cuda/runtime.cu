@@ -10,8 +10,8 @@ void throw_cuda_error(cudaError_t status, const char* what) {
   (void)cudaGetLastError();  // clear a sticky launch error so the context stays usable
   const ErrorCode code =
       status == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::cuda_error;
-  throw Error(code, fmt::format("{}: {} ({})", what, cudaGetErrorString(status),
-                                cudaGetErrorName(status)));
+  throw Error(
+      code, fmt::format("{}: {} ({})", what, cudaGetErrorString(status), cudaGetErrorName(status)));
 }
 
 DeviceGuard::DeviceGuard(Device device) {

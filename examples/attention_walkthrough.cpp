@@ -64,7 +64,8 @@ int main() {
   const std::vector<std::int64_t> ids = tokenize(sentence, vocab);
   const auto tokens = static_cast<std::int64_t>(ids.size());
   std::printf("1. \"%s\" -> ids:", sentence.c_str());
-  for (std::int64_t id : ids) std::printf(" %lld (%s)", static_cast<long long>(id), vocab[id].c_str());
+  for (std::int64_t id : ids)
+    std::printf(" %lld (%s)", static_cast<long long>(id), vocab[id].c_str());
   std::printf("\n");
 
   // 2. The embedding table: one learned row per vocabulary entry (random here).
@@ -132,7 +133,8 @@ int main() {
   for (std::int64_t start : {1, 100, 1000, 3000}) {
     const std::vector<float> moved = scores_at(start);
     float diff = 0;
-    for (std::size_t i = 0; i < moved.size(); ++i) diff = std::fmax(diff, std::fabs(moved[i] - at0[i]));
+    for (std::size_t i = 0; i < moved.size(); ++i)
+      diff = std::fmax(diff, std::fabs(moved[i] - at0[i]));
     std::printf("   the same sentence at positions %lld..: largest score change %.2e\n",
                 static_cast<long long>(start), diff);
     worst = std::fmax(worst, diff);

@@ -26,8 +26,10 @@ thread_local std::string last_error;
 
 embrope::Device to_device(const char* function, const char* name, DLDevice device) {
   switch (device.device_type) {
-    case kDLCPU: return embrope::Device::cpu();
-    case kDLCUDA: return embrope::Device::cuda(device.device_id);
+    case kDLCPU:
+      return embrope::Device::cpu();
+    case kDLCUDA:
+      return embrope::Device::cuda(device.device_id);
     default:
       fail(function, fmt::format("{} has DLPack device type {}; only kDLCPU ({}) and kDLCUDA ({}) "
                                  "are supported",
@@ -53,15 +55,15 @@ embrope::DType to_dtype(const char* function, const char* name, DLDataType t) {
 Tensor to_tensor(const char* function, const char* name, const DLTensor* t) {
   if (t == nullptr) fail(function, fmt::format("{} is null", name));
   if (t->ndim < 0 || t->ndim > embrope::kMaxDims) {
-    fail(function, fmt::format("{} has ndim {}; at most {} are supported", name, t->ndim,
-                               embrope::kMaxDims));
+    fail(function,
+         fmt::format("{} has ndim {}; at most {} are supported", name, t->ndim, embrope::kMaxDims));
   }
   if (t->ndim > 0 && t->shape == nullptr) fail(function, fmt::format("{} has a null shape", name));
   const embrope::DType dtype = to_dtype(function, name, t->dtype);
   const int size = embrope::dtype_size(dtype);
   if (t->byte_offset % static_cast<std::uint64_t>(size) != 0) {
-    fail(function, fmt::format("{} has byte_offset {}, not a multiple of its element size {}",
-                               name, t->byte_offset, size));
+    fail(function, fmt::format("{} has byte_offset {}, not a multiple of its element size {}", name,
+                               t->byte_offset, size));
   }
   void* data = t->data == nullptr ? nullptr : static_cast<char*>(t->data) + t->byte_offset;
   return Tensor(data, dtype, t->ndim, t->shape, t->strides, to_device(function, name, t->device));
@@ -72,7 +74,9 @@ std::optional<Tensor> to_optional(const char* function, const char* name, const 
   return to_tensor(function, name, t);
 }
 
-embrope_status_t to_status(ErrorCode code) { return static_cast<embrope_status_t>(code); }
+embrope_status_t to_status(ErrorCode code) {
+  return static_cast<embrope_status_t>(code);
+}
 
 // Runs body, translating every exception into a status and the thread's message.
 template <typename Body>
@@ -105,8 +109,8 @@ embrope::RopeOptions rope_options(const char* function, const embrope_rope_optio
     fail(function, fmt::format("layout {} is neither NEOX (0) nor INTERLEAVED (1)",
                                static_cast<int>(o->layout)));
   }
-  options.layout = o->layout == EMBROPE_ROPE_NEOX ? embrope::RopeLayout::neox
-                                                  : embrope::RopeLayout::interleaved;
+  options.layout =
+      o->layout == EMBROPE_ROPE_NEOX ? embrope::RopeLayout::neox : embrope::RopeLayout::interleaved;
   options.inverse = o->inverse != 0;
   options.rotary_dim = o->rotary_dim;
   options.q_out = to_optional(function, "q_out", o->q_out);
@@ -118,9 +122,13 @@ embrope::RopeOptions rope_options(const char* function, const embrope_rope_optio
 
 extern "C" {
 
-const char* embrope_version(void) { return EMBROPE_VERSION_STRING; }
+const char* embrope_version(void) {
+  return EMBROPE_VERSION_STRING;
+}
 
-const char* embrope_last_error(void) { return last_error.c_str(); }
+const char* embrope_last_error(void) {
+  return last_error.c_str();
+}
 
 int embrope_cuda_device_count(void) {
   try {
@@ -194,8 +202,8 @@ void embrope_rope_options_init(embrope_rope_options_t* options) {
   options->k_out = nullptr;
 }
 
-embrope_status_t embrope_apply_rope(const DLTensor* q, const DLTensor* k,
-                                    const DLTensor* positions, const embrope_rope_cache_t* cache,
+embrope_status_t embrope_apply_rope(const DLTensor* q, const DLTensor* k, const DLTensor* positions,
+                                    const embrope_rope_cache_t* cache,
                                     const embrope_rope_options_t* options, void* stream) {
   constexpr const char* fn = "embrope_apply_rope";
   return guarded([&] {
@@ -244,7 +252,9 @@ embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const
       options.vocab_start = o->vocab_start;
       options.vocab_shard = o->vocab_shard != 0;
       switch (o->positions) {
-        case EMBROPE_POSITIONS_NONE: options.positions = embrope::PositionEncoding::none; break;
+        case EMBROPE_POSITIONS_NONE:
+          options.positions = embrope::PositionEncoding::none;
+          break;
         case EMBROPE_POSITIONS_LEARNED:
           options.positions = embrope::PositionEncoding::learned;
           break;

@@ -5,21 +5,34 @@
 namespace embrope::cuda {
 namespace {
 [[noreturn]] void unavailable(const char* what) {
-  throw Error(ErrorCode::not_implemented,
-              std::string(what) + ": embrope was built without CUDA (configure with EMBROPE_CUDA=ON)");
+  throw Error(
+      ErrorCode::not_implemented,
+      std::string(what) + ": embrope was built without CUDA (configure with EMBROPE_CUDA=ON)");
 }
 }  // namespace
 
-int device_count() { return 0; }
-void* allocate(std::size_t, Device) { unavailable("allocate"); }
+int device_count() {
+  return 0;
+}
+void* allocate(std::size_t, Device) {
+  unavailable("allocate");
+}
 void release(void*, Device) noexcept {}
-void copy_to_host(void*, const void*, std::size_t, Device, Stream) { unavailable("copy_to_host"); }
+void copy_to_host(void*, const void*, std::size_t, Device, Stream) {
+  unavailable("copy_to_host");
+}
 void copy_to_device(void*, const void*, std::size_t, Device, Stream) {
   unavailable("copy_to_device");
 }
-void synchronize(Stream, Device) { unavailable("synchronize"); }
-void embed(const detail::EmbedParams&, Device, Stream) { unavailable("embed"); }
-void apply_rope(const detail::RopeParams&, Device, Stream) { unavailable("apply_rope"); }
+void synchronize(Stream, Device) {
+  unavailable("synchronize");
+}
+void embed(const detail::EmbedParams&, Device, Stream) {
+  unavailable("embed");
+}
+void apply_rope(const detail::RopeParams&, Device, Stream) {
+  unavailable("apply_rope");
+}
 void build_rope_cache(float*, std::int64_t, std::int64_t, const double*, double, Device, Stream) {
   unavailable("RopeCache");
 }

@@ -29,8 +29,8 @@ void check_like_ids(const char* name, const Tensor& t, const Tensor& ids) {
   validate::check_same_device(kOp, name, t, "ids", ids.device());
   for (int d = 0; d < ids.ndim(); ++d) {
     if (t.shape(d) != ids.shape(d)) {
-      fail(kOp, "{} has shape {} but ids has {}; they must match", name,
-           validate::shape_string(t), validate::shape_string(ids));
+      fail(kOp, "{} has shape {} but ids has {}; they must match", name, validate::shape_string(t),
+           validate::shape_string(ids));
     }
   }
 }

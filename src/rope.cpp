@@ -40,8 +40,8 @@ void check_output(const char* name, const Tensor& out, const char* in_name, cons
   validate::check_same_dtype(kOp, name, out, in_name, in.dtype());
   for (int d = 0; d < in.ndim(); ++d) {
     if (out.shape(d) != in.shape(d)) {
-      fail(kOp, "{} has shape {} but {} has {}; they must match", name,
-           validate::shape_string(out), in_name, validate::shape_string(in));
+      fail(kOp, "{} has shape {} but {} has {}; they must match", name, validate::shape_string(out),
+           in_name, validate::shape_string(in));
     }
   }
   validate::check_last_contiguous(kOp, name, out);
@@ -135,8 +135,9 @@ void apply_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& p
                 const RopeCache& cache, const RopeOptions& options) {
   if (cache.data() == nullptr) fail(kOp, "the cache was moved from");
   const std::int64_t r = cache.rotary_dim();
-  const CosSinTable table{cache.data(), cache.data() + r / 2, DType::float32, r, r,
-                          cache.max_positions(), r, cache.device(), "the cache"};
+  const CosSinTable table{
+      cache.data(),   cache.data() + r / 2, DType::float32, r, r, cache.max_positions(), r,
+      cache.device(), "the cache"};
   apply(q, k, positions, table, options);
 }
 
@@ -153,11 +154,11 @@ void apply_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& p
     fail(kOp, "sin has shape {} but cos has {}; they must match", validate::shape_string(sin),
          validate::shape_string(cos));
   }
-  if (cos.shape(1) == 0) fail(kOp, "cos has shape {}: rotary_dim 0 must be positive",
-                              validate::shape_string(cos));
-  const CosSinTable table{cos.data(),    sin.data(),   cos.dtype(),  cos.stride(0),
-                          sin.stride(0), cos.shape(0), 2 * cos.shape(1), cos.device(),
-                          "cos"};
+  if (cos.shape(1) == 0)
+    fail(kOp, "cos has shape {}: rotary_dim 0 must be positive", validate::shape_string(cos));
+  const CosSinTable table{cos.data(),       sin.data(),    cos.dtype(),
+                          cos.stride(0),    sin.stride(0), cos.shape(0),
+                          2 * cos.shape(1), cos.device(),  "cos"};
   apply(q, k, positions, table, options);
 }
 

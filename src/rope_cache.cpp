@@ -68,7 +68,9 @@ RopeCache::RopeCache(const RopeConfig& config, Device device, Stream stream)
   }
 }
 
-RopeCache::~RopeCache() { release(); }
+RopeCache::~RopeCache() {
+  release();
+}
 
 void RopeCache::release() noexcept {
   if (data_ == nullptr) return;

@@ -3,6 +3,8 @@
 
 namespace embrope {
 
-int cuda_device_count() { return cuda::device_count(); }
+int cuda_device_count() {
+  return cuda::device_count();
+}
 
 }  // namespace embrope

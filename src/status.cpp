@@ -17,8 +17,8 @@ using detail::BadIndexRecord;
 std::string describe_bad_index(const BadIndexRecord& record) {
   const std::int64_t row = record.key / 8;
   const auto arg = static_cast<BadIndexArg>(record.key % 8);
-  const char* op = static_cast<BadIndexOp>(record.op) == BadIndexOp::apply_rope ? "apply_rope"
-                                                                                : "embed";
+  const char* op =
+      static_cast<BadIndexOp>(record.op) == BadIndexOp::apply_rope ? "apply_rope" : "embed";
   std::string subject;
   const char* table = "";
   switch (arg) {
@@ -44,8 +44,7 @@ std::string describe_bad_index(const BadIndexRecord& record) {
       break;
   }
   if (record.upper == INT64_MAX && record.value < 0) {
-    return fmt::format("{}: {} = {} is negative (flat row-major index)", op, subject,
-                       record.value);
+    return fmt::format("{}: {} = {} is negative (flat row-major index)", op, subject, record.value);
   }
   return fmt::format("{}: {} = {} is outside {} [{}, {}) (flat row-major index)", op, subject,
                      record.value, table, record.lower, record.upper);

@@ -8,11 +8,16 @@ namespace embrope {
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::float32: return "float32";
-    case DType::float16: return "float16";
-    case DType::bfloat16: return "bfloat16";
-    case DType::int32: return "int32";
-    case DType::int64: return "int64";
+    case DType::float32:
+      return "float32";
+    case DType::float16:
+      return "float16";
+    case DType::bfloat16:
+      return "bfloat16";
+    case DType::int32:
+      return "int32";
+    case DType::int64:
+      return "int64";
   }
   return "unknown";
 }
@@ -44,9 +49,9 @@ Tensor::Tensor(void* data, DType dtype, std::initializer_list<std::int64_t> shap
                std::initializer_list<std::int64_t> strides, Device device)
     : Tensor(data, dtype, static_cast<int>(shape.size()), shape.begin(), strides.begin(), device) {
   if (strides.size() != shape.size()) {
-    throw Error(ErrorCode::invalid_argument,
-                "Tensor: " + std::to_string(strides.size()) + " strides for " +
-                    std::to_string(shape.size()) + " dimensions");
+    throw Error(ErrorCode::invalid_argument, "Tensor: " + std::to_string(strides.size()) +
+                                                 " strides for " + std::to_string(shape.size()) +
+                                                 " dimensions");
   }
 }
 

@@ -2,7 +2,6 @@
 
 #include <fmt/ranges.h>
 
-
 #include "backend.hpp"
 
 namespace embrope::validate {
@@ -20,7 +19,8 @@ std::string device_string(Device d) {
 
 void check_view(const char* op, const char* name, const Tensor& t, int min_ndim, int max_ndim) {
   if (t.ndim() < min_ndim || t.ndim() > max_ndim) {
-    if (min_ndim == max_ndim) fail(op, "{} has {} dimensions, expected {}", name, t.ndim(), min_ndim);
+    if (min_ndim == max_ndim)
+      fail(op, "{} has {} dimensions, expected {}", name, t.ndim(), min_ndim);
     fail(op, "{} has {} dimensions, expected {} to {}", name, t.ndim(), min_ndim, max_ndim);
   }
   constexpr std::int64_t limit = INT64_MAX / 8;  // offsets stay valid after scaling by bytes
@@ -38,7 +38,8 @@ void check_view(const char* op, const char* name, const Tensor& t, int min_ndim,
   for (int d = 0; d < t.ndim(); ++d) {
     const std::int64_t size = t.shape(d);
     const std::int64_t stride = t.stride(d);
-    if (count > limit / size) fail(op, "{} of shape {} has more than 2^60 elements", name, shape_string(t));
+    if (count > limit / size)
+      fail(op, "{} of shape {} has more than 2^60 elements", name, shape_string(t));
     count *= size;
     if (stride != 0 && size - 1 > (limit - furthest) / stride) {
       fail(op, "{} of shape {} reaches past 2^60 elements from its data pointer", name,
@@ -88,8 +89,8 @@ void check_same_dtype(const char* op, const char* name, const Tensor& t, const c
 void check_dim(const char* op, const char* name, const Tensor& t, int dim, std::int64_t expected,
                const char* what) {
   if (t.shape(dim) != expected) {
-    fail(op, "{} of shape {} has size {} in dimension {}, expected {} ({})", name,
-         shape_string(t), t.shape(dim), dim, expected, what);
+    fail(op, "{} of shape {} has size {} in dimension {}, expected {} ({})", name, shape_string(t),
+         t.shape(dim), dim, expected, what);
   }
 }
 

@@ -672,6 +672,16 @@ TEST_CASE("embed with a position outside the learned table zero-fills its row",
     CHECK(e->code() == ErrorCode::index_out_of_range);
     CHECK_THAT(e->what(), Catch::Contains("embed") && Catch::Contains("12"));
   }
+  SECTION("an offset near INT64_MAX does not wrap around into the table") {
+    c.explicit_positions = false;
+    c.with_offsets = true;
+    c.offsets = {0, INT64_MAX - 1};  // row 1: INT64_MAX - 1 + s overflows int64 for s >= 2
+    const std::optional<Error> e = run_embed(c);
+    REQUIRE(e.has_value());
+    INFO("message: " << e->what());
+    CHECK(e->code() == ErrorCode::index_out_of_range);
+    CHECK_THAT(e->what(), Catch::Contains("ids[4]"));  // flat row 4 is (b 1, s 0)
+  }
   SECTION("a negative position offset") {
     c.explicit_positions = false;
     c.with_offsets = true;
@@ -794,6 +804,21 @@ TEST_CASE("embed error fixture is a valid call (positive control)", "[embed][err
   o.type_table = ref::view(f.type_table, 0, {2, 8});
   o.type_ids = ref::view(f.type_ids, 0, {2, 3});
   CHECK_NOTHROW(embrope::embed(f.table_t(), f.ids_t(), f.out_t(), o));
+}
+
+TEST_CASE("embed rejects a vocab_start whose shard end overflows int64", "[embed][errors]") {
+  EmbedFixture f;
+  EmbedOptions o;
+  o.vocab_start = INT64_MAX - 1;
+  o.vocab_shard = true;
+  try {
+    embrope::embed(f.table_t(), f.ids_t(), f.out_t(), o);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    CHECK_THAT(e.what(), Catch::Contains("embed: vocab_start") && Catch::Contains("overflows"));
+  }
+  CHECK(f.out_untouched());
 }
 
 TEST_CASE("embed rejects wrong dtypes with a message naming the argument", "[embed][errors]") {

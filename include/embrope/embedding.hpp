@@ -59,6 +59,6 @@ struct EmbedOptions {
 // table [V, D] and out [ids.shape..., D] share a value dtype (float32, float16, bfloat16);
 // ids are int32 or int64 of any shape and strides. Arithmetic in float32, one rounding.
 EMBROPE_EXPORT void embed(const Tensor& table, const Tensor& ids, const Tensor& out,
-           const EmbedOptions& options = {});
+                          const EmbedOptions& options = {});
 
 }  // namespace embrope

@@ -148,7 +148,7 @@ typedef struct embrope_embed_options_t {
   const DLTensor* position_table;            /* learned: [max_positions, D] */
   double sinusoid_base;                      /* default 10000 */
   embrope_sinusoid_layout_t sinusoid_layout; /* default INTERLEAVED */
-  const DLTensor* position_ids;     /* explicit positions shaped like ids, or NULL */
+  const DLTensor* position_ids;              /* explicit positions shaped like ids, or NULL */
   const DLTensor* position_offsets; /* implicit offset_b + s: [B] for ids [B, S], or NULL */
   const DLTensor* type_table;       /* [num_types, D], or NULL */
   const DLTensor* type_ids;         /* shaped like ids, or NULL */
@@ -162,8 +162,7 @@ EMBROPE_API void embrope_embed_options_init(embrope_embed_options_t* options);
  * INDEX_OUT_OF_RANGE naming the first such row (flat row-major index into ids). */
 EMBROPE_API embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids,
                                            const DLTensor* out,
-                                           const embrope_embed_options_t* options,
-                                           void* stream);
+                                           const embrope_embed_options_t* options, void* stream);
 
 #ifdef __cplusplus
 }

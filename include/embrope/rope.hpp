@@ -41,12 +41,14 @@ struct RopeOptions {
 // rounding to the output dtype. A position outside [0, table rows) zero-fills its token's
 // output rows and is reported (status.hpp).
 EMBROPE_EXPORT void apply_rope(const Tensor& q, const std::optional<Tensor>& k,
-                               const Tensor& positions, const RopeCache& cache, const RopeOptions& options = {});
+                               const Tensor& positions, const RopeCache& cache,
+                               const RopeOptions& options = {});
 
 // The same with a caller-supplied table: cos and sin are [max_positions, rotary_dim / 2]
 // (vLLM / ONNX style), any value dtype (both the same), last stride 1. Used as given: any
 // attention factor must already be folded in.
 EMBROPE_EXPORT void apply_rope(const Tensor& q, const std::optional<Tensor>& k,
-                               const Tensor& positions, const Tensor& cos, const Tensor& sin, const RopeOptions& options = {});
+                               const Tensor& positions, const Tensor& cos, const Tensor& sin,
+                               const RopeOptions& options = {});
 
 }  // namespace embrope

@@ -12,15 +12,15 @@ enum class DType : std::uint8_t { float32, float16, bfloat16, int32, int64 };
 
 // Bytes per element of a dtype.
 constexpr int dtype_size(DType dtype) {
-  return dtype == DType::float16 || dtype == DType::bfloat16 ? 2
-         : dtype == DType::int64                             ? 8
-                                                             : 4;
+  return dtype == DType::float16 || dtype == DType::bfloat16 ? 2 : dtype == DType::int64 ? 8 : 4;
 }
 EMBROPE_EXPORT const char* dtype_name(DType dtype);
 constexpr bool is_value_dtype(DType d) {
   return d == DType::float32 || d == DType::float16 || d == DType::bfloat16;
 }
-constexpr bool is_index_dtype(DType d) { return d == DType::int32 || d == DType::int64; }
+constexpr bool is_index_dtype(DType d) {
+  return d == DType::int32 || d == DType::int64;
+}
 
 enum class DeviceKind : std::uint8_t { cpu, cuda };
 

@@ -58,7 +58,8 @@ void embed_kernel(const detail::EmbedParams& p) {
           std::memcpy(out, token, static_cast<std::size_t>(dim) * sizeof(T));
         } else {
 #pragma omp simd
-          for (std::int64_t j = 0; j < dim; ++j) out[j] = from_float<T>(p.scale * to_float(token[j]));
+          for (std::int64_t j = 0; j < dim; ++j)
+            out[j] = from_float<T>(p.scale * to_float(token[j]));
         }
         continue;
       }
@@ -107,9 +108,12 @@ void embed_kernel(const detail::EmbedParams& p) {
 
 void embed(const detail::EmbedParams& p) {
   switch (p.dtype) {
-    case DType::float16: return embed_kernel<Half>(p);
-    case DType::bfloat16: return embed_kernel<BFloat16>(p);
-    default: return embed_kernel<float>(p);
+    case DType::float16:
+      return embed_kernel<Half>(p);
+    case DType::bfloat16:
+      return embed_kernel<BFloat16>(p);
+    default:
+      return embed_kernel<float>(p);
   }
 }
 

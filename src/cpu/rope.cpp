@@ -68,13 +68,11 @@ void rope_kernel(const detail::RopeParams& p) {
     const bool is_q = h < p.q.heads;
     const detail::RopeHeads& x = is_q ? p.q : p.k;
     const std::int64_t hh = is_q ? h : h - p.q.heads;
-    const T* in = static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s +
-                  hh * x.in_stride_h;
-    T* out = static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s +
-             hh * x.out_stride_h;
-    const std::int64_t position =
-        detail::load_index(p.positions, p.position_dtype,
-                           b * p.position_stride_b + s * p.position_stride_s);
+    const T* in =
+        static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s + hh * x.in_stride_h;
+    T* out = static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s + hh * x.out_stride_h;
+    const std::int64_t position = detail::load_index(
+        p.positions, p.position_dtype, b * p.position_stride_b + s * p.position_stride_s);
     if (position < 0 || position >= p.table_rows) {
       std::fill(out, out + p.head_dim, from_float<T>(0.0f));
       first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
@@ -87,9 +85,9 @@ void rope_kernel(const detail::RopeParams& p) {
   if (first_bad != detail::kNoBadIndex && first_bad < p.bad->key) {
     const std::int64_t t = first_bad / 8;
     p.bad->key = first_bad;
-    p.bad->value = detail::load_index(p.positions, p.position_dtype,
-                                      (t / p.seq) * p.position_stride_b +
-                                          (t % p.seq) * p.position_stride_s);
+    p.bad->value =
+        detail::load_index(p.positions, p.position_dtype,
+                           (t / p.seq) * p.position_stride_b + (t % p.seq) * p.position_stride_s);
     p.bad->lower = 0;
     p.bad->upper = p.table_rows;
     p.bad->op = static_cast<std::int32_t>(detail::BadIndexOp::apply_rope);
@@ -99,9 +97,12 @@ void rope_kernel(const detail::RopeParams& p) {
 template <typename T>
 void rope_for_table(const detail::RopeParams& p) {
   switch (p.table_dtype) {
-    case DType::float16: return rope_kernel<T, Half>(p);
-    case DType::bfloat16: return rope_kernel<T, BFloat16>(p);
-    default: return rope_kernel<T, float>(p);
+    case DType::float16:
+      return rope_kernel<T, Half>(p);
+    case DType::bfloat16:
+      return rope_kernel<T, BFloat16>(p);
+    default:
+      return rope_kernel<T, float>(p);
   }
 }
 
@@ -109,9 +110,12 @@ void rope_for_table(const detail::RopeParams& p) {
 
 void apply_rope(const detail::RopeParams& p) {
   switch (p.dtype) {
-    case DType::float16: return rope_for_table<Half>(p);
-    case DType::bfloat16: return rope_for_table<BFloat16>(p);
-    default: return rope_for_table<float>(p);
+    case DType::float16:
+      return rope_for_table<Half>(p);
+    case DType::bfloat16:
+      return rope_for_table<BFloat16>(p);
+    default:
+      return rope_for_table<float>(p);
   }
 }
 

@@ -20,7 +20,9 @@ using embrope::Device;
 using embrope::DType;
 using embrope::Tensor;
 
-void cuda_check(cudaError_t e) { REQUIRE(e == cudaSuccess); }
+void cuda_check(cudaError_t e) {
+  REQUIRE(e == cudaSuccess);
+}
 
 // A host buffer and its device twin.
 struct Buffer {
@@ -32,7 +34,9 @@ struct Buffer {
   ~Buffer() { cudaFree(device); }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  void upload() { cuda_check(cudaMemcpy(device, host.data(), host.size(), cudaMemcpyHostToDevice)); }
+  void upload() {
+    cuda_check(cudaMemcpy(device, host.data(), host.size(), cudaMemcpyHostToDevice));
+  }
   std::vector<unsigned char> download() const {
     std::vector<unsigned char> out(host.size());
     cuda_check(cudaMemcpy(out.data(), device, host.size(), cudaMemcpyDeviceToHost));
@@ -108,10 +112,9 @@ struct RopeCase {
 };
 
 void run_rope_case(const RopeCase& c) {
-  INFO("dtype " << embrope::dtype_name(c.dtype) << " layout " << static_cast<int>(c.layout)
-                << " D " << c.head_dim << " R " << c.rotary_dim << " Hq " << c.hq << " Hk "
-                << c.hk << " T " << c.tokens << " strided " << c.strided << " in_place "
-                << c.in_place);
+  INFO("dtype " << embrope::dtype_name(c.dtype) << " layout " << static_cast<int>(c.layout) << " D "
+                << c.head_dim << " R " << c.rotary_dim << " Hq " << c.hq << " Hk " << c.hk << " T "
+                << c.tokens << " strided " << c.strided << " in_place " << c.in_place);
   const int es = embrope::dtype_size(c.dtype);
   // Strided: q and k are views into one fused [T, Hq + Hk + Hk, D + pad] buffer.
   const std::int64_t pad = c.strided ? 8 : 0;
@@ -170,8 +173,10 @@ TEST_CASE("GPU cache equals CPU cache within one float32 ulp", "[gpu][rope_cache
     gpu.copy_to_host(gc.data(), gs.data());
     std::size_t differ = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      REQUIRE(std::fabs(cc[i] - gc[i]) <= std::nextafter(std::fabs(cc[i]), 2.0f) - std::fabs(cc[i]));
-      REQUIRE(std::fabs(cs[i] - gs[i]) <= std::nextafter(std::fabs(cs[i]), 2.0f) - std::fabs(cs[i]));
+      REQUIRE(std::fabs(cc[i] - gc[i]) <=
+              std::nextafter(std::fabs(cc[i]), 2.0f) - std::fabs(cc[i]));
+      REQUIRE(std::fabs(cs[i] - gs[i]) <=
+              std::nextafter(std::fabs(cs[i]), 2.0f) - std::fabs(cs[i]));
       differ += (cc[i] != gc[i]) + (cs[i] != gs[i]);
     }
     WARN("rotary_dim " << r << ": " << differ << " of " << 2 * n << " values differ by one ulp");
@@ -244,8 +249,8 @@ TEST_CASE("GPU embed equals CPU embed", "[gpu][embed]") {
     for (auto positions : {embrope::PositionEncoding::none, embrope::PositionEncoding::learned,
                            embrope::PositionEncoding::sinusoidal}) {
       for (std::int64_t dim : {8, 100, 4096}) {
-        INFO("dtype " << embrope::dtype_name(dtype) << " positions "
-                      << static_cast<int>(positions) << " D " << dim);
+        INFO("dtype " << embrope::dtype_name(dtype) << " positions " << static_cast<int>(positions)
+                      << " D " << dim);
         const std::int64_t vocab = 1000, batch = 3, seq = 37, max_pos = 512, types = 2;
         const int es = embrope::dtype_size(dtype);
         Buffer table(vocab * dim * es), ptable(max_pos * dim * es), ttable(types * dim * es);

@@ -10,10 +10,10 @@
 namespace embrope::detail {
 
 struct EmbedRow {
-  std::int64_t token = 0;     // row of the token table (valid when token_hit)
-  bool token_hit = true;      // false: a shard miss, the token part is zero
-  std::int64_t position = 0;  // position (learned or sinusoidal)
-  std::int64_t type = 0;      // row of the type table
+  std::int64_t token = 0;              // row of the token table (valid when token_hit)
+  bool token_hit = true;               // false: a shard miss, the token part is zero
+  std::int64_t position = 0;           // position (learned or sinusoidal)
+  std::int64_t type = 0;               // row of the type table
   std::int64_t bad_key = kNoBadIndex;  // bad_index_key of the first bad argument, if any
   std::int64_t bad_value = 0, bad_lower = 0, bad_upper = 0;
 };
@@ -47,11 +47,10 @@ EMBROPE_HD EmbedRow resolve_embed_row(const EmbedParams& p, std::int64_t row) {
     } else {
       arg = BadIndexArg::implicit_position;
       const std::int64_t b = row / p.seq_len;
-      const std::int64_t offset =
-          p.position_offsets == nullptr
-              ? 0
-              : load_index(p.position_offsets, p.position_offset_dtype,
-                           b * p.position_offset_stride);
+      const std::int64_t offset = p.position_offsets == nullptr
+                                      ? 0
+                                      : load_index(p.position_offsets, p.position_offset_dtype,
+                                                   b * p.position_offset_stride);
       const std::int64_t s = row - b * p.seq_len;
       // offset + s, saturated: an offset near INT64_MAX must not wrap into the table.
       r.position = offset > INT64_MAX - s ? INT64_MAX : offset + s;

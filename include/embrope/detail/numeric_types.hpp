@@ -29,7 +29,9 @@ EMBROPE_HD float bits_float(std::uint32_t u) {
 }
 
 // bfloat16 is the top half of a float32: widen by shifting, narrow by rounding the low half.
-EMBROPE_HD float bfloat16_to_float(std::uint16_t h) { return bits_float(std::uint32_t{h} << 16); }
+EMBROPE_HD float bfloat16_to_float(std::uint16_t h) {
+  return bits_float(std::uint32_t{h} << 16);
+}
 EMBROPE_HD std::uint16_t float_to_bfloat16(float f) {
   const std::uint32_t u = float_bits(f);
   const std::uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);  // nearest, ties to even
@@ -44,7 +46,7 @@ EMBROPE_HD float half_to_float(std::uint16_t h) {
   constexpr std::uint32_t shifted_exp = 0x7c00u << 13;  // exponent mask after shift
   const std::uint32_t bits = (std::uint32_t{h} & 0x7fffu) << 13;
   const std::uint32_t exp = shifted_exp & bits;
-  const std::uint32_t normal = bits + ((127u - 15u) << 23);  // rebias the exponent
+  const std::uint32_t normal = bits + ((127u - 15u) << 23);     // rebias the exponent
   const std::uint32_t special = normal + ((128u - 16u) << 23);  // Inf or NaN: exponent all ones
   // Zero or subnormal: renormalise through a float subtraction.
   const std::uint32_t subnormal =
@@ -66,7 +68,8 @@ EMBROPE_HD std::uint16_t float_to_half(float value) {
   const std::uint32_t special = f > f32_infinity ? 0x7e00u : 0x7c00u;
   // Subnormal or zero: one float addition aligns the mantissa and rounds it to nearest even
   // (the FPU's rounding mode; embrope never builds with flush-to-zero).
-  const std::uint32_t subnormal = float_bits(bits_float(f) + bits_float(denorm_magic)) - denorm_magic;
+  const std::uint32_t subnormal =
+      float_bits(bits_float(f) + bits_float(denorm_magic)) - denorm_magic;
   // Normal: rebias the exponent, round to nearest, ties to even.
   const std::uint32_t normal =
       (f + (static_cast<std::uint32_t>(15 - 127) << 23) + 0xfffu + ((f >> 13) & 1u)) >> 13;
@@ -75,9 +78,15 @@ EMBROPE_HD std::uint16_t float_to_half(float value) {
 }
 
 // Load and store of a value element as float32.
-EMBROPE_HD float to_float(float x) { return x; }
-EMBROPE_HD float to_float(Half x) { return half_to_float(x.bits); }
-EMBROPE_HD float to_float(BFloat16 x) { return bfloat16_to_float(x.bits); }
+EMBROPE_HD float to_float(float x) {
+  return x;
+}
+EMBROPE_HD float to_float(Half x) {
+  return half_to_float(x.bits);
+}
+EMBROPE_HD float to_float(BFloat16 x) {
+  return bfloat16_to_float(x.bits);
+}
 
 template <typename T>
 EMBROPE_HD T from_float(float x);

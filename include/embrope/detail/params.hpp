@@ -96,8 +96,9 @@ struct EmbedParams {
 
 // Loads an index element of either index dtype.
 EMBROPE_HD std::int64_t load_index(const void* base, DType dtype, std::int64_t offset) {
-  return dtype == DType::int32 ? static_cast<std::int64_t>(static_cast<const std::int32_t*>(base)[offset])
-                               : static_cast<const std::int64_t*>(base)[offset];
+  return dtype == DType::int32
+             ? static_cast<std::int64_t>(static_cast<const std::int32_t*>(base)[offset])
+             : static_cast<const std::int64_t*>(base)[offset];
 }
 
 }  // namespace embrope::detail
