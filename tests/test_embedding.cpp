@@ -202,7 +202,9 @@ std::optional<Error> run_embed(const EmbedCase& c, DeferredStatus* deferred = nu
         opt.position_offsets = ref::view(offsets, 0, {batch}, {2});
       }
       for (std::int64_t n = 0; n < n_rows; ++n) {
-        positions[static_cast<std::size_t>(n)] = off[static_cast<std::size_t>(n / seq)] + n % seq;
+        // offset + s saturates rather than wrapping (an offset near INT64_MAX stays out of range)
+        const std::int64_t o = off[static_cast<std::size_t>(n / seq)];
+        positions[static_cast<std::size_t>(n)] = o > INT64_MAX - n % seq ? INT64_MAX : o + n % seq;
       }
     }
   }
