@@ -51,8 +51,11 @@ EMBROPE_HD float half_to_float(std::uint16_t h) {
   // Zero or subnormal: renormalise through a float subtraction.
   const std::uint32_t subnormal =
       float_bits(bits_float(normal + (1u << 23)) - bits_float(113u << 23));
-  // Selects rather than branches, so that CPU loops vectorize.
-  const std::uint32_t o = exp == shifted_exp ? special : (exp == 0 ? subnormal : normal);
+  // Bit masks rather than branches or selects, so that CPU loops vectorize.
+  const std::uint32_t is_special = 0u - static_cast<std::uint32_t>(exp == shifted_exp);
+  const std::uint32_t is_subnormal = 0u - static_cast<std::uint32_t>(exp == 0);
+  const std::uint32_t o =
+      (special & is_special) | (subnormal & is_subnormal) | (normal & ~(is_special | is_subnormal));
   return bits_float(o | ((std::uint32_t{h} & 0x8000u) << 16));
 }
 
@@ -63,7 +66,8 @@ EMBROPE_HD std::uint16_t float_to_half(float value) {
   std::uint32_t f = float_bits(value);
   const std::uint32_t sign = f & 0x80000000u;
   f ^= sign;
-  // All three results are computed and one is selected (no branches: CPU loops vectorize).
+  // All three results are computed and one is kept by bit masks (no branches or selects:
+  // CPU loops vectorize).
   // Inf or NaN (NaN stays a quiet NaN):
   const std::uint32_t special = f > f32_infinity ? 0x7e00u : 0x7c00u;
   // Subnormal or zero: one float addition aligns the mantissa and rounds it to nearest even
@@ -73,7 +77,10 @@ EMBROPE_HD std::uint16_t float_to_half(float value) {
   // Normal: rebias the exponent, round to nearest, ties to even.
   const std::uint32_t normal =
       (f + (static_cast<std::uint32_t>(15 - 127) << 23) + 0xfffu + ((f >> 13) & 1u)) >> 13;
-  const std::uint32_t o = f >= f16_overflow ? special : (f < (113u << 23) ? subnormal : normal);
+  const std::uint32_t is_special = 0u - static_cast<std::uint32_t>(f >= f16_overflow);
+  const std::uint32_t is_subnormal = 0u - static_cast<std::uint32_t>(f < (113u << 23));
+  const std::uint32_t o = (special & is_special) | (subnormal & is_subnormal & ~is_special) |
+                          (normal & ~(is_special | is_subnormal));
   return static_cast<std::uint16_t>(o | (sign >> 16));
 }
 
