@@ -37,14 +37,6 @@ DLDataType dl_dtype(DType d) {
   return DLDataType{kDLFloat, 32, 1};
 }
 
-const char* name_of(DType d) {
-  return d == DType::float32    ? "float32"
-         : d == DType::float16  ? "float16"
-         : d == DType::bfloat16 ? "bfloat16"
-         : d == DType::int32    ? "int32"
-                                : "int64";
-}
-
 // A DLTensor over a ref::Buffer that owns its shape and strides. `offset` elements are
 // passed through byte_offset (the data pointer stays at the buffer's start).
 struct DL {
@@ -287,7 +279,7 @@ void check_rope_rows(const ref::Buffer& got, std::int64_t got_offset, const ref:
 TEST_CASE("embrope_apply_rope on DLTensors matches the float64 reference", "[c_api][rope]") {
   const DType dtype = GENERATE(DType::float32, DType::float16, DType::bfloat16);
   const DType pos_dtype = GENERATE(DType::int32, DType::int64);
-  INFO("dtype " << name_of(dtype) << " positions " << name_of(pos_dtype));
+  INFO("dtype " << embrope::dtype_name(dtype) << " positions " << embrope::dtype_name(pos_dtype));
   const std::int64_t t = 5, hq = 4, hk = 2, d = 64, r = 64, n = 512;
   const CCache cache(r, 10000.0, n);
   const std::uint64_t seed =
@@ -452,7 +444,7 @@ TEST_CASE("embrope_apply_rope status codes and messages", "[c_api][rope][errors]
 TEST_CASE("embrope_embed on DLTensors matches the float64 reference", "[c_api][embed]") {
   const DType dtype = GENERATE(DType::float32, DType::float16, DType::bfloat16);
   const DType id_dtype = GENERATE(DType::int32, DType::int64);
-  INFO("dtype " << name_of(dtype) << " ids " << name_of(id_dtype));
+  INFO("dtype " << embrope::dtype_name(dtype) << " ids " << embrope::dtype_name(id_dtype));
   const std::int64_t v = 30, d = 16, b = 2, s = 5, n = b * s;
   const std::uint64_t seed = ref::seed_of({static_cast<int>(dtype), static_cast<int>(id_dtype), 2});
   ref::Buffer table(dtype, v * d), ids(id_dtype, 2 + n), out(dtype, 4 + n * d);

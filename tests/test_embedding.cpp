@@ -14,6 +14,7 @@
 
 #include "embrope/embrope.hpp"
 #include "reference.hpp"
+#include "test_support.hpp"
 
 namespace {
 
@@ -27,22 +28,6 @@ using embrope::PositionEncoding;
 using embrope::SinusoidLayout;
 using embrope::Tensor;
 using ref::Positions;
-
-const char* name_of(DType d) {
-  switch (d) {
-    case DType::float32:
-      return "float32";
-    case DType::float16:
-      return "float16";
-    case DType::bfloat16:
-      return "bfloat16";
-    case DType::int32:
-      return "int32";
-    case DType::int64:
-      return "int64";
-  }
-  return "?";
-}
 
 struct EmbedCase {
   DType dtype = DType::float32;
@@ -73,7 +58,8 @@ struct EmbedCase {
 
 std::string describe(const EmbedCase& c) {
   std::ostringstream os;
-  os << "dtype " << name_of(c.dtype) << ", ids " << name_of(c.id_dtype) << " shape [";
+  os << "dtype " << embrope::dtype_name(c.dtype) << ", ids " << embrope::dtype_name(c.id_dtype)
+     << " shape [";
   for (std::size_t i = 0; i < c.ids_shape.size(); ++i) os << (i ? "," : "") << c.ids_shape[i];
   os << "], V " << c.vocab << ", D " << c.dim << ", id_stride " << c.id_stride << ", out_pad "
      << c.out_pad << ", table_pad " << c.table_pad << ", scale " << c.scale << ", vocab_start "
@@ -293,24 +279,6 @@ std::optional<Error> run_embed(const EmbedCase& c, DeferredStatus* deferred = nu
 void run_ok(const EmbedCase& c) {
   const std::optional<Error> e = run_embed(c);
   if (e) FAIL_CHECK("unexpected error: " << e->what() << " in case " << describe(c));
-}
-
-template <typename F>
-void expect_error(F&& f, std::initializer_list<ErrorCode> codes,
-                  std::initializer_list<const char*> parts) {
-  try {
-    f();
-    FAIL("no embrope::Error was thrown");
-  } catch (const Error& e) {
-    INFO("message: " << e.what());
-    bool code_ok = false;
-    for (ErrorCode code : codes) code_ok = code_ok || e.code() == code;
-    CHECK(code_ok);
-    for (const char* part : parts) {
-      INFO("expected the message to mention \"" << part << "\"");
-      CHECK(ref::mentions(e.what(), part));
-    }
-  }
 }
 
 std::int64_t case_seed(std::initializer_list<std::int64_t> parts) {

@@ -13,6 +13,7 @@
 
 #include "embrope/embrope.hpp"
 #include "reference.hpp"
+#include "test_support.hpp"
 
 namespace {
 
@@ -27,22 +28,6 @@ using embrope::RopeLayout;
 using embrope::RopeOptions;
 using embrope::Tensor;
 
-const char* name_of(DType d) {
-  switch (d) {
-    case DType::float32:
-      return "float32";
-    case DType::float16:
-      return "float16";
-    case DType::bfloat16:
-      return "bfloat16";
-    case DType::int32:
-      return "int32";
-    case DType::int64:
-      return "int64";
-  }
-  return "?";
-}
-
 // How q and k sit in memory.
 enum class Arrangement {
   contiguous,  // separate row-major buffers
@@ -50,7 +35,7 @@ enum class Arrangement {
                // after each token and after each batch row
   transposed,  // separate [B, H, S, D + 2] buffers viewed as [B, S, H, D]
 };
-const char* name_of(Arrangement a) {
+const char* arrangement_name(Arrangement a) {
   return a == Arrangement::contiguous  ? "contiguous"
          : a == Arrangement::fused_qkv ? "fused_qkv"
                                        : "transposed";
@@ -80,15 +65,16 @@ struct RopeCase {
 
 std::string describe(const RopeCase& c) {
   std::ostringstream os;
-  os << "dtype " << name_of(c.dtype) << ", positions " << name_of(c.pos_dtype) << ", "
-     << (c.interleaved ? "interleaved" : "neox") << (c.inverse ? ", inverse" : "") << ", head_dim "
-     << c.head_dim << ", rotary_dim " << c.rotary_dim << ", "
-     << (c.batch == 0 ? "[T,H,D] T=" : "[B,S,H,D] B=") << c.batch << " S=" << c.seq << ", Hq "
-     << c.hq << ", Hk " << c.hk << ", " << name_of(c.arrangement)
-     << (c.out_of_place ? ", out of place" : ", in place") << ", "
-     << (c.table == TableKind::cache ? "RopeCache" : "caller cos/sin ")
-     << (c.table == TableKind::caller ? name_of(c.table_dtype) : "") << ", max_positions "
-     << c.max_positions << ", position stride " << c.position_stride << ", seed " << c.seed;
+  os << "dtype " << embrope::dtype_name(c.dtype) << ", positions "
+     << embrope::dtype_name(c.pos_dtype) << ", " << (c.interleaved ? "interleaved" : "neox")
+     << (c.inverse ? ", inverse" : "") << ", head_dim " << c.head_dim << ", rotary_dim "
+     << c.rotary_dim << ", " << (c.batch == 0 ? "[T,H,D] T=" : "[B,S,H,D] B=") << c.batch
+     << " S=" << c.seq << ", Hq " << c.hq << ", Hk " << c.hk << ", "
+     << arrangement_name(c.arrangement) << (c.out_of_place ? ", out of place" : ", in place")
+     << ", " << (c.table == TableKind::cache ? "RopeCache" : "caller cos/sin ")
+     << (c.table == TableKind::caller ? embrope::dtype_name(c.table_dtype) : "")
+     << ", max_positions " << c.max_positions << ", position stride " << c.position_stride
+     << ", seed " << c.seed;
   return os.str();
 }
 
@@ -338,24 +324,6 @@ std::optional<Error> run_rope(const RopeCase& c, DeferredStatus* deferred = null
 void run_ok(const RopeCase& c) {
   const std::optional<Error> e = run_rope(c);
   if (e) FAIL_CHECK("unexpected error: " << e->what() << " in case " << describe(c));
-}
-
-template <typename F>
-void expect_error(F&& f, std::initializer_list<ErrorCode> codes,
-                  std::initializer_list<const char*> parts) {
-  try {
-    f();
-    FAIL("no embrope::Error was thrown");
-  } catch (const Error& e) {
-    INFO("message: " << e.what());
-    bool code_ok = false;
-    for (ErrorCode code : codes) code_ok = code_ok || e.code() == code;
-    CHECK(code_ok);
-    for (const char* part : parts) {
-      INFO("expected the message to mention \"" << part << "\"");
-      CHECK(ref::mentions(e.what(), part));
-    }
-  }
 }
 
 }  // namespace

@@ -1,0 +1,28 @@
+// Assertions shared by the test files.
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <embrope/error.hpp>
+
+#include <initializer_list>
+
+#include "reference.hpp"
+
+// f() must throw embrope::Error with one of `codes` and a message mentioning every part.
+template <typename F>
+void expect_error(F&& f, std::initializer_list<embrope::ErrorCode> codes,
+                  std::initializer_list<const char*> parts) {
+  try {
+    f();
+    FAIL("no embrope::Error was thrown");
+  } catch (const embrope::Error& e) {
+    INFO("message: " << e.what());
+    bool code_ok = false;
+    for (embrope::ErrorCode code : codes) code_ok = code_ok || e.code() == code;
+    CHECK(code_ok);
+    for (const char* part : parts) {
+      INFO("expected the message to mention \"" << part << "\"");
+      CHECK(ref::mentions(e.what(), part));
+    }
+  }
+}
