@@ -61,6 +61,8 @@ RopeCache::RopeCache(const RopeConfig& config, Device device, Stream stream)
     try {
       cuda::build_rope_cache(data_, config.max_positions, config.rotary_dim, f.data(),
                              attention_factor_, device, stream);
+      // Built once, then shared by any stream: wait here so no later call can race the build.
+      cuda::synchronize(stream, device);
     } catch (...) {
       release();
       throw;

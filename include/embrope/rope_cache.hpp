@@ -26,8 +26,8 @@ struct RopeConfig {
 // the float64 libm's own error, far below a float32 ulp).
 class EMBROPE_EXPORT RopeCache {
  public:
-  // Builds the table on `device`. For a CUDA device the build runs on `stream` and the
-  // constructor returns once it has been enqueued.
+  // Builds the table on `device`. For a CUDA device the build runs on `stream`, and the
+  // constructor waits for it, so the cache is ready for any stream when it returns.
   explicit RopeCache(const RopeConfig& config, Device device = Device::cpu(), Stream stream = {});
   ~RopeCache();
   RopeCache(RopeCache&& other) noexcept;
