@@ -47,11 +47,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   const std::int64_t warp_stride = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock;
   for (std::int64_t n = blockIdx.x * static_cast<std::int64_t>(kWarpsPerBlock) + threadIdx.y;
        n < p.rows; n += warp_stride) {
-    std::int64_t offsets[detail::RowIndex::count];
-    detail::row_offsets(p.index, n, offsets);
-    T* out = static_cast<T*>(p.out) + offsets[detail::RowIndex::out];
     // Every lane resolves the same row: the id loads are one broadcast transaction.
     const detail::EmbedRow r = detail::resolve_embed_row(p, n);
+    T* out = static_cast<T*>(p.out) + r.out_offset;
     Chunk<T, W> result;
     if (r.bad_key != detail::kNoBadIndex) {
 #pragma unroll

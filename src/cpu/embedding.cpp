@@ -41,10 +41,8 @@ void embed_kernel(const detail::EmbedParams& p) {
     std::vector<float> acc(static_cast<std::size_t>(plain ? 0 : dim));
 #pragma omp for schedule(static)
     for (std::int64_t n = 0; n < p.rows; ++n) {
-      std::int64_t offsets[detail::RowIndex::count];
-      detail::row_offsets(p.index, n, offsets);
-      T* out = static_cast<T*>(p.out) + offsets[detail::RowIndex::out];
       const detail::EmbedRow r = detail::resolve_embed_row(p, n);
+      T* out = static_cast<T*>(p.out) + r.out_offset;
       if (r.bad_key != detail::kNoBadIndex) {
         std::fill(out, out + dim, from_float<T>(0.0f));
         first_bad = std::min(first_bad, r.bad_key);
