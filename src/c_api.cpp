@@ -2,7 +2,9 @@
 // codes and a per-thread message. Nothing thrown crosses this file's functions.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <new>
+#include <utility>
 #include <string>
 
 #include "embrope/embrope.h"
@@ -22,6 +24,11 @@ thread_local std::string last_error;
 
 [[noreturn]] void fail(const char* function, const std::string& message) {
   throw Error(ErrorCode::invalid_argument, fmt::format("{}: {}", function, message));
+}
+
+template <typename... Args>
+[[noreturn]] void fail(const char* function, fmt::format_string<Args...> format, Args&&... args) {
+  fail(function, fmt::format(format, std::forward<Args>(args)...));
 }
 
 embrope::Device to_device(const char* function, const char* name, DLDevice device) {
@@ -115,6 +122,7 @@ embrope::RopeOptions rope_options(const char* function, const embrope_rope_optio
   options.rotary_dim = o->rotary_dim;
   options.q_out = to_optional(function, "q_out", o->q_out);
   options.k_out = to_optional(function, "k_out", o->k_out);
+  for (int i = 0; i < 3; ++i) options.mrope_section[i] = o->mrope_section[i];
   return options;
 }
 
@@ -140,9 +148,98 @@ int embrope_cuda_device_count(void) {
 
 void embrope_rope_config_init(embrope_rope_config_t* config) {
   if (config == nullptr) return;
-  config->rotary_dim = 0;
-  config->base = 10000.0;
-  config->max_positions = 0;
+  const embrope::RopeConfig d;
+  config->rotary_dim = d.rotary_dim;
+  config->base = d.base;
+  config->max_positions = d.max_positions;
+  config->scaling = EMBROPE_ROPE_SCALING_NONE;
+  config->factor = d.factor;
+  config->original_max_positions = d.original_max_positions;
+  config->sequence_length = d.sequence_length;
+  config->beta_fast = d.beta_fast;
+  config->beta_slow = d.beta_slow;
+  config->truncate = d.truncate ? 1 : 0;
+  config->mscale = d.mscale;
+  config->mscale_all_dim = d.mscale_all_dim;
+  config->low_freq_factor = d.low_freq_factor;
+  config->high_freq_factor = d.high_freq_factor;
+  config->short_factor = nullptr;
+  config->long_factor = nullptr;
+  config->num_factors = 0;
+  config->attention_factor = d.attention_factor;
+}
+
+namespace {
+
+embrope::RopeConfig to_rope_config(const char* fn, const embrope_rope_config_t& in) {
+  embrope::RopeConfig c;
+  c.rotary_dim = in.rotary_dim;
+  c.base = in.base;
+  c.max_positions = in.max_positions;
+  switch (in.scaling) {
+    case EMBROPE_ROPE_SCALING_NONE:
+      c.scaling = embrope::RopeScaling::none;
+      break;
+    case EMBROPE_ROPE_SCALING_LINEAR:
+      c.scaling = embrope::RopeScaling::linear;
+      break;
+    case EMBROPE_ROPE_SCALING_DYNAMIC:
+      c.scaling = embrope::RopeScaling::dynamic;
+      break;
+    case EMBROPE_ROPE_SCALING_YARN:
+      c.scaling = embrope::RopeScaling::yarn;
+      break;
+    case EMBROPE_ROPE_SCALING_LLAMA3:
+      c.scaling = embrope::RopeScaling::llama3;
+      break;
+    case EMBROPE_ROPE_SCALING_LONGROPE:
+      c.scaling = embrope::RopeScaling::longrope;
+      break;
+    default:
+      fail(fn, "config->scaling {} is not an embrope_rope_scaling_t value",
+           static_cast<int>(in.scaling));
+  }
+  c.factor = in.factor;
+  c.original_max_positions = in.original_max_positions;
+  c.sequence_length = in.sequence_length;
+  c.beta_fast = in.beta_fast;
+  c.beta_slow = in.beta_slow;
+  c.truncate = in.truncate != 0;
+  c.mscale = in.mscale;
+  c.mscale_all_dim = in.mscale_all_dim;
+  c.low_freq_factor = in.low_freq_factor;
+  c.high_freq_factor = in.high_freq_factor;
+  c.attention_factor = in.attention_factor;
+  if (in.num_factors < 0) fail(fn, "config->num_factors {} must be non-negative", in.num_factors);
+  if (in.num_factors > 0 && (in.short_factor == nullptr || in.long_factor == nullptr)) {
+    fail(fn, "config->num_factors is {} but short_factor or long_factor is null", in.num_factors);
+  }
+  if (in.num_factors == 0 && (in.short_factor != nullptr || in.long_factor != nullptr)) {
+    fail(fn, "config->short_factor/long_factor are set but num_factors is 0");
+  }
+  if (in.num_factors > 0) {
+    c.short_factor.assign(in.short_factor, in.short_factor + in.num_factors);
+    c.long_factor.assign(in.long_factor, in.long_factor + in.num_factors);
+  }
+  return c;
+}
+
+}  // namespace
+
+embrope_status_t embrope_rope_frequencies(const embrope_rope_config_t* config, double* inv_freq,
+                                          int64_t capacity, double* attention_factor) {
+  constexpr const char* fn = "embrope_rope_frequencies";
+  return guarded([&] {
+    if (config == nullptr) fail(fn, "config is null");
+    const embrope::RopeFrequencies f = embrope::rope_frequencies(to_rope_config(fn, *config));
+    const auto count = static_cast<int64_t>(f.inv_freq.size());
+    if (inv_freq == nullptr || capacity < count) {
+      fail(fn, "inv_freq needs room for rotary_dim / 2 = {} values (capacity {})", count,
+           capacity);
+    }
+    std::copy(f.inv_freq.begin(), f.inv_freq.end(), inv_freq);
+    if (attention_factor != nullptr) *attention_factor = f.attention_factor;
+  });
 }
 
 embrope_status_t embrope_rope_cache_create(const embrope_rope_config_t* config, DLDevice device,
@@ -152,12 +249,8 @@ embrope_status_t embrope_rope_cache_create(const embrope_rope_config_t* config, 
     if (cache == nullptr) fail(fn, "cache (the output handle) is null");
     *cache = nullptr;
     if (config == nullptr) fail(fn, "config is null");
-    embrope::RopeConfig c;
-    c.rotary_dim = config->rotary_dim;
-    c.base = config->base;
-    c.max_positions = config->max_positions;
-    *cache = new embrope_rope_cache{
-        embrope::RopeCache(c, to_device(fn, "device", device), embrope::Stream{stream})};
+    *cache = new embrope_rope_cache{embrope::RopeCache(
+        to_rope_config(fn, *config), to_device(fn, "device", device), embrope::Stream{stream})};
   });
 }
 
@@ -171,9 +264,28 @@ embrope_status_t embrope_rope_cache_info(const embrope_rope_cache_t* cache,
   return guarded([&] {
     if (cache == nullptr) fail(fn, "cache is null");
     if (config != nullptr) {
-      config->rotary_dim = cache->cache.rotary_dim();
-      config->base = cache->cache.config().base;
-      config->max_positions = cache->cache.max_positions();
+      const embrope::RopeConfig& c = cache->cache.config();
+      embrope_rope_config_init(config);
+      config->rotary_dim = c.rotary_dim;
+      config->base = c.base;
+      config->max_positions = c.max_positions;
+      config->scaling = static_cast<embrope_rope_scaling_t>(c.scaling);
+      config->factor = c.factor;
+      config->original_max_positions = c.original_max_positions;
+      config->sequence_length = c.sequence_length;
+      config->beta_fast = c.beta_fast;
+      config->beta_slow = c.beta_slow;
+      config->truncate = c.truncate ? 1 : 0;
+      config->mscale = c.mscale;
+      config->mscale_all_dim = c.mscale_all_dim;
+      config->low_freq_factor = c.low_freq_factor;
+      config->high_freq_factor = c.high_freq_factor;
+      if (!c.short_factor.empty()) {
+        config->short_factor = c.short_factor.data();
+        config->long_factor = c.long_factor.data();
+        config->num_factors = static_cast<int64_t>(c.short_factor.size());
+      }
+      config->attention_factor = c.attention_factor;
     }
     if (device != nullptr) {
       const embrope::Device d = cache->cache.device();
@@ -200,6 +312,7 @@ void embrope_rope_options_init(embrope_rope_options_t* options) {
   options->rotary_dim = 0;
   options->q_out = nullptr;
   options->k_out = nullptr;
+  for (int64_t& s : options->mrope_section) s = 0;
 }
 
 embrope_status_t embrope_apply_rope(const DLTensor* q, const DLTensor* k, const DLTensor* positions,

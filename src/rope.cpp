@@ -60,11 +60,17 @@ void apply(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positi
   const std::int64_t batch = batched ? q.shape(0) : 1;
   const std::int64_t seq = q.shape(n - 3);
 
-  validate::check_view(kOp, "positions", positions, n - 2, n - 2);
+  const auto& section = options.mrope_section;
+  const bool mrope = section[0] != 0 || section[1] != 0 || section[2] != 0;
+  // With mrope, positions gain a leading stream dimension of 3.
+  const int lead = mrope ? 1 : 0;
+  validate::check_view(kOp, "positions", positions, n - 2 + lead, n - 2 + lead);
   validate::check_index_dtype(kOp, "positions", positions);
   validate::check_same_device(kOp, "positions", positions, "q", device);
+  if (mrope) validate::check_dim(kOp, "positions", positions, 0, 3, "the 3 mrope streams");
   for (int d = 0; d < n - 2; ++d) {
-    validate::check_dim(kOp, "positions", positions, d, q.shape(d), "the token dimensions of q");
+    validate::check_dim(kOp, "positions", positions, d + lead, q.shape(d),
+                        "the token dimensions of q");
   }
 
   if (table.device != device) {
@@ -77,6 +83,13 @@ void apply(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positi
          rotary_dim, table.name);
   }
   if (rotary_dim > head_dim) fail(kOp, "rotary_dim {} exceeds head_dim {}", rotary_dim, head_dim);
+  if (mrope) {
+    if (section[0] < 0 || section[1] < 0 || section[2] < 0 ||
+        section[0] + section[1] + section[2] != rotary_dim / 2) {
+      fail(kOp, "mrope_section [{}, {}, {}] must be non-negative and sum to rotary_dim / 2 = {}",
+           section[0], section[1], section[2], rotary_dim / 2);
+    }
+  }
 
   detail::RopeParams p;
   p.dtype = q.dtype();
@@ -86,8 +99,14 @@ void apply(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positi
   p.rotary_dim = rotary_dim;
   p.positions = positions.data();
   p.position_dtype = positions.dtype();
-  p.position_stride_b = batched ? positions.stride(0) : 0;
-  p.position_stride_s = positions.ndim() > 0 ? positions.stride(positions.ndim() - 1) : 0;
+  p.position_stride_b = batched ? positions.stride(lead) : 0;
+  p.position_stride_s = positions.stride(positions.ndim() - 1);
+  p.mrope = mrope;
+  if (mrope) {
+    p.mrope_end[0] = section[0];
+    p.mrope_end[1] = section[0] + section[1];
+    p.position_stride_stream = positions.stride(0);
+  }
   p.cos = table.cos;
   p.sin = table.sin;
   p.table_dtype = table.dtype;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "backend.hpp"
-#include "embrope/detail/rope_math.hpp"
+#include "embrope/detail/rope_scaling.hpp"
 #include "embrope/error.hpp"
 #include "validate.hpp"
 
@@ -15,13 +15,33 @@ namespace {
 
 constexpr const char* kOp = "RopeCache";
 
+const char* scaling_name(RopeScaling s) {
+  switch (s) {
+    case RopeScaling::none:
+      return "none";
+    case RopeScaling::linear:
+      return "linear";
+    case RopeScaling::dynamic:
+      return "dynamic";
+    case RopeScaling::yarn:
+      return "yarn";
+    case RopeScaling::llama3:
+      return "llama3";
+    case RopeScaling::longrope:
+      return "longrope";
+  }
+  return "unknown";
+}
+
+bool finite_positive(double v) {
+  return std::isfinite(v) && v > 0.0;
+}
+
 void check_config(const RopeConfig& c) {
   if (c.rotary_dim <= 0 || c.rotary_dim % 2 != 0) {
     validate::fail(kOp, "rotary_dim {} must be even and positive", c.rotary_dim);
   }
-  if (!(std::isfinite(c.base) && c.base > 0.0)) {
-    validate::fail(kOp, "base {} must be finite and positive", c.base);
-  }
+  if (!finite_positive(c.base)) validate::fail(kOp, "base {} must be finite and positive", c.base);
   if (c.max_positions <= 0) {
     validate::fail(kOp, "max_positions {} must be positive", c.max_positions);
   }
@@ -29,23 +49,154 @@ void check_config(const RopeConfig& c) {
     validate::fail(kOp, "max_positions {} times rotary_dim {} overflows the table size",
                    c.max_positions, c.rotary_dim);
   }
-}
-
-std::vector<double> inv_freqs(const RopeConfig& c) {
-  std::vector<double> f(static_cast<std::size_t>(c.rotary_dim / 2));
-  for (std::size_t i = 0; i < f.size(); ++i) {
-    f[i] = detail::rope_inv_freq(static_cast<std::int64_t>(i), c.rotary_dim, c.base);
+  if (c.sequence_length < 0) {
+    validate::fail(kOp, "sequence_length {} must be non-negative (0: max_positions)",
+                   c.sequence_length);
   }
-  return f;
+
+  const RopeScaling s = c.scaling;
+  const char* name = scaling_name(s);
+  if (s != RopeScaling::none && s != RopeScaling::linear && s != RopeScaling::dynamic &&
+      s != RopeScaling::yarn && s != RopeScaling::llama3 && s != RopeScaling::longrope) {
+    validate::fail(kOp, "scaling {} is not a RopeScaling value", static_cast<int>(s));
+  }
+  // Fields the chosen variant ignores must keep their defaults: a mistyped configuration
+  // fails here instead of silently giving other frequencies.
+  const RopeConfig defaults;
+  const auto unused = [&](const char* field, bool is_default) {
+    if (!is_default) validate::fail(kOp, "{} is set but scaling {} does not use it", field, name);
+  };
+  const bool uses_factor = s != RopeScaling::none;
+  const bool uses_original = s == RopeScaling::dynamic || s == RopeScaling::yarn ||
+                             s == RopeScaling::llama3 || s == RopeScaling::longrope;
+  const bool is_yarn = s == RopeScaling::yarn;
+  if (!uses_factor) unused("factor", c.factor == defaults.factor);
+  if (!uses_original) unused("original_max_positions", c.original_max_positions == 0);
+  if (s != RopeScaling::dynamic && s != RopeScaling::longrope) {
+    unused("sequence_length", c.sequence_length == 0);
+  }
+  if (!is_yarn) {
+    unused("beta_fast", c.beta_fast == defaults.beta_fast);
+    unused("beta_slow", c.beta_slow == defaults.beta_slow);
+    unused("truncate", c.truncate == defaults.truncate);
+    unused("mscale", c.mscale == 0.0);
+    unused("mscale_all_dim", c.mscale_all_dim == 0.0);
+  }
+  if (s != RopeScaling::llama3) {
+    unused("low_freq_factor", c.low_freq_factor == defaults.low_freq_factor);
+    unused("high_freq_factor", c.high_freq_factor == defaults.high_freq_factor);
+  }
+  if (s != RopeScaling::longrope) {
+    unused("short_factor", c.short_factor.empty());
+    unused("long_factor", c.long_factor.empty());
+  }
+  if (!is_yarn && s != RopeScaling::longrope) unused("attention_factor", c.attention_factor == 0.0);
+
+  if (uses_factor && !finite_positive(c.factor)) {
+    validate::fail(kOp, "factor {} must be finite and positive (scaling {})", c.factor, name);
+  }
+  if (uses_original && c.original_max_positions <= 0) {
+    validate::fail(kOp, "original_max_positions {} must be positive (scaling {})",
+                   c.original_max_positions, name);
+  }
+  if (s == RopeScaling::dynamic && c.rotary_dim == 2) {
+    validate::fail(kOp, "rotary_dim 2 is too small for dynamic scaling (exponent R / (R - 2))");
+  }
+  if (is_yarn) {
+    if (!finite_positive(c.beta_fast) || !finite_positive(c.beta_slow)) {
+      validate::fail(kOp, "beta_fast {} and beta_slow {} must be finite and positive",
+                     c.beta_fast, c.beta_slow);
+    }
+    if (c.beta_fast <= c.beta_slow) {
+      validate::fail(kOp, "beta_fast {} must exceed beta_slow {}", c.beta_fast, c.beta_slow);
+    }
+    if (!std::isfinite(c.mscale) || c.mscale < 0.0 || !std::isfinite(c.mscale_all_dim) ||
+        c.mscale_all_dim < 0.0) {
+      validate::fail(kOp, "mscale {} and mscale_all_dim {} must be finite and non-negative",
+                     c.mscale, c.mscale_all_dim);
+    }
+    if (c.base == 1.0) validate::fail(kOp, "base 1 gives no yarn correction range (ln base = 0)");
+  }
+  if (s == RopeScaling::llama3) {
+    if (!finite_positive(c.low_freq_factor) || !std::isfinite(c.high_freq_factor) ||
+        c.high_freq_factor <= c.low_freq_factor) {
+      validate::fail(kOp,
+                     "low_freq_factor {} and high_freq_factor {} must satisfy 0 < low < high",
+                     c.low_freq_factor, c.high_freq_factor);
+    }
+  }
+  if (s == RopeScaling::longrope) {
+    const auto check_factors = [&](const char* field, const std::vector<double>& f) {
+      if (static_cast<std::int64_t>(f.size()) != c.rotary_dim / 2) {
+        validate::fail(kOp, "{} has {} values; longrope needs rotary_dim / 2 = {}", field,
+                       f.size(), c.rotary_dim / 2);
+      }
+      for (std::size_t i = 0; i < f.size(); ++i) {
+        if (!finite_positive(f[i])) {
+          validate::fail(kOp, "{}[{}] {} must be finite and positive", field, i, f[i]);
+        }
+      }
+    };
+    check_factors("short_factor", c.short_factor);
+    check_factors("long_factor", c.long_factor);
+    if (c.original_max_positions == 1) {
+      validate::fail(kOp, "original_max_positions 1 gives no longrope attention factor (ln 1 = 0)");
+    }
+  }
+  if (!std::isfinite(c.attention_factor) || c.attention_factor < 0.0) {
+    validate::fail(kOp, "attention_factor {} must be finite and non-negative (0: derived)",
+                   c.attention_factor);
+  }
 }
 
 }  // namespace
 
+RopeFrequencies rope_frequencies(const RopeConfig& config) {
+  check_config(config);
+  RopeFrequencies out;
+  switch (config.scaling) {
+    case RopeScaling::none:
+      out.inv_freq = detail::default_inv_freq(config.rotary_dim, config.base);
+      break;
+    case RopeScaling::linear:
+      out.inv_freq = detail::default_inv_freq(config.rotary_dim, config.base);
+      for (double& f : out.inv_freq) f /= config.factor;
+      break;
+    case RopeScaling::dynamic:
+      out.inv_freq = detail::default_inv_freq(config.rotary_dim, detail::dynamic_ntk_base(config));
+      break;
+    case RopeScaling::yarn:
+      out.inv_freq = detail::yarn_inv_freq(config);
+      out.attention_factor = detail::yarn_attention_factor(config);
+      break;
+    case RopeScaling::llama3:
+      out.inv_freq = detail::llama3_inv_freq(config);
+      break;
+    case RopeScaling::longrope:
+      out.inv_freq = detail::longrope_inv_freq(config);
+      out.attention_factor = detail::longrope_attention_factor(config);
+      break;
+  }
+  for (std::size_t i = 0; i < out.inv_freq.size(); ++i) {
+    if (!std::isfinite(out.inv_freq[i]) || out.inv_freq[i] < 0.0) {
+      validate::fail(kOp, "scaling {} gives frequency {} = {}, which is not finite and >= 0",
+                     scaling_name(config.scaling), i, out.inv_freq[i]);
+    }
+  }
+  if (!finite_positive(out.attention_factor)) {
+    validate::fail(kOp, "scaling {} gives attention factor {}, which is not finite and positive",
+                   scaling_name(config.scaling), out.attention_factor);
+  }
+  return out;
+}
+
 RopeCache::RopeCache(const RopeConfig& config, Device device, Stream stream)
     : config_(config), device_(device) {
-  check_config(config);
+  RopeFrequencies frequencies = rope_frequencies(config);
   validate::check_device_usable(kOp, device);
-  const std::vector<double> f = inv_freqs(config);
+  attention_factor_ = frequencies.attention_factor;
+  inv_freq_ = std::move(frequencies.inv_freq);
+  const std::vector<double>& f = inv_freq_;
   const auto count = static_cast<std::size_t>(config.max_positions * config.rotary_dim);
   if (device.kind == DeviceKind::cpu) {
     data_ = new (std::nothrow) float[count];
@@ -88,6 +239,7 @@ RopeCache::RopeCache(RopeCache&& other) noexcept
     : config_(other.config_),
       device_(other.device_),
       attention_factor_(other.attention_factor_),
+      inv_freq_(std::move(other.inv_freq_)),
       data_(std::exchange(other.data_, nullptr)) {}
 
 RopeCache& RopeCache::operator=(RopeCache&& other) noexcept {
@@ -96,6 +248,7 @@ RopeCache& RopeCache::operator=(RopeCache&& other) noexcept {
     config_ = other.config_;
     device_ = other.device_;
     attention_factor_ = other.attention_factor_;
+    inv_freq_ = std::move(other.inv_freq_);
     data_ = std::exchange(other.data_, nullptr);
   }
   return *this;
@@ -105,7 +258,7 @@ double RopeCache::inv_freq(std::int64_t i) const {
   if (i < 0 || i >= config_.rotary_dim / 2) {
     validate::fail(kOp, "frequency index {} is outside [0, {})", i, config_.rotary_dim / 2);
   }
-  return detail::rope_inv_freq(i, config_.rotary_dim, config_.base);
+  return inv_freq_[static_cast<std::size_t>(i)];
 }
 
 Tensor RopeCache::table() const {
@@ -155,6 +308,59 @@ void RopeCache::copy_to_host(float* cos, float* sin) const {
       sin[p * half + i] = table[p * config_.rotary_dim + half + i];
     }
   }
+}
+
+AdaptiveRopeCache::AdaptiveRopeCache(const RopeConfig& config, Device device)
+    : config_(config), device_(device) {
+  check_config(config);
+  validate::check_device_usable(kOp, device);
+  if (config.sequence_length != 0) {
+    validate::fail("AdaptiveRopeCache", "sequence_length {} must be 0: get() chooses it",
+                   config.sequence_length);
+  }
+}
+
+std::shared_ptr<const RopeCache> AdaptiveRopeCache::get(std::int64_t sequence_length,
+                                                         Stream stream) {
+  constexpr const char* op = "AdaptiveRopeCache";
+  if (sequence_length <= 0) validate::fail(op, "sequence_length {} must be positive", sequence_length);
+  const std::lock_guard<std::mutex> lock(mutex_);
+  RopeConfig c = config_;
+  if (config_.scaling == RopeScaling::dynamic) {
+    const std::int64_t original = config_.original_max_positions;
+    if (cached_length_ == 0) cached_length_ = original;
+    // HF dynamic_rope_update: grow past the cached length; reset once back inside the
+    // pretrained context (strictly shorter, as there).
+    bool rebuild = current_ == nullptr;
+    if (sequence_length > cached_length_) {
+      cached_length_ = sequence_length;
+      rebuild = true;
+    } else if (sequence_length < original && cached_length_ > original) {
+      cached_length_ = original;
+      rebuild = true;
+    }
+    if (rebuild) {
+      c.sequence_length = cached_length_;
+      c.max_positions = std::max(config_.max_positions, cached_length_);
+      current_ = std::make_shared<const RopeCache>(c, device_, stream);
+    }
+    return current_;
+  }
+  if (sequence_length > config_.max_positions) {
+    validate::fail(op, "sequence_length {} exceeds max_positions {}", sequence_length,
+                   config_.max_positions);
+  }
+  if (config_.scaling == RopeScaling::longrope) {
+    const bool use_long = sequence_length > config_.original_max_positions;
+    std::shared_ptr<const RopeCache>& slot = use_long ? long_ : short_;
+    if (slot == nullptr) {
+      c.sequence_length = use_long ? config_.original_max_positions + 1 : config_.original_max_positions;
+      slot = std::make_shared<const RopeCache>(c, device_, stream);
+    }
+    return slot;
+  }
+  if (current_ == nullptr) current_ = std::make_shared<const RopeCache>(c, device_, stream);
+  return current_;
 }
 
 }  // namespace embrope

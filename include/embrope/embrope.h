@@ -58,14 +58,46 @@ EMBROPE_API int embrope_cuda_device_count(void);
 /* ---------------------------------------------------------------- cos/sin cache ---- */
 
 /* inv_freq_i = base^(-2i / rotary_dim), angle = position * inv_freq_i (float64). */
+/* RoPE scaling variants (see RopeScaling in rope_cache.hpp and the README). */
+typedef enum embrope_rope_scaling_t {
+  EMBROPE_ROPE_SCALING_NONE = 0,
+  EMBROPE_ROPE_SCALING_LINEAR = 1,
+  EMBROPE_ROPE_SCALING_DYNAMIC = 2, /* NTK-aware, by sequence length */
+  EMBROPE_ROPE_SCALING_YARN = 3,
+  EMBROPE_ROPE_SCALING_LLAMA3 = 4,
+  EMBROPE_ROPE_SCALING_LONGROPE = 5
+} embrope_rope_scaling_t;
+
+/* Fields a variant does not use must keep the defaults set by embrope_rope_config_init. */
 typedef struct embrope_rope_config_t {
-  int64_t rotary_dim;    /* even, > 0 */
-  double base;           /* finite, > 0; default 10000 */
-  int64_t max_positions; /* positions [0, max_positions) are valid; > 0 */
+  int64_t rotary_dim;            /* even, > 0 */
+  double base;                   /* finite, > 0; default 10000 */
+  int64_t max_positions;         /* positions [0, max_positions) are valid; > 0 */
+  embrope_rope_scaling_t scaling; /* default NONE */
+  double factor;                 /* context extension factor; default 1 */
+  int64_t original_max_positions; /* pretrained context (dynamic, yarn, llama3, longrope) */
+  int64_t sequence_length;       /* dynamic, longrope: 0 means max_positions */
+  double beta_fast, beta_slow;   /* yarn; defaults 32 and 1 */
+  int32_t truncate;              /* yarn: round the ramp ends; default 1 */
+  double mscale, mscale_all_dim; /* yarn (DeepSeek); 0 = unset */
+  double low_freq_factor, high_freq_factor; /* llama3; defaults 1 and 4 */
+  /* longrope: rotary_dim / 2 values each (copied at creation); NULL otherwise. From
+   * embrope_rope_cache_info they point into the cache and live as long as it. */
+  const double* short_factor;
+  const double* long_factor;
+  int64_t num_factors; /* the length of each of short_factor and long_factor */
+  double attention_factor; /* yarn, longrope: 0 derives it; > 0 overrides */
 } embrope_rope_config_t;
 
-/* Sets the defaults: rotary_dim 0, base 10000, max_positions 0. */
+/* Sets the defaults: rotary_dim 0, base 10000, max_positions 0, scaling NONE, factor 1,
+ * beta_fast 32, beta_slow 1, truncate 1, low/high_freq_factor 1 and 4, the rest 0/NULL. */
 EMBROPE_API void embrope_rope_config_init(embrope_rope_config_t* config);
+
+/* The frequencies (rotary_dim / 2 doubles into inv_freq) and attention factor that a
+ * configuration gives, computed in float64 without building a table. */
+EMBROPE_API embrope_status_t embrope_rope_frequencies(const embrope_rope_config_t* config,
+                                                      double* inv_freq, int64_t capacity,
+                                                      double* attention_factor);
 
 /* An immutable cos/sin table on one device (layout: see embrope_rope_cache_copy_to_host). */
 typedef struct embrope_rope_cache embrope_rope_cache_t;
@@ -104,6 +136,10 @@ typedef struct embrope_rope_options_t {
   int64_t rotary_dim;           /* 0: the table's; else must equal it. Default 0 */
   DLTensor* q_out;              /* NULL: rotate q in place (default) */
   DLTensor* k_out;              /* NULL: rotate k in place (default) */
+  /* Multimodal RoPE (Qwen2-VL): all 0 = off (default). Otherwise three section sizes summing
+   * to rotary_dim / 2; positions are then [3, T] or [3, B, S] (temporal, height, width) and
+   * frequency i takes its angle from the stream of the section holding i. */
+  int64_t mrope_section[3];
 } embrope_rope_options_t;
 
 EMBROPE_API void embrope_rope_options_init(embrope_rope_options_t* options);

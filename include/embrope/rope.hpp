@@ -3,6 +3,7 @@
 
 #include "embrope/detail/export.hpp"
 
+#include <array>
 #include <cstdint>
 #include <optional>
 
@@ -29,6 +30,11 @@ struct RopeOptions {
   // Absent: q (k) is rotated in place. Elements at and past rotary_dim are copied.
   std::optional<Tensor> q_out;
   std::optional<Tensor> k_out;
+  // Multimodal RoPE (Qwen2-VL mrope_section, DESIGN.md 3.4): all zero = off. Otherwise three
+  // non-negative section sizes summing to rotary_dim / 2; positions then carry three streams,
+  // [3, T] or [3, B, S] (temporal, height, width), and frequency i takes its angle from stream
+  // j of the section j that holds i (HF apply_multimodal_rotary_pos_emb, both halves alike).
+  std::array<std::int64_t, 3> mrope_section{};
   // Null: a bad position makes the call throw. Otherwise it is recorded there (status.hpp).
   DeferredStatus* deferred = nullptr;
   Stream stream{};
@@ -36,7 +42,7 @@ struct RopeOptions {
 
 // Rotates q [T, Hq, D] or [B, S, Hq, D] and, when given, k [T, Hk, D] or [B, S, Hk, D]
 // (Hk may differ from Hq: GQA/MQA) by the angles of `positions` [T] or [B, S] (int32 or
-// int64). q and k are float32, float16 or bfloat16 (the same dtype); every dimension but the
+// int64; [3, T] or [3, B, S] with mrope_section). q and k are float32, float16 or bfloat16 (the same dtype); every dimension but the
 // last may have any non-negative stride; the last has stride 1. Arithmetic is float32 with one
 // rounding to the output dtype. A position outside [0, table rows) zero-fills its token's
 // output rows and is reported (status.hpp).

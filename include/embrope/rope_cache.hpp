@@ -4,18 +4,75 @@
 #include "embrope/detail/export.hpp"
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include "embrope/tensor.hpp"
 
 namespace embrope {
 
-// What a cos/sin cache is built from (DESIGN.md 3.3):
-//   inv_freq_i = base^(-2i / rotary_dim), i < rotary_dim / 2,  angle = p * inv_freq_i.
+// How the frequencies are modified for context extension (DESIGN.md 3.4). The definitions
+// follow HF transformers' modeling_rope_utils.py; README.md lists the models using each.
+enum class RopeScaling : std::uint8_t {
+  none,      // inv_freq_i = base^(-2i/R)
+  linear,    // inv_freq_i / factor (position interpolation, Chen et al. 2023)
+  dynamic,   // NTK-aware: base grows with the sequence length past original_max_positions
+  yarn,      // Peng et al. 2023: ramp between interpolated and original frequencies
+  llama3,    // Llama 3.1: low frequencies / factor, high kept, a smooth band between
+  longrope,  // Phi-3 (Ding et al. 2024): per-frequency short or long factors
+};
+
+// What a cos/sin cache is built from (DESIGN.md 3.3, 3.4):
+//   inv_freq_i = base^(-2i / rotary_dim), i < rotary_dim / 2, modified by `scaling`;
+//   angle = p * inv_freq_i; cos and sin are multiplied by the attention factor.
+// Fields a variant does not use must keep their defaults (a set field that the chosen variant
+// ignores is an error, so that a mistyped configuration cannot pass silently).
 struct RopeConfig {
   std::int64_t rotary_dim = 0;     // R: even, > 0
   double base = 10000.0;           // theta: finite, > 0
   std::int64_t max_positions = 0;  // positions [0, max_positions) are valid, > 0
+
+  RopeScaling scaling = RopeScaling::none;
+  // linear, dynamic, yarn, llama3: the context extension factor (> 0). longrope: the ratio of
+  // the extended to the original context, used only for the default attention factor.
+  double factor = 1.0;
+  // dynamic, yarn, llama3, longrope: the context the model was pretrained with (> 0).
+  std::int64_t original_max_positions = 0;
+  // dynamic and longrope choose their frequencies by the length of the sequence being
+  // processed (HF: max(position_ids) + 1). 0 means max_positions. dynamic: the NTK base uses
+  // L = max(sequence_length, original_max_positions). longrope: long_factor when
+  // sequence_length > original_max_positions, else short_factor. AdaptiveRopeCache below
+  // follows a growing sequence the way HF does.
+  std::int64_t sequence_length = 0;
+  // yarn: the ramp runs between the dimensions where the pretrained context makes beta_fast
+  // and beta_slow rotations (beta_fast > beta_slow > 0); truncate rounds them to integers.
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;
+  // yarn (DeepSeek-V2/V3): when both are non-zero the attention factor is
+  // mscale(factor, mscale) / mscale(factor, mscale_all_dim), mscale(s, m) = 0.1 m ln(s) + 1.
+  double mscale = 0.0;
+  double mscale_all_dim = 0.0;
+  // llama3: wavelengths above original / low_freq_factor are divided by factor, those below
+  // original / high_freq_factor kept, the band between blended (0 < low < high).
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  // longrope: R/2 positive factors each; inv_freq_i = base^(-2i/R) / factor_i.
+  std::vector<double> short_factor{};
+  std::vector<double> long_factor{};
+  // yarn, longrope: 0 derives the attention factor (yarn: mscale rule or 0.1 ln(factor) + 1;
+  // longrope: sqrt(1 + ln(factor) / ln(original_max_positions))); > 0 overrides it.
+  double attention_factor = 0.0;
 };
+
+// The frequencies and attention factor a configuration gives, in float64 (throws
+// Error(invalid_argument) naming the field and the rule for an invalid configuration).
+struct RopeFrequencies {
+  std::vector<double> inv_freq;  // R/2 values
+  double attention_factor = 1.0;
+};
+EMBROPE_EXPORT RopeFrequencies rope_frequencies(const RopeConfig& config);
 
 // An immutable cos/sin table on one device: safe to share between threads, streams and layers.
 //
@@ -41,8 +98,9 @@ class EMBROPE_EXPORT RopeCache {
   Device device() const { return device_; }
   // The factor folded into cos and sin (1 for the default frequencies).
   double attention_factor() const { return attention_factor_; }
-  // inv_freq_i in float64, as used for the table.
+  // inv_freq_i in float64, as used for the table (after scaling).
   double inv_freq(std::int64_t i) const;
+  const std::vector<double>& inv_freqs() const { return inv_freq_; }
 
   // The table itself (device memory for a CUDA cache), [max_positions, rotary_dim] float32.
   const float* data() const { return data_; }
@@ -60,7 +118,34 @@ class EMBROPE_EXPORT RopeCache {
   RopeConfig config_{};
   Device device_{};
   double attention_factor_ = 1.0;
+  std::vector<double> inv_freq_;
   float* data_ = nullptr;
+};
+
+// A cache that follows the length of the sequence being processed, for the variants whose
+// frequencies depend on it, with the rules of HF transformers' dynamic_rope_update:
+//  - dynamic: starts at sequence length original_max_positions. A longer sequence than the
+//    current one rebuilds the table for that length (NTK base for L = length, rows
+//    max(max_positions, length)); a sequence shorter than original_max_positions after growth
+//    returns to the original frequencies. Each rebuild costs one table build.
+//  - longrope: the short table for lengths <= original_max_positions, the long one above
+//    (both max_positions rows, each built once, on first use).
+//  - every other variant: one table, max_positions rows.
+// get() may be called from several threads; the cache it returns stays valid while held.
+class EMBROPE_EXPORT AdaptiveRopeCache {
+ public:
+  explicit AdaptiveRopeCache(const RopeConfig& config, Device device = Device::cpu());
+  // The cache for a sequence of `sequence_length` tokens (HF: max(position_ids) + 1).
+  // A length above max_positions is an error, except for dynamic scaling, which grows.
+  std::shared_ptr<const RopeCache> get(std::int64_t sequence_length, Stream stream = {});
+  const RopeConfig& config() const { return config_; }
+
+ private:
+  RopeConfig config_;
+  Device device_;
+  std::mutex mutex_;
+  std::int64_t cached_length_ = 0;  // dynamic: the length the current table was built for
+  std::shared_ptr<const RopeCache> current_, short_, long_;
 };
 
 }  // namespace embrope

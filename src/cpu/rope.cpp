@@ -3,6 +3,7 @@
 // touch only the row and the token's cos/sin row and are vectorized (omp simd).
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "../backend.hpp"
 #include "embrope/detail/numeric_types.hpp"
@@ -47,11 +48,29 @@ void rotate_row(const T* in, T* out, const C* cos_row, const C* sin_row, std::in
   }
 }
 
+// Position of token (b, s) in stream j (j = 0 unless mrope).
+std::int64_t token_position(const detail::RopeParams& p, std::int64_t b, std::int64_t s, int j) {
+  return detail::load_index(p.positions, p.position_dtype,
+                            j * p.position_stride_stream + b * p.position_stride_b +
+                                s * p.position_stride_s);
+}
+
+// The first stream whose position is outside the table, or -1.
+int bad_stream(const detail::RopeParams& p, std::int64_t b, std::int64_t s) {
+  const int streams = p.mrope ? 3 : 1;
+  for (int j = 0; j < streams; ++j) {
+    const std::int64_t position = token_position(p, b, s, j);
+    if (position < 0 || position >= p.table_rows) return j;
+  }
+  return -1;
+}
+
 template <typename T, typename C>
 void rope_kernel(const detail::RopeParams& p) {
   const std::int64_t tokens = p.batch * p.seq;
   const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
   const std::int64_t rows = tokens * heads;
+  const std::int64_t half = p.rotary_dim / 2;
   const float sin_sign = p.inverse ? -1.0f : 1.0f;
   const auto* cos_base = static_cast<const C*>(p.cos);
   const auto* sin_base = static_cast<const C*>(p.sin);
@@ -59,35 +78,59 @@ void rope_kernel(const detail::RopeParams& p) {
   // Threads pay off only past a few thousand elements (decode-sized calls stay serial).
   const bool threaded = rows * p.head_dim >= (1 << 15);
 
-#pragma omp parallel for schedule(static) reduction(min : first_bad) if (threaded)
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t t = r / heads;
-    const std::int64_t h = r % heads;
-    const std::int64_t b = t / p.seq;
-    const std::int64_t s = t % p.seq;
-    const bool is_q = h < p.q.heads;
-    const detail::RopeHeads& x = is_q ? p.q : p.k;
-    const std::int64_t hh = is_q ? h : h - p.q.heads;
-    const T* in =
-        static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s + hh * x.in_stride_h;
-    T* out = static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s + hh * x.out_stride_h;
-    const std::int64_t position = detail::load_index(
-        p.positions, p.position_dtype, b * p.position_stride_b + s * p.position_stride_s);
-    if (position < 0 || position >= p.table_rows) {
-      std::fill(out, out + p.head_dim, from_float<T>(0.0f));
-      first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
-      continue;
+#pragma omp parallel if (threaded)
+  {
+    // mrope: the token's cos/sin row gathered from its three streams' table rows.
+    std::vector<C> gathered(p.mrope ? static_cast<std::size_t>(p.rotary_dim) : 0);
+    std::int64_t gathered_token = -1;
+#pragma omp for schedule(static) reduction(min : first_bad)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t t = r / heads;
+      const std::int64_t h = r % heads;
+      const std::int64_t b = t / p.seq;
+      const std::int64_t s = t % p.seq;
+      const bool is_q = h < p.q.heads;
+      const detail::RopeHeads& x = is_q ? p.q : p.k;
+      const std::int64_t hh = is_q ? h : h - p.q.heads;
+      const T* in =
+          static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s + hh * x.in_stride_h;
+      T* out =
+          static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s + hh * x.out_stride_h;
+      if (bad_stream(p, b, s) >= 0) {
+        std::fill(out, out + p.head_dim, from_float<T>(0.0f));
+        first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+        continue;
+      }
+      const C* cos_row;
+      const C* sin_row;
+      if (p.mrope) {
+        if (gathered_token != t) {
+          std::int64_t stream_position[3];
+          for (int j = 0; j < 3; ++j) stream_position[j] = token_position(p, b, s, j);
+          for (std::int64_t i = 0; i < half; ++i) {
+            const std::int64_t position = stream_position[detail::mrope_stream(i, p.mrope_end)];
+            gathered[i] = cos_base[position * p.cos_stride + i];
+            gathered[half + i] = sin_base[position * p.sin_stride + i];
+          }
+          gathered_token = t;
+        }
+        cos_row = gathered.data();
+        sin_row = gathered.data() + half;
+      } else {
+        const std::int64_t position = token_position(p, b, s, 0);
+        cos_row = cos_base + position * p.cos_stride;
+        sin_row = sin_base + position * p.sin_stride;
+      }
+      rotate_row(in, out, cos_row, sin_row, p.rotary_dim, p.head_dim, p.layout, sin_sign);
     }
-    rotate_row(in, out, cos_base + position * p.cos_stride, sin_base + position * p.sin_stride,
-               p.rotary_dim, p.head_dim, p.layout, sin_sign);
   }
 
   if (first_bad != detail::kNoBadIndex && first_bad < p.bad->key) {
     const std::int64_t t = first_bad / 8;
+    const std::int64_t b = t / p.seq;
+    const std::int64_t s = t % p.seq;
     p.bad->key = first_bad;
-    p.bad->value =
-        detail::load_index(p.positions, p.position_dtype,
-                           (t / p.seq) * p.position_stride_b + (t % p.seq) * p.position_stride_s);
+    p.bad->value = token_position(p, b, s, bad_stream(p, b, s));
     p.bad->lower = 0;
     p.bad->upper = p.table_rows;
     p.bad->op = static_cast<std::int32_t>(detail::BadIndexOp::apply_rope);

@@ -30,6 +30,11 @@ struct RopeParams {
   const void* positions = nullptr;
   DType position_dtype = DType::int64;
   std::int64_t position_stride_b = 0, position_stride_s = 0;
+  // Multimodal RoPE: frequency i < mrope_end[0] takes stream 0, < mrope_end[1] stream 1, else
+  // stream 2; stream j's positions are at positions + j * position_stride_stream.
+  bool mrope = false;
+  std::int64_t mrope_end[2] = {0, 0};
+  std::int64_t position_stride_stream = 0;
   // Row p of the table: cos at cos + p * cos_stride, sin at sin + p * sin_stride, R/2 each.
   const void* cos = nullptr;
   const void* sin = nullptr;

@@ -33,4 +33,9 @@ EMBROPE_HD void rotate_pair(float& a, float& b, float cos_v, float sin_v) {
   b = rb;
 }
 
+// Multimodal RoPE (Qwen2-VL): the position stream that frequency i takes its angle from.
+EMBROPE_HD int mrope_stream(std::int64_t i, const std::int64_t* section_end) {
+  return i < section_end[0] ? 0 : (i < section_end[1] ? 1 : 2);
+}
+
 }  // namespace embrope::detail
