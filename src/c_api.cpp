@@ -234,8 +234,7 @@ embrope_status_t embrope_rope_frequencies(const embrope_rope_config_t* config, d
     const embrope::RopeFrequencies f = embrope::rope_frequencies(to_rope_config(fn, *config));
     const auto count = static_cast<int64_t>(f.inv_freq.size());
     if (inv_freq == nullptr || capacity < count) {
-      fail(fn, "inv_freq needs room for rotary_dim / 2 = {} values (capacity {})", count,
-           capacity);
+      fail(fn, "inv_freq needs room for rotary_dim / 2 = {} values (capacity {})", count, capacity);
     }
     std::copy(f.inv_freq.begin(), f.inv_freq.end(), inv_freq);
     if (attention_factor != nullptr) *attention_factor = f.attention_factor;

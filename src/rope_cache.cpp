@@ -104,8 +104,8 @@ void check_config(const RopeConfig& c) {
   }
   if (is_yarn) {
     if (!finite_positive(c.beta_fast) || !finite_positive(c.beta_slow)) {
-      validate::fail(kOp, "beta_fast {} and beta_slow {} must be finite and positive",
-                     c.beta_fast, c.beta_slow);
+      validate::fail(kOp, "beta_fast {} and beta_slow {} must be finite and positive", c.beta_fast,
+                     c.beta_slow);
     }
     if (c.beta_fast <= c.beta_slow) {
       validate::fail(kOp, "beta_fast {} must exceed beta_slow {}", c.beta_fast, c.beta_slow);
@@ -120,16 +120,15 @@ void check_config(const RopeConfig& c) {
   if (s == RopeScaling::llama3) {
     if (!finite_positive(c.low_freq_factor) || !std::isfinite(c.high_freq_factor) ||
         c.high_freq_factor <= c.low_freq_factor) {
-      validate::fail(kOp,
-                     "low_freq_factor {} and high_freq_factor {} must satisfy 0 < low < high",
+      validate::fail(kOp, "low_freq_factor {} and high_freq_factor {} must satisfy 0 < low < high",
                      c.low_freq_factor, c.high_freq_factor);
     }
   }
   if (s == RopeScaling::longrope) {
     const auto check_factors = [&](const char* field, const std::vector<double>& f) {
       if (static_cast<std::int64_t>(f.size()) != c.rotary_dim / 2) {
-        validate::fail(kOp, "{} has {} values; longrope needs rotary_dim / 2 = {}", field,
-                       f.size(), c.rotary_dim / 2);
+        validate::fail(kOp, "{} has {} values; longrope needs rotary_dim / 2 = {}", field, f.size(),
+                       c.rotary_dim / 2);
       }
       for (std::size_t i = 0; i < f.size(); ++i) {
         if (!finite_positive(f[i])) {
@@ -321,9 +320,10 @@ AdaptiveRopeCache::AdaptiveRopeCache(const RopeConfig& config, Device device)
 }
 
 std::shared_ptr<const RopeCache> AdaptiveRopeCache::get(std::int64_t sequence_length,
-                                                         Stream stream) {
+                                                        Stream stream) {
   constexpr const char* op = "AdaptiveRopeCache";
-  if (sequence_length <= 0) validate::fail(op, "sequence_length {} must be positive", sequence_length);
+  if (sequence_length <= 0)
+    validate::fail(op, "sequence_length {} must be positive", sequence_length);
   const std::lock_guard<std::mutex> lock(mutex_);
   RopeConfig c = config_;
   if (config_.scaling == RopeScaling::dynamic) {
@@ -354,7 +354,8 @@ std::shared_ptr<const RopeCache> AdaptiveRopeCache::get(std::int64_t sequence_le
     const bool use_long = sequence_length > config_.original_max_positions;
     std::shared_ptr<const RopeCache>& slot = use_long ? long_ : short_;
     if (slot == nullptr) {
-      c.sequence_length = use_long ? config_.original_max_positions + 1 : config_.original_max_positions;
+      c.sequence_length =
+          use_long ? config_.original_max_positions + 1 : config_.original_max_positions;
       slot = std::make_shared<const RopeCache>(c, device_, stream);
     }
     return slot;

@@ -70,22 +70,22 @@ typedef enum embrope_rope_scaling_t {
 
 /* Fields a variant does not use must keep the defaults set by embrope_rope_config_init. */
 typedef struct embrope_rope_config_t {
-  int64_t rotary_dim;            /* even, > 0 */
-  double base;                   /* finite, > 0; default 10000 */
-  int64_t max_positions;         /* positions [0, max_positions) are valid; > 0 */
+  int64_t rotary_dim;             /* even, > 0 */
+  double base;                    /* finite, > 0; default 10000 */
+  int64_t max_positions;          /* positions [0, max_positions) are valid; > 0 */
   embrope_rope_scaling_t scaling; /* default NONE */
-  double factor;                 /* context extension factor; default 1 */
+  double factor;                  /* context extension factor; default 1 */
   int64_t original_max_positions; /* pretrained context (dynamic, yarn, llama3, longrope) */
-  int64_t sequence_length;       /* dynamic, longrope: 0 means max_positions */
-  double beta_fast, beta_slow;   /* yarn; defaults 32 and 1 */
-  int32_t truncate;              /* yarn: round the ramp ends; default 1 */
-  double mscale, mscale_all_dim; /* yarn (DeepSeek); 0 = unset */
+  int64_t sequence_length;        /* dynamic, longrope: 0 means max_positions */
+  double beta_fast, beta_slow;    /* yarn; defaults 32 and 1 */
+  int32_t truncate;               /* yarn: round the ramp ends; default 1 */
+  double mscale, mscale_all_dim;  /* yarn (DeepSeek); 0 = unset */
   double low_freq_factor, high_freq_factor; /* llama3; defaults 1 and 4 */
   /* longrope: rotary_dim / 2 values each (copied at creation); NULL otherwise. From
    * embrope_rope_cache_info they point into the cache and live as long as it. */
   const double* short_factor;
   const double* long_factor;
-  int64_t num_factors; /* the length of each of short_factor and long_factor */
+  int64_t num_factors;     /* the length of each of short_factor and long_factor */
   double attention_factor; /* yarn, longrope: 0 derives it; > 0 overrides */
 } embrope_rope_config_t;
 

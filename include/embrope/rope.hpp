@@ -42,10 +42,10 @@ struct RopeOptions {
 
 // Rotates q [T, Hq, D] or [B, S, Hq, D] and, when given, k [T, Hk, D] or [B, S, Hk, D]
 // (Hk may differ from Hq: GQA/MQA) by the angles of `positions` [T] or [B, S] (int32 or
-// int64; [3, T] or [3, B, S] with mrope_section). q and k are float32, float16 or bfloat16 (the same dtype); every dimension but the
-// last may have any non-negative stride; the last has stride 1. Arithmetic is float32 with one
-// rounding to the output dtype. A position outside [0, table rows) zero-fills its token's
-// output rows and is reported (status.hpp).
+// int64; [3, T] or [3, B, S] with mrope_section). q and k are float32, float16 or bfloat16 (the
+// same dtype); every dimension but the last may have any non-negative stride; the last has
+// stride 1. Arithmetic is float32 with one rounding to the output dtype. A position outside [0,
+// table rows) zero-fills its token's output rows and is reported (status.hpp).
 EMBROPE_EXPORT void apply_rope(const Tensor& q, const std::optional<Tensor>& k,
                                const Tensor& positions, const RopeCache& cache,
                                const RopeOptions& options = {});

@@ -50,9 +50,9 @@ void rotate_row(const T* in, T* out, const C* cos_row, const C* sin_row, std::in
 
 // Position of token (b, s) in stream j (j = 0 unless mrope).
 std::int64_t token_position(const detail::RopeParams& p, std::int64_t b, std::int64_t s, int j) {
-  return detail::load_index(p.positions, p.position_dtype,
-                            j * p.position_stride_stream + b * p.position_stride_b +
-                                s * p.position_stride_s);
+  return detail::load_index(
+      p.positions, p.position_dtype,
+      j * p.position_stride_stream + b * p.position_stride_b + s * p.position_stride_s);
 }
 
 // The first stream whose position is outside the table, or -1.

@@ -109,7 +109,8 @@ inline std::vector<double> longrope_inv_freq(const RopeConfig& c) {
 inline double longrope_attention_factor(const RopeConfig& c) {
   if (c.attention_factor > 0.0) return c.attention_factor;
   if (c.factor <= 1.0) return 1.0;
-  return std::sqrt(1.0 + std::log(c.factor) / std::log(static_cast<double>(c.original_max_positions)));
+  return std::sqrt(1.0 +
+                   std::log(c.factor) / std::log(static_cast<double>(c.original_max_positions)));
 }
 
 }  // namespace embrope::detail
