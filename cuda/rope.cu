@@ -39,11 +39,9 @@ __device__ void describe_bad_position(const detail::RopeParams& p) {
   }
   const std::int64_t t = key / 8;
   const std::int64_t b = t / p.seq;
-  const std::int64_t value =
-      detail::load_index(p.positions, p.position_dtype,
-                         b * p.position_stride_b + (t - b * p.seq) * p.position_stride_s);
-  if (value < 0 || value >= p.table_rows) {
-    p.bad->value = value;
+  const int stream = detail::rope_bad_stream(p, b, t - b * p.seq);
+  if (stream >= 0) {
+    p.bad->value = detail::rope_position(p, b, t - b * p.seq, stream);
     p.bad->lower = 0;
     p.bad->upper = p.table_rows;
     p.bad->op = static_cast<std::int32_t>(detail::BadIndexOp::apply_rope);
@@ -71,17 +69,22 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     const T* in =
         static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s + hh * x.in_stride_h;
     T* out = static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s + hh * x.out_stride_h;
-    const std::int64_t position = detail::load_index(
-        p.positions, p.position_dtype, b * p.position_stride_b + s * p.position_stride_s);
-    if (position < 0 || position >= p.table_rows) {
+    if (detail::rope_bad_stream(p, b, s) >= 0) {
       for (std::int64_t j = lane; j < p.head_dim; j += 32) out[j] = from_float<T>(0.0f);
       if (lane == 0)
         report_bad_row(p.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
       continue;
     }
-    const C* cos_row = static_cast<const C*>(p.cos) + position * p.cos_stride;
-    const C* sin_row = static_cast<const C*>(p.sin) + position * p.sin_stride;
+    // Stream positions (mrope: temporal, height, width; otherwise one).
+    std::int64_t position[3];
+    position[0] = detail::rope_position(p, b, s, 0);
+    position[1] = p.mrope ? detail::rope_position(p, b, s, 1) : position[0];
+    position[2] = p.mrope ? detail::rope_position(p, b, s, 2) : position[0];
     for (std::int64_t i = lane; i < half; i += 32) {
+      const std::int64_t row =
+          p.mrope ? position[detail::mrope_stream(i, p.mrope_end)] : position[0];
+      const C* cos_row = static_cast<const C*>(p.cos) + row * p.cos_stride;
+      const C* sin_row = static_cast<const C*>(p.sin) + row * p.sin_stride;
       const std::int64_t ia = p.layout == RopeLayout::neox ? i : 2 * i;
       const std::int64_t ib = p.layout == RopeLayout::neox ? i + half : 2 * i + 1;
       float a = to_float(in[ia]);
@@ -154,13 +157,28 @@ __global__ void __launch_bounds__(256)
   for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const std::int64_t b = t / p.seq;
     const std::int64_t s = t - b * p.seq;
-    const std::int64_t position = detail::load_index(
-        p.positions, p.position_dtype, b * p.position_stride_b + s * p.position_stride_s);
-    const bool bad = position < 0 || position >= p.table_rows;
+    const bool bad = detail::rope_bad_stream(p, b, s) >= 0;
     float c[kPairs], sn[kPairs];
     if (!bad) {
-      load_floats<kPairs>(static_cast<const float*>(p.cos) + position * p.cos_stride + pair0, c);
-      load_floats<kPairs>(static_cast<const float*>(p.sin) + position * p.sin_stride + pair0, sn);
+      const auto* cos_table = static_cast<const float*>(p.cos);
+      const auto* sin_table = static_cast<const float*>(p.sin);
+      const int first_stream = p.mrope ? detail::mrope_stream(pair0, p.mrope_end) : 0;
+      const int last_stream = p.mrope ? detail::mrope_stream(pair0 + kPairs - 1, p.mrope_end) : 0;
+      if (first_stream == last_stream) {
+        // The chunk's pairs share one position (always, without mrope): vector loads.
+        const std::int64_t position = detail::rope_position(p, b, s, first_stream);
+        load_floats<kPairs>(cos_table + position * p.cos_stride + pair0, c);
+        load_floats<kPairs>(sin_table + position * p.sin_stride + pair0, sn);
+      } else {
+        // mrope, a chunk straddling a section boundary: per-pair rows.
+#pragma unroll
+        for (int j = 0; j < kPairs; ++j) {
+          const std::int64_t position =
+              detail::rope_position(p, b, s, detail::mrope_stream(pair0 + j, p.mrope_end));
+          c[j] = cos_table[position * p.cos_stride + pair0 + j];
+          sn[j] = sin_table[position * p.sin_stride + pair0 + j];
+        }
+      }
 #pragma unroll
       for (int j = 0; j < kPairs; ++j) sn[j] *= sin_sign;
     } else if (threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.y == 0) {

@@ -113,8 +113,11 @@ void run_mrope(const MropeCase& c) {
         const double n = ref::norm(y);
         for (std::int64_t e = 0; e < d; ++e) {
           const auto ue = static_cast<std::size_t>(e);
-          m.expect_close([&] { return ref::where(is_q ? "q" : "k", {t, h, e}); }, out.get(row + e),
-                         y[ue], ref::tolerance(c.dtype, y[ue], n, magnitude[ue]));
+          m.expect_close(
+              [&] {
+                return ref::where(is_q ? "q" : "k", {t, h, e});
+              },
+              out.get(row + e), y[ue], ref::tolerance(c.dtype, y[ue], n, magnitude[ue]));
         }
       }
     }
@@ -224,14 +227,14 @@ TEST_CASE("mrope rejects sections and position shapes that do not fit", "[rope][
   opt.mrope_section = {8, 12, 12};
   expect_error(
       [&] {
-        embrope::apply_rope(ref::view(q, 0, {t, h, d}), std::nullopt, ref::view(pos, 0, {t}),
-                            cache, opt);
+        embrope::apply_rope(ref::view(q, 0, {t, h, d}), std::nullopt, ref::view(pos, 0, {t}), cache,
+                            opt);
       },
       {ErrorCode::invalid_argument}, {"apply_rope", "positions"});
   expect_error(
       [&] {
-        embrope::apply_rope(ref::view(q, 0, {t, h, d}), std::nullopt,
-                            ref::view(pos, 0, {2, t}), cache, opt);
+        embrope::apply_rope(ref::view(q, 0, {t, h, d}), std::nullopt, ref::view(pos, 0, {2, t}),
+                            cache, opt);
       },
       {ErrorCode::invalid_argument}, {"apply_rope", "positions", "3"});
 }

@@ -48,23 +48,6 @@ void rotate_row(const T* in, T* out, const C* cos_row, const C* sin_row, std::in
   }
 }
 
-// Position of token (b, s) in stream j (j = 0 unless mrope).
-std::int64_t token_position(const detail::RopeParams& p, std::int64_t b, std::int64_t s, int j) {
-  return detail::load_index(
-      p.positions, p.position_dtype,
-      j * p.position_stride_stream + b * p.position_stride_b + s * p.position_stride_s);
-}
-
-// The first stream whose position is outside the table, or -1.
-int bad_stream(const detail::RopeParams& p, std::int64_t b, std::int64_t s) {
-  const int streams = p.mrope ? 3 : 1;
-  for (int j = 0; j < streams; ++j) {
-    const std::int64_t position = token_position(p, b, s, j);
-    if (position < 0 || position >= p.table_rows) return j;
-  }
-  return -1;
-}
-
 template <typename T, typename C>
 void rope_kernel(const detail::RopeParams& p) {
   const std::int64_t tokens = p.batch * p.seq;
@@ -96,7 +79,7 @@ void rope_kernel(const detail::RopeParams& p) {
           static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s + hh * x.in_stride_h;
       T* out =
           static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s + hh * x.out_stride_h;
-      if (bad_stream(p, b, s) >= 0) {
+      if (detail::rope_bad_stream(p, b, s) >= 0) {
         std::fill(out, out + p.head_dim, from_float<T>(0.0f));
         first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
         continue;
@@ -106,7 +89,7 @@ void rope_kernel(const detail::RopeParams& p) {
       if (p.mrope) {
         if (gathered_token != t) {
           std::int64_t stream_position[3];
-          for (int j = 0; j < 3; ++j) stream_position[j] = token_position(p, b, s, j);
+          for (int j = 0; j < 3; ++j) stream_position[j] = detail::rope_position(p, b, s, j);
           for (std::int64_t i = 0; i < half; ++i) {
             const std::int64_t position = stream_position[detail::mrope_stream(i, p.mrope_end)];
             gathered[i] = cos_base[position * p.cos_stride + i];
@@ -117,7 +100,7 @@ void rope_kernel(const detail::RopeParams& p) {
         cos_row = gathered.data();
         sin_row = gathered.data() + half;
       } else {
-        const std::int64_t position = token_position(p, b, s, 0);
+        const std::int64_t position = detail::rope_position(p, b, s, 0);
         cos_row = cos_base + position * p.cos_stride;
         sin_row = sin_base + position * p.sin_stride;
       }
@@ -130,7 +113,7 @@ void rope_kernel(const detail::RopeParams& p) {
     const std::int64_t b = t / p.seq;
     const std::int64_t s = t % p.seq;
     p.bad->key = first_bad;
-    p.bad->value = token_position(p, b, s, bad_stream(p, b, s));
+    p.bad->value = detail::rope_position(p, b, s, detail::rope_bad_stream(p, b, s));
     p.bad->lower = 0;
     p.bad->upper = p.table_rows;
     p.bad->op = static_cast<std::int32_t>(detail::BadIndexOp::apply_rope);

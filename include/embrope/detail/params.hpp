@@ -106,4 +106,21 @@ EMBROPE_HD std::int64_t load_index(const void* base, DType dtype, std::int64_t o
              : static_cast<const std::int64_t*>(base)[offset];
 }
 
+// The position of token (b, s) of a RoPE call in stream j (always 0 unless mrope).
+EMBROPE_HD std::int64_t rope_position(const RopeParams& p, std::int64_t b, std::int64_t s, int j) {
+  return load_index(
+      p.positions, p.position_dtype,
+      j * p.position_stride_stream + b * p.position_stride_b + s * p.position_stride_s);
+}
+
+// The first stream whose position of token (b, s) lies outside the table, or -1.
+EMBROPE_HD int rope_bad_stream(const RopeParams& p, std::int64_t b, std::int64_t s) {
+  const int streams = p.mrope ? 3 : 1;
+  for (int j = 0; j < streams; ++j) {
+    const std::int64_t position = rope_position(p, b, s, j);
+    if (position < 0 || position >= p.table_rows) return j;
+  }
+  return -1;
+}
+
 }  // namespace embrope::detail
