@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <embrope/embrope.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -329,4 +330,141 @@ TEST_CASE("GPU embed: bad ids zero their rows, the error names the first, contex
   shard.vocab_shard = true;
   embrope::embed(tt, ti, to, shard);
   compare_rows(out.download(), out.host, DType::float32, rows * dim, dim);
+}
+
+// ------------------------------------------------- scaling variants and mrope ----
+
+namespace {
+
+std::vector<std::pair<const char*, embrope::RopeConfig>> scaled_configs() {
+  std::vector<std::pair<const char*, embrope::RopeConfig>> out;
+  embrope::RopeConfig c{128, 500000.0, 140000};
+  c.scaling = embrope::RopeScaling::llama3;
+  c.factor = 8.0;
+  c.original_max_positions = 8192;
+  out.emplace_back("llama3", c);
+  c = embrope::RopeConfig{64, 10000.0, 140000};
+  c.scaling = embrope::RopeScaling::yarn;
+  c.factor = 40.0;
+  c.original_max_positions = 4096;
+  c.mscale = c.mscale_all_dim = 0.707;
+  out.emplace_back("yarn", c);
+  c = embrope::RopeConfig{128, 10000.0, 140000};
+  c.scaling = embrope::RopeScaling::linear;
+  c.factor = 4.0;
+  out.emplace_back("linear", c);
+  c.scaling = embrope::RopeScaling::dynamic;
+  c.factor = 2.0;
+  c.original_max_positions = 4096;
+  out.emplace_back("dynamic", c);
+  c = embrope::RopeConfig{96, 10000.0, 140000};
+  c.scaling = embrope::RopeScaling::longrope;
+  c.factor = 32.0;
+  c.original_max_positions = 4096;
+  for (int i = 0; i < 48; ++i) {
+    c.short_factor.push_back(1.0 + 0.05 * i);
+    c.long_factor.push_back(1.0 + 1.3 * i);
+  }
+  out.emplace_back("longrope", c);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("GPU caches of every scaling variant equal the CPU caches within one float32 ulp",
+          "[gpu][rope_cache][scaling]") {
+  for (const auto& [name, config] : scaled_configs()) {
+    INFO(name);
+    embrope::RopeCache cpu(config);
+    embrope::RopeCache gpu(config, Device::cuda(0));
+    REQUIRE(gpu.attention_factor() == cpu.attention_factor());
+    const std::size_t n = static_cast<std::size_t>(config.max_positions * config.rotary_dim / 2);
+    std::vector<float> cc(n), cs(n), gc(n), gs(n);
+    cpu.copy_to_host(cc.data(), cs.data());
+    gpu.copy_to_host(gc.data(), gs.data());
+    for (std::size_t i = 0; i < n; ++i) {
+      INFO("value " << i);
+      REQUIRE(std::fabs(cc[i] - gc[i]) <=
+              std::nextafter(std::fabs(cc[i]), 4.0f) - std::fabs(cc[i]));
+      REQUIRE(std::fabs(cs[i] - gs[i]) <=
+              std::nextafter(std::fabs(cs[i]), 4.0f) - std::fabs(cs[i]));
+    }
+  }
+}
+
+TEST_CASE("GPU mrope equals CPU mrope, including chunks that straddle a section",
+          "[gpu][rope][mrope]") {
+  struct Sections {
+    std::int64_t head_dim, rotary_dim;
+    std::array<std::int64_t, 3> section;
+  };
+  const Sections all[] = {{128, 128, {16, 24, 24}}, {128, 64, {10, 11, 11}}, {80, 80, {0, 20, 20}}};
+  for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+    for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
+      for (const Sections& sec : all) {
+        for (std::int64_t tokens : {1, 5, 300}) {
+          INFO("dtype " << embrope::dtype_name(dtype) << " layout " << static_cast<int>(layout)
+                        << " D " << sec.head_dim << " R " << sec.rotary_dim << " T " << tokens);
+          const int es = embrope::dtype_size(dtype);
+          const std::int64_t hq = 7, hk = 2, d = sec.head_dim;
+          Buffer q(tokens * hq * d * es), k(tokens * hk * d * es), pos(3 * tokens * 8);
+          fill_random(q, dtype, tokens * hq * d, 31 + tokens);
+          fill_random(k, dtype, tokens * hk * d, 37 + tokens);
+          std::mt19937_64 rng(tokens);
+          for (std::int64_t i = 0; i < 3 * tokens; ++i) {
+            const std::int64_t p = static_cast<std::int64_t>(rng() % 3000);
+            std::memcpy(pos.host.data() + 8 * i, &p, 8);
+          }
+          q.upload();
+          k.upload();
+          pos.upload();
+          const embrope::RopeConfig config{sec.rotary_dim, 1000000.0, 3000};
+          embrope::RopeCache cpu_cache(config);
+          embrope::RopeCache gpu_cache(config, Device::cuda(0));
+          embrope::RopeOptions opt;
+          opt.layout = layout;
+          opt.mrope_section = sec.section;
+          embrope::apply_rope(Tensor(q.host.data(), dtype, {tokens, hq, d}),
+                              Tensor(k.host.data(), dtype, {tokens, hk, d}),
+                              Tensor(pos.host.data(), DType::int64, {3, tokens}), cpu_cache, opt);
+          const Device g = Device::cuda(0);
+          embrope::apply_rope(Tensor(q.device, dtype, {tokens, hq, d}, g),
+                              Tensor(k.device, dtype, {tokens, hk, d}, g),
+                              Tensor(pos.device, DType::int64, {3, tokens}, g), gpu_cache, opt);
+          cuda_check(cudaDeviceSynchronize());
+          compare_rows(q.download(), q.host, dtype, tokens * hq * d, d);
+          compare_rows(k.download(), k.host, dtype, tokens * hk * d, d);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("GPU RoPE with scaled caches equals the CPU at long positions", "[gpu][rope][scaling]") {
+  for (const auto& [name, config] : scaled_configs()) {
+    INFO(name);
+    const std::int64_t tokens = 64, hq = 8, hk = 2, d = config.rotary_dim;
+    Buffer q(tokens * hq * d * 2), k(tokens * hk * d * 2), pos(tokens * 8);
+    fill_random(q, DType::bfloat16, tokens * hq * d, 5);
+    fill_random(k, DType::bfloat16, tokens * hk * d, 6);
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const std::int64_t p = t < 32 ? t * 4093 : 131071 - t;
+      std::memcpy(pos.host.data() + 8 * t, &p, 8);
+    }
+    q.upload();
+    k.upload();
+    pos.upload();
+    embrope::RopeCache cpu_cache(config);
+    embrope::RopeCache gpu_cache(config, Device::cuda(0));
+    const Device g = Device::cuda(0);
+    embrope::apply_rope(Tensor(q.host.data(), DType::bfloat16, {tokens, hq, d}),
+                        Tensor(k.host.data(), DType::bfloat16, {tokens, hk, d}),
+                        Tensor(pos.host.data(), DType::int64, {tokens}), cpu_cache);
+    embrope::apply_rope(Tensor(q.device, DType::bfloat16, {tokens, hq, d}, g),
+                        Tensor(k.device, DType::bfloat16, {tokens, hk, d}, g),
+                        Tensor(pos.device, DType::int64, {tokens}, g), gpu_cache);
+    cuda_check(cudaDeviceSynchronize());
+    compare_rows(q.download(), q.host, DType::bfloat16, tokens * hq * d, d);
+    compare_rows(k.download(), k.host, DType::bfloat16, tokens * hk * d, d);
+  }
 }
