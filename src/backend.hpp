@@ -13,6 +13,7 @@ namespace embrope::cpu {
 
 void embed(const detail::EmbedParams& params);
 void apply_rope(const detail::RopeParams& params);
+void packed_positions(const detail::PackedPositionsParams& params);
 // Fills a [max_positions, R] table (layout in rope_cache.hpp) from inv_freq [R/2].
 void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rotary_dim,
                       const double* inv_freq, double attention_factor);
@@ -35,6 +36,7 @@ void synchronize(Stream stream, Device device);
 // Kernels: enqueue on the stream and return.
 void embed(const detail::EmbedParams& params, Device device, Stream stream);
 void apply_rope(const detail::RopeParams& params, Device device, Stream stream);
+void packed_positions(const detail::PackedPositionsParams& params, Device device, Stream stream);
 void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rotary_dim,
                       const double* inv_freq, double attention_factor, Device device,
                       Stream stream);

@@ -338,6 +338,18 @@ embrope_status_t embrope_apply_rope_cos_sin(const DLTensor* q, const DLTensor* k
   });
 }
 
+embrope_status_t embrope_packed_positions(const DLTensor* cu_seqlens, const DLTensor* start_offsets,
+                                          const DLTensor* positions, void* stream) {
+  constexpr const char* fn = "embrope_packed_positions";
+  return guarded([&] {
+    embrope::PackedPositionsOptions options;
+    options.start_offsets = to_optional(fn, "start_offsets", start_offsets);
+    options.stream.handle = stream;
+    embrope::packed_positions(to_tensor(fn, "cu_seqlens", cu_seqlens),
+                              to_tensor(fn, "positions", positions), options);
+  });
+}
+
 void embrope_embed_options_init(embrope_embed_options_t* options) {
   if (options == nullptr) return;
   options->scale = 1.0f;

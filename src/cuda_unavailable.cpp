@@ -33,6 +33,9 @@ void embed(const detail::EmbedParams&, Device, Stream) {
 void apply_rope(const detail::RopeParams&, Device, Stream) {
   unavailable("apply_rope");
 }
+void packed_positions(const detail::PackedPositionsParams&, Device, Stream) {
+  unavailable("packed_positions");
+}
 void build_rope_cache(float*, std::int64_t, std::int64_t, const double*, double, Device, Stream) {
   unavailable("RopeCache");
 }

@@ -17,8 +17,10 @@ using detail::BadIndexRecord;
 std::string describe_bad_index(const BadIndexRecord& record) {
   const std::int64_t row = record.key / 8;
   const auto arg = static_cast<BadIndexArg>(record.key % 8);
-  const char* op =
-      static_cast<BadIndexOp>(record.op) == BadIndexOp::apply_rope ? "apply_rope" : "embed";
+  const auto which = static_cast<BadIndexOp>(record.op);
+  const char* op = which == BadIndexOp::apply_rope         ? "apply_rope"
+                   : which == BadIndexOp::packed_positions ? "packed_positions"
+                                                           : "embed";
   std::string subject;
   const char* table = "";
   switch (arg) {
@@ -41,6 +43,14 @@ std::string describe_bad_index(const BadIndexRecord& record) {
     case BadIndexArg::positions:
       subject = fmt::format("positions[{}]", row);
       table = "the cos/sin table";
+      break;
+    case BadIndexArg::cu_seqlens:
+      subject = fmt::format("cu_seqlens[{}]", row);
+      table = "the values allowed there (non-decreasing from 0 to the token count T)";
+      break;
+    case BadIndexArg::start_offsets:
+      subject = fmt::format("start_offsets[{}]", row);
+      table = "the starts that keep the sequence's positions representable";
       break;
   }
   if (record.upper == INT64_MAX && record.value < 0) {

@@ -37,7 +37,7 @@ extern "C" {
 typedef enum embrope_status_t {
   EMBROPE_OK = 0,
   EMBROPE_ERROR_INVALID_ARGUMENT = 1,   /* a shape, stride, dtype, device or option is wrong */
-  EMBROPE_ERROR_INDEX_OUT_OF_RANGE = 2, /* an id, position or type id outside its table */
+  EMBROPE_ERROR_INDEX_OUT_OF_RANGE = 2, /* an id, position, type id or cu_seqlens entry outside its range */
   EMBROPE_ERROR_NOT_IMPLEMENTED = 3,    /* e.g. CUDA tensors in a build without CUDA */
   EMBROPE_ERROR_CUDA = 4,               /* the CUDA runtime reported an error */
   EMBROPE_ERROR_OUT_OF_MEMORY = 5,      /* an allocation failed */
@@ -162,6 +162,15 @@ EMBROPE_API embrope_status_t embrope_apply_rope_cos_sin(const DLTensor* q, const
                                                         const DLTensor* cos, const DLTensor* sin,
                                                         const embrope_rope_options_t* options,
                                                         void* stream);
+
+/* Positions of a packed variable-length batch: sequence b holds tokens
+ * [cu_seqlens[b], cu_seqlens[b + 1]) of positions [T], and its token t gets
+ * start_offsets[b] + (t - cu_seqlens[b]) (start_offsets [B] may be NULL: 0). cu_seqlens
+ * [B + 1] must be non-decreasing from 0 to T; a violation fails with INDEX_OUT_OF_RANGE
+ * naming the first bad entry (on a GPU this synchronises the stream) and positions are -1. */
+EMBROPE_API embrope_status_t embrope_packed_positions(const DLTensor* cu_seqlens,
+                                                      const DLTensor* start_offsets,
+                                                      const DLTensor* positions, void* stream);
 
 /* ------------------------------------------------------------------ embeddings ----- */
 

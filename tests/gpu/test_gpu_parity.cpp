@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "embrope/detail/numeric_types.hpp"
@@ -466,5 +467,59 @@ TEST_CASE("GPU RoPE with scaled caches equals the CPU at long positions", "[gpu]
     cuda_check(cudaDeviceSynchronize());
     compare_rows(q.download(), q.host, DType::bfloat16, tokens * hq * d, d);
     compare_rows(k.download(), k.host, DType::bfloat16, tokens * hk * d, d);
+  }
+}
+
+TEST_CASE("GPU packed_positions equals the CPU, bad cu_seqlens reported, context usable",
+          "[gpu][packed_positions]") {
+  for (std::int64_t sequences : {1, 7, 3000}) {
+    for (DType pos_dtype : {DType::int32, DType::int64}) {
+      INFO("B " << sequences << " positions " << embrope::dtype_name(pos_dtype));
+      std::mt19937_64 rng(sequences);
+      std::vector<std::int64_t> cu = {0}, starts;
+      for (std::int64_t b = 0; b < sequences; ++b) {
+        const std::int64_t len = rng() % 5 == 0 ? 0 : static_cast<std::int64_t>(rng() % 700);
+        cu.push_back(cu.back() + len);
+        starts.push_back(static_cast<std::int64_t>(rng() % 100000));
+      }
+      const std::int64_t tokens = cu.back();
+      const int es = embrope::dtype_size(pos_dtype);
+      Buffer cu_b(cu.size() * 8), start_b(starts.size() * 8), pos(tokens * es + 1);
+      std::memcpy(cu_b.host.data(), cu.data(), cu.size() * 8);
+      std::memcpy(start_b.host.data(), starts.data(), starts.size() * 8);
+      cu_b.upload();
+      start_b.upload();
+      pos.poison_both(0xee);
+      const Device g = Device::cuda(0);
+      embrope::PackedPositionsOptions cpu_opt, gpu_opt;
+      cpu_opt.start_offsets = Tensor(start_b.host.data(), DType::int64, {sequences});
+      gpu_opt.start_offsets = Tensor(start_b.device, DType::int64, {sequences}, g);
+      embrope::packed_positions(Tensor(cu_b.host.data(), DType::int64, {sequences + 1}),
+                                Tensor(pos.host.data(), pos_dtype, {tokens}), cpu_opt);
+      embrope::packed_positions(Tensor(cu_b.device, DType::int64, {sequences + 1}, g),
+                                Tensor(pos.device, pos_dtype, {tokens}, g), gpu_opt);
+      REQUIRE(pos.download() == pos.host);
+
+      // A decreasing entry: reported by index and value; then the next call works.
+      if (sequences >= 7) {
+        std::vector<std::int64_t> bad = cu;
+        bad[4] = bad[3] - 1;
+        std::memcpy(cu_b.host.data(), bad.data(), bad.size() * 8);
+        cu_b.upload();
+        try {
+          embrope::packed_positions(Tensor(cu_b.device, DType::int64, {sequences + 1}, g),
+                                    Tensor(pos.device, pos_dtype, {tokens}, g), gpu_opt);
+          FAIL("no error for a decreasing cu_seqlens");
+        } catch (const embrope::Error& e) {
+          CHECK(e.code() == embrope::ErrorCode::index_out_of_range);
+          CHECK(std::string(e.what()).find("cu_seqlens[4]") != std::string::npos);
+        }
+        std::memcpy(cu_b.host.data(), cu.data(), cu.size() * 8);
+        cu_b.upload();
+        embrope::packed_positions(Tensor(cu_b.device, DType::int64, {sequences + 1}, g),
+                                  Tensor(pos.device, pos_dtype, {tokens}, g), gpu_opt);
+        REQUIRE(pos.download() == pos.host);
+      }
+    }
   }
 }

@@ -8,13 +8,15 @@
 namespace embrope::detail {
 
 // Which op and which argument a record is about; used to word the error message.
-enum class BadIndexOp : std::int32_t { embed = 1, apply_rope = 2 };
+enum class BadIndexOp : std::int32_t { embed = 1, apply_rope = 2, packed_positions = 3 };
 enum class BadIndexArg : std::int32_t {
   ids = 0,                // embed: a token id outside the vocabulary (or shard)
   position_ids = 1,       // embed: an explicit position outside the position table
   implicit_position = 2,  // embed: offset + s outside the position table
   type_ids = 3,           // embed: a token-type id outside the type table
   positions = 0 + 4,      // apply_rope: a position outside the cos/sin table
+  cu_seqlens = 5,         // packed_positions: not non-decreasing from 0 to the token count
+  start_offsets = 6,      // packed_positions: a start that makes positions unrepresentable
 };
 
 constexpr std::int64_t kNoBadIndex = INT64_MAX;

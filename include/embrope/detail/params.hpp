@@ -99,6 +99,21 @@ struct EmbedParams {
   BadIndexRecord* bad = nullptr;
 };
 
+struct PackedPositionsParams {
+  const void* cu_seqlens = nullptr;  // [B + 1]
+  DType cu_dtype = DType::int64;
+  std::int64_t cu_stride = 1;
+  std::int64_t sequences = 0;           // B
+  const void* start_offsets = nullptr;  // [B] or null
+  DType start_dtype = DType::int64;
+  std::int64_t start_stride = 0;
+  void* positions = nullptr;  // [T]
+  DType position_dtype = DType::int64;
+  std::int64_t position_stride = 1;
+  std::int64_t tokens = 0;  // T
+  BadIndexRecord* bad = nullptr;
+};
+
 // Loads an index element of either index dtype.
 EMBROPE_HD std::int64_t load_index(const void* base, DType dtype, std::int64_t offset) {
   return dtype == DType::int32
@@ -121,6 +136,38 @@ EMBROPE_HD int rope_bad_stream(const RopeParams& p, std::int64_t b, std::int64_t
     if (position < 0 || position >= p.table_rows) return j;
   }
   return -1;
+}
+
+// packed_positions: the range [lower, upper) that cu_seqlens[b] must lie in, given the entry
+// before it (0 for b = 0): entry 0 is 0, entry B is T, the others lie in [previous, T].
+EMBROPE_HD void cu_seqlens_range(const PackedPositionsParams& p, std::int64_t b,
+                                 std::int64_t previous, std::int64_t* lower, std::int64_t* upper) {
+  *lower = b == 0 ? 0 : previous;
+  *upper = b == 0 ? 1 : p.tokens + 1;
+  if (b == p.sequences) {  // the last entry is T (for B = 0 the only entry is both 0 and T)
+    *lower = *lower > p.tokens ? *lower : p.tokens;
+    *upper = *upper < p.tokens + 1 ? *upper : p.tokens + 1;
+  }
+}
+
+// The largest start offset that keeps a sequence of `length` tokens representable.
+EMBROPE_HD std::int64_t max_start_offset(const PackedPositionsParams& p, std::int64_t length) {
+  const std::int64_t top = p.position_dtype == DType::int32 ? INT32_MAX : INT64_MAX;
+  return length == 0 ? top : top - (length - 1);
+}
+
+// The exclusive upper end of the valid start offsets, saturated at INT64_MAX.
+EMBROPE_HD std::int64_t start_offset_upper(const PackedPositionsParams& p, std::int64_t length) {
+  const std::int64_t m = max_start_offset(p, length);
+  return m == INT64_MAX ? INT64_MAX : m + 1;
+}
+
+EMBROPE_HD void store_index(void* base, DType dtype, std::int64_t offset, std::int64_t value) {
+  if (dtype == DType::int32) {
+    static_cast<std::int32_t*>(base)[offset] = static_cast<std::int32_t>(value);
+  } else {
+    static_cast<std::int64_t*>(base)[offset] = value;
+  }
 }
 
 }  // namespace embrope::detail

@@ -1,0 +1,63 @@
+// packed_positions: validate the shapes once, fill PackedPositionsParams, dispatch.
+#include "embrope/packed_positions.hpp"
+
+#include "backend.hpp"
+#include "bad_index.hpp"
+#include "validate.hpp"
+
+namespace embrope {
+
+namespace {
+constexpr const char* kOp = "packed_positions";
+using validate::fail;
+}  // namespace
+
+void packed_positions(const Tensor& cu_seqlens, const Tensor& positions,
+                      const PackedPositionsOptions& options) {
+  validate::check_view(kOp, "cu_seqlens", cu_seqlens, 1, 1);
+  validate::check_index_dtype(kOp, "cu_seqlens", cu_seqlens);
+  const Device device = cu_seqlens.device();
+  validate::check_device_usable(kOp, device);
+  validate::check_view(kOp, "positions", positions, 1, 1);
+  validate::check_index_dtype(kOp, "positions", positions);
+  validate::check_same_device(kOp, "positions", positions, "cu_seqlens", device);
+  if (cu_seqlens.shape(0) < 1) {
+    fail(kOp, "cu_seqlens has shape {}; it needs B + 1 >= 1 entries",
+         validate::shape_string(cu_seqlens));
+  }
+  const std::int64_t sequences = cu_seqlens.shape(0) - 1;
+  if (sequences >= INT32_MAX) {
+    fail(kOp, "cu_seqlens holds {} sequences; at most {} are supported", sequences, INT32_MAX - 1);
+  }
+  detail::PackedPositionsParams p;
+  p.cu_seqlens = cu_seqlens.data();
+  p.cu_dtype = cu_seqlens.dtype();
+  p.cu_stride = cu_seqlens.stride(0);
+  p.sequences = sequences;
+  p.positions = positions.data();
+  p.position_dtype = positions.dtype();
+  p.position_stride = positions.stride(0);
+  p.tokens = positions.shape(0);
+  if (options.start_offsets) {
+    const Tensor& s = *options.start_offsets;
+    validate::check_view(kOp, "start_offsets", s, 1, 1);
+    validate::check_index_dtype(kOp, "start_offsets", s);
+    validate::check_same_device(kOp, "start_offsets", s, "cu_seqlens", device);
+    validate::check_dim(kOp, "start_offsets", s, 0, sequences,
+                        "the number of sequences B (cu_seqlens has B + 1 entries)");
+    p.start_offsets = s.data();
+    p.start_dtype = s.dtype();
+    p.start_stride = s.stride(0);
+  }
+  run_with_bad_index_policy(kOp, device, options.stream, options.deferred,
+                            [&](detail::BadIndexRecord* record) {
+                              p.bad = record;
+                              if (device.kind == DeviceKind::cpu) {
+                                cpu::packed_positions(p);
+                              } else {
+                                cuda::packed_positions(p, device, options.stream);
+                              }
+                            });
+}
+
+}  // namespace embrope
