@@ -5,6 +5,7 @@
 
 #include "embrope/embedding.hpp"
 #include "embrope/error.hpp"
+#include "embrope/model_config.hpp"
 #include "embrope/packed_positions.hpp"
 #include "embrope/rope.hpp"
 #include "embrope/rope_cache.hpp"

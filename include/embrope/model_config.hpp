@@ -1,0 +1,69 @@
+// Model presets and HuggingFace config.json: what a model family needs from embrope (its
+// RoPE frequencies, pairing and sections, or its learned or sinusoidal positions, and its
+// embedding scale), without writing the formulas by hand.
+#pragma once
+
+#include "embrope/detail/export.hpp"
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "embrope/embedding.hpp"
+#include "embrope/rope.hpp"
+#include "embrope/rope_cache.hpp"
+
+namespace embrope {
+
+enum class PositionKind : std::uint8_t {
+  rope,        // rotary, applied to q and k (apply_rope with `rope`, `layout`, `mrope_section`)
+  learned,     // a trained [max_positions, D] table added to the token rows (embed)
+  sinusoidal,  // Vaswani et al. 2017, added to the token rows (embed)
+};
+
+struct EMBROPE_EXPORT ModelConfig {
+  std::string model_type;  // HF's model_type ("llama", "qwen2_vl", "gpt2", ...)
+  PositionKind positions = PositionKind::rope;
+  std::int64_t vocab_size = 0;
+  std::int64_t hidden_size = 0;  // D of the embedding table
+  std::int64_t num_heads = 0;    // query heads
+  std::int64_t num_kv_heads = 0;
+  std::int64_t head_dim = 0;
+  // Token rows are multiplied by this (Gemma: sqrt(hidden_size); HF rounds it to the model's
+  // dtype first: sqrt(3072) is 55.4256 in float32, 55.5 in bfloat16).
+  double embedding_scale = 1.0;
+  // rope: the cache configuration (rotary_dim, base, max_positions = max_position_embeddings,
+  // scaling), the pairing and the multimodal sections.
+  RopeConfig rope;
+  RopeLayout layout = RopeLayout::neox;
+  std::array<std::int64_t, 3> mrope_section{};
+  // learned: rows of the position table; type_vocab_size: rows of the token-type table.
+  std::int64_t max_positions = 0;
+  std::int64_t type_vocab_size = 0;
+
+  // apply_rope options carrying layout and mrope_section (and rotary_dim as a guard).
+  RopeOptions rope_options() const;
+  // embed options carrying scale and the position encoding (tables left to the caller).
+  EmbedOptions embed_options() const;
+};
+
+// The names of the built-in presets ("llama-3.1-8b", "qwen2-vl-7b", ...): see the README.
+EMBROPE_EXPORT std::vector<std::string> model_presets();
+// A preset by name; an unknown name is Error(invalid_argument) listing the known ones.
+EMBROPE_EXPORT ModelConfig model_preset(std::string_view name);
+
+// Reads the fields of a HuggingFace config.json that decide positions and embeddings:
+// model_type, hidden_size / n_embd, num_attention_heads / n_head, num_key_value_heads,
+// head_dim, vocab_size, rope_theta (or rotary_emb_base), partial_rotary_factor (or
+// rotary_pct, rotary_dim, qk_rope_head_dim), max_position_embeddings (or n_positions),
+// original_max_position_embeddings, rope_scaling or rope_parameters (rope_type or type:
+// default, linear, dynamic, yarn, llama3, longrope or su, mrope with mrope_section),
+// rope_interleave, type_vocab_size. A missing or malformed field that the model needs is
+// Error(invalid_argument) naming it; an unsupported rope_type likewise (never ignored).
+EMBROPE_EXPORT ModelConfig model_config_from_hf_json(std::string_view json_text);
+// The same from a file (for example a downloaded model's config.json).
+EMBROPE_EXPORT ModelConfig model_config_from_hf_file(const std::string& path);
+
+}  // namespace embrope

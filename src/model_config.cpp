@@ -1,0 +1,424 @@
+// Model presets and the HuggingFace config.json reader. Field meanings follow HF transformers
+// (modeling_rope_utils.py and each model's configuration_*.py); the presets are config.json
+// fragments read by the same code, so a preset and its model's config.json agree.
+#include "embrope/model_config.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <utility>
+
+#include "embrope/error.hpp"
+#include "validate.hpp"
+
+namespace embrope {
+namespace {
+
+using json = nlohmann::json;
+constexpr const char* kOp = "model_config_from_hf_json";
+using validate::fail;
+
+const json* find(const json& object, const char* key) {
+  const auto it = object.find(key);
+  return it == object.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::optional<double> number(const json& object, const char* key, const char* where) {
+  const json* v = find(object, key);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_number()) fail(kOp, "{}{} is {}, not a number", where, key, v->dump());
+  return v->get<double>();
+}
+
+std::optional<std::int64_t> integer(const json& object, const char* key, const char* where) {
+  const json* v = find(object, key);
+  if (v == nullptr) return std::nullopt;
+  if (v->is_number_integer()) return v->get<std::int64_t>();
+  if (v->is_number_float()) {
+    const double d = v->get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) {
+      return static_cast<std::int64_t>(d);
+    }
+  }
+  fail(kOp, "{}{} is {}, not an integer", where, key, v->dump());
+}
+
+// The first of `keys` present, as an integer; required unless a fallback is given.
+std::int64_t first_integer(const json& j, std::initializer_list<const char*> keys,
+                           const char* what) {
+  for (const char* key : keys) {
+    if (auto v = integer(j, key, "")) return *v;
+  }
+  std::string names;
+  for (const char* key : keys) names += std::string(names.empty() ? "" : " or ") + key;
+  fail(kOp, "{} ({}) is missing", what, names);
+}
+
+std::vector<double> number_array(const json& object, const char* key, const char* where) {
+  const json* v = find(object, key);
+  if (v == nullptr) fail(kOp, "{}{} is missing", where, key);
+  if (!v->is_array()) fail(kOp, "{}{} is not an array", where, key);
+  std::vector<double> out;
+  for (const json& e : *v) {
+    if (!e.is_number()) fail(kOp, "{}{} holds {}, not a number", where, key, e.dump());
+    out.push_back(e.get<double>());
+  }
+  return out;
+}
+
+bool one_of(const std::string& s, std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    if (s == n) return true;
+  }
+  return false;
+}
+
+void read_learned(const json& j, ModelConfig& m) {
+  m.positions = PositionKind::learned;
+  m.hidden_size = first_integer(j, {"hidden_size", "n_embd", "dim"}, "the embedding dim");
+  m.max_positions =
+      first_integer(j, {"max_position_embeddings", "n_positions"}, "the position table size");
+  if (auto types = integer(j, "type_vocab_size", "")) m.type_vocab_size = *types;
+  if (auto heads = integer(j, "num_attention_heads", "")) m.num_heads = *heads;
+  if (auto heads = integer(j, "n_head", "")) m.num_heads = *heads;
+  if (auto heads = integer(j, "n_heads", "")) m.num_heads = *heads;
+  m.num_kv_heads = m.num_heads;
+  if (m.num_heads > 0) m.head_dim = m.hidden_size / m.num_heads;
+}
+
+void read_rope(const json& j, ModelConfig& m) {
+  m.positions = PositionKind::rope;
+  m.hidden_size = first_integer(j, {"hidden_size", "n_embd", "d_model"}, "the hidden size");
+  m.num_heads = first_integer(j, {"num_attention_heads", "n_head", "num_heads"},
+                              "the number of attention heads");
+  if (m.hidden_size <= 0 || m.num_heads <= 0) {
+    fail(kOp, "hidden size {} and number of heads {} must be positive", m.hidden_size, m.num_heads);
+  }
+  m.num_kv_heads = integer(j, "num_key_value_heads", "").value_or(m.num_heads);
+  if (auto head_dim = integer(j, "head_dim", "")) {
+    m.head_dim = *head_dim;
+  } else {
+    if (m.hidden_size % m.num_heads != 0) {
+      fail(kOp, "hidden_size {} is not a multiple of num_attention_heads {} and head_dim is absent",
+           m.hidden_size, m.num_heads);
+    }
+    m.head_dim = m.hidden_size / m.num_heads;
+  }
+
+  // The RoPE parameters: transformers >= 5 writes rope_parameters (with rope_theta inside),
+  // earlier versions rope_scaling beside a top-level rope_theta.
+  static const json kEmpty = json::object();
+  const json* params = find(j, "rope_parameters");
+  const char* where = "rope_parameters.";
+  if (params == nullptr) {
+    params = find(j, "rope_scaling");
+    where = "rope_scaling.";
+  }
+  if (params != nullptr && !params->is_object()) {
+    fail(kOp, "{} is {}, not an object", std::string(where, std::strlen(where) - 1),
+         params->dump());
+  }
+  const json& p = params != nullptr ? *params : kEmpty;
+
+  RopeConfig& c = m.rope;
+  c.base = number(p, "rope_theta", where)
+               .value_or(number(j, "rope_theta", "")
+                             .value_or(number(j, "rotary_emb_base", "").value_or(10000.0)));
+  // The rotary dim, in the field each family uses (HF: int(head_dim * partial_rotary_factor)).
+  if (auto qk_rope = integer(j, "qk_rope_head_dim", "")) {
+    c.rotary_dim = *qk_rope;  // DeepSeek-V2/V3: a separate RoPE part of each head
+    m.head_dim = *qk_rope;
+  } else if (auto rotary_dim = integer(j, "rotary_dim", "")) {
+    c.rotary_dim = *rotary_dim;  // GPT-J
+  } else {
+    const double fraction = number(p, "partial_rotary_factor", where)
+                                .value_or(number(j, "partial_rotary_factor", "")
+                                              .value_or(number(j, "rotary_pct", "").value_or(1.0)));
+    c.rotary_dim = static_cast<std::int64_t>(static_cast<double>(m.head_dim) * fraction);
+  }
+  if (c.rotary_dim <= 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > m.head_dim) {
+    fail(kOp, "the rotary dim {} (of head_dim {}) must be even, positive and at most head_dim",
+         c.rotary_dim, m.head_dim);
+  }
+  const std::int64_t max_positions = first_integer(
+      j, {"max_position_embeddings", "n_positions", "max_sequence_length"}, "the context length");
+  c.max_positions = max_positions;
+
+  // Pairing: GPT-J and CodeGen rotate interleaved pairs; so do DeepSeek-V2/V3 (HF permutes
+  // their q/k to rotate_half form; rope_interleave says so in V3's config).
+  const bool interleave_default =
+      one_of(m.model_type, {"gptj", "codegen", "deepseek_v2", "deepseek_v3"});
+  bool interleaved = interleave_default;
+  if (const json* ri = find(j, "rope_interleave")) {
+    if (!ri->is_boolean()) fail(kOp, "rope_interleave is {}, not a boolean", ri->dump());
+    interleaved = ri->get<bool>();
+  }
+  m.layout = interleaved ? RopeLayout::interleaved : RopeLayout::neox;
+
+  std::string type = "default";
+  if (const json* t = find(p, "rope_type"); t != nullptr && t->is_string()) {
+    type = t->get<std::string>();
+  } else if (const json* t2 = find(p, "type"); t2 != nullptr && t2->is_string()) {
+    type = t2->get<std::string>();
+  }
+  if (const json* sections = find(p, "mrope_section")) {
+    const std::vector<double> s = number_array(p, "mrope_section", where);
+    if (s.size() != 3)
+      fail(kOp, "{}mrope_section has {} entries; 3 are supported", where, s.size());
+    for (std::size_t i = 0; i < 3; ++i) m.mrope_section[i] = static_cast<std::int64_t>(s[i]);
+    (void)sections;
+    if (type == "mrope") type = "default";
+  } else if (type == "mrope") {
+    fail(kOp, "{}type is mrope but mrope_section is missing", where);
+  }
+
+  const auto required = [&](const char* key) {
+    auto v = number(p, key, where);
+    if (!v) fail(kOp, "{}{} is missing (rope_type {})", where, key, type);
+    return *v;
+  };
+  const auto original_or = [&](std::int64_t fallback) {
+    return integer(p, "original_max_position_embeddings", where).value_or(fallback);
+  };
+  if (type == "default") {
+    c.scaling = RopeScaling::none;
+  } else if (type == "linear") {
+    c.scaling = RopeScaling::linear;
+    c.factor = required("factor");
+  } else if (type == "dynamic") {
+    c.scaling = RopeScaling::dynamic;
+    c.factor = required("factor");
+    c.original_max_positions = original_or(max_positions);
+  } else if (type == "yarn") {
+    c.scaling = RopeScaling::yarn;
+    c.factor = required("factor");
+    c.original_max_positions = original_or(max_positions);
+    c.beta_fast = number(p, "beta_fast", where).value_or(32.0);
+    c.beta_slow = number(p, "beta_slow", where).value_or(1.0);
+    c.mscale = number(p, "mscale", where).value_or(0.0);
+    c.mscale_all_dim = number(p, "mscale_all_dim", where).value_or(0.0);
+    c.attention_factor = number(p, "attention_factor", where).value_or(0.0);
+    if (const json* t = find(p, "truncate")) {
+      if (!t->is_boolean()) fail(kOp, "{}truncate is {}, not a boolean", where, t->dump());
+      c.truncate = t->get<bool>();
+    }
+  } else if (type == "llama3") {
+    c.scaling = RopeScaling::llama3;
+    c.factor = required("factor");
+    c.low_freq_factor = required("low_freq_factor");
+    c.high_freq_factor = required("high_freq_factor");
+    c.original_max_positions =
+        static_cast<std::int64_t>(required("original_max_position_embeddings"));
+  } else if (type == "longrope" || type == "su") {
+    c.scaling = RopeScaling::longrope;
+    c.short_factor = number_array(p, "short_factor", where);
+    c.long_factor = number_array(p, "long_factor", where);
+    c.attention_factor = number(p, "attention_factor", where).value_or(0.0);
+    // Phi-3 keeps the pretrained length at the top level, and HF then takes the factor as
+    // the ratio of the two lengths; otherwise rope_scaling carries factor (and the original).
+    if (auto top = integer(j, "original_max_position_embeddings", "")) {
+      c.original_max_positions = *top;
+      c.factor = static_cast<double>(max_positions) / static_cast<double>(*top);
+    } else {
+      c.original_max_positions = original_or(max_positions);
+      c.factor = number(p, "factor", where).value_or(1.0);
+    }
+  } else {
+    fail(kOp,
+         "{}rope_type {} is not supported (default, linear, dynamic, yarn, llama3, "
+         "longrope, su, mrope)",
+         where, type);
+  }
+  if (one_of(m.model_type, {"gemma", "gemma2", "gemma3", "gemma3_text"})) {
+    m.embedding_scale = std::sqrt(static_cast<double>(m.hidden_size));
+  }
+  // The whole configuration is checked now, not when the cache is built.
+  (void)rope_frequencies(c);
+}
+
+}  // namespace
+
+RopeOptions ModelConfig::rope_options() const {
+  RopeOptions o;
+  o.layout = layout;
+  o.mrope_section = mrope_section;
+  o.rotary_dim = rope.rotary_dim;
+  return o;
+}
+
+EmbedOptions ModelConfig::embed_options() const {
+  EmbedOptions o;
+  o.scale = static_cast<float>(embedding_scale);
+  o.positions = positions == PositionKind::learned      ? PositionEncoding::learned
+                : positions == PositionKind::sinusoidal ? PositionEncoding::sinusoidal
+                                                        : PositionEncoding::none;
+  return o;
+}
+
+ModelConfig model_config_from_hf_json(std::string_view json_text) {
+  json j;
+  try {
+    j = json::parse(json_text.begin(), json_text.end());
+  } catch (const json::parse_error& e) {
+    fail(kOp, "the text is not valid JSON: {}", e.what());
+  }
+  if (!j.is_object()) fail(kOp, "the JSON is a {}, not an object", j.type_name());
+  ModelConfig m;
+  if (const json* t = find(j, "model_type"); t != nullptr && t->is_string()) {
+    m.model_type = t->get<std::string>();
+  }
+  if (auto vocab = integer(j, "vocab_size", "")) m.vocab_size = *vocab;
+  if (one_of(m.model_type, {"bert", "gpt2", "distilbert"})) {
+    read_learned(j, m);
+  } else if (find(j, "rope_theta") != nullptr || find(j, "rope_scaling") != nullptr ||
+             find(j, "rope_parameters") != nullptr || find(j, "rotary_dim") != nullptr ||
+             find(j, "rotary_emb_base") != nullptr || find(j, "rotary_pct") != nullptr ||
+             one_of(m.model_type, {"llama", "mistral", "qwen2", "qwen2_vl", "phi3", "gemma",
+                                   "gemma2", "gptj", "gpt_neox", "deepseek_v2", "deepseek_v3"})) {
+    read_rope(j, m);
+  } else {
+    fail(kOp,
+         "model_type \"{}\" has no RoPE fields and is not a known learned-position family "
+         "(bert, gpt2, distilbert)",
+         m.model_type);
+  }
+  return m;
+}
+
+ModelConfig model_config_from_hf_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("model_config_from_hf_file", "cannot open {}", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return model_config_from_hf_json(text.str());
+}
+
+// ------------------------------------------------------------------------ presets ----
+
+namespace {
+
+// Each preset is the part of its model's published config.json that embrope reads.
+struct Preset {
+  const char* name;
+  const char* config;
+};
+
+const Preset kPresets[] = {
+    {"gpt-j-6b",
+     R"({"model_type": "gptj", "n_embd": 4096, "n_head": 16, "rotary_dim": 64,
+         "n_positions": 2048, "vocab_size": 50400})"},
+    {"pythia-6.9b",
+     R"({"model_type": "gpt_neox", "hidden_size": 4096, "num_attention_heads": 32,
+         "rotary_pct": 0.25, "rotary_emb_base": 10000, "max_position_embeddings": 2048,
+         "vocab_size": 50432})"},
+    {"llama-2-7b",
+     R"({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+         "num_key_value_heads": 32, "max_position_embeddings": 4096, "rope_theta": 10000.0,
+         "vocab_size": 32000})"},
+    {"llama-3-8b",
+     R"({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "max_position_embeddings": 8192, "rope_theta": 500000.0,
+         "vocab_size": 128256})"},
+    {"llama-3.1-8b",
+     R"({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "max_position_embeddings": 131072, "rope_theta": 500000.0,
+         "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+         "vocab_size": 128256})"},
+    {"llama-3.2-1b",
+     R"({"model_type": "llama", "hidden_size": 2048, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072,
+         "rope_theta": 500000.0,
+         "rope_scaling": {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+         "vocab_size": 128256})"},
+    {"mistral-7b-v0.3",
+     R"({"model_type": "mistral", "hidden_size": 4096, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 32768,
+         "rope_theta": 1000000.0, "vocab_size": 32768})"},
+    {"qwen2.5-7b",
+     R"({"model_type": "qwen2", "hidden_size": 3584, "num_attention_heads": 28,
+         "num_key_value_heads": 4, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+         "vocab_size": 152064})"},
+    {"qwen2-vl-7b",
+     R"({"model_type": "qwen2_vl", "hidden_size": 3584, "num_attention_heads": 28,
+         "num_key_value_heads": 4, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+         "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+         "vocab_size": 152064})"},
+    {"phi-3-mini-128k",
+     R"({"model_type": "phi3", "hidden_size": 3072, "num_attention_heads": 32,
+         "num_key_value_heads": 32, "max_position_embeddings": 131072,
+         "original_max_position_embeddings": 4096, "rope_theta": 10000.0, "vocab_size": 32064,
+         "rope_scaling": {"type": "longrope",
+           "long_factor": [1.0299999713897705, 1.0499999523162842, 1.0499999523162842,
+             1.0799999237060547, 1.2299998998641968, 1.2299998998641968, 1.2999999523162842,
+             1.4499999284744263, 1.5999999046325684, 1.6499998569488525, 1.8999998569488525,
+             2.859999895095825, 3.68999981880188, 5.419999599456787, 5.489999771118164,
+             5.489999771118164, 9.09000015258789, 11.579999923706055, 15.65999984741211,
+             15.769999504089355, 15.789999961853027, 18.360000610351562, 21.989999771118164,
+             23.079999923706055, 30.009998321533203, 32.35000228881836, 32.590003967285156,
+             35.56000518798828, 39.95000457763672, 53.840003967285156, 56.20000457763672,
+             57.95000457763672, 59.29000473022461, 59.77000427246094, 59.920005798339844,
+             61.190006256103516, 61.96000671386719, 62.50000762939453, 63.3700065612793,
+             63.48000717163086, 63.48000717163086, 63.66000747680664, 63.850006103515625,
+             64.08000946044922, 64.760009765625, 64.80001068115234, 64.81001281738281,
+             64.81001281738281],
+           "short_factor": [1.05, 1.05, 1.05, 1.1, 1.1, 1.1, 1.2500000000000002,
+             1.2500000000000002, 1.4000000000000004, 1.4500000000000004, 1.5500000000000005,
+             1.8500000000000008, 1.9000000000000008, 2.000000000000001, 2.000000000000001,
+             2.000000000000001, 2.000000000000001, 2.000000000000001, 2.000000000000001,
+             2.000000000000001, 2.000000000000001, 2.000000000000001, 2.000000000000001,
+             2.000000000000001, 2.000000000000001, 2.000000000000001, 2.000000000000001,
+             2.000000000000001, 2.000000000000001, 2.000000000000001, 2.000000000000001,
+             2.000000000000001, 2.1000000000000005, 2.1000000000000005, 2.2,
+             2.3499999999999996, 2.3499999999999996, 2.3499999999999996, 2.3499999999999996,
+             2.3999999999999995, 2.3999999999999995, 2.6499999999999986, 2.6999999999999984,
+             2.8999999999999977, 2.9499999999999975, 3.049999999999997, 3.049999999999997,
+             3.049999999999997]}})"},
+    {"deepseek-v2-lite",
+     R"({"model_type": "deepseek_v2", "hidden_size": 2048, "num_attention_heads": 16,
+         "qk_rope_head_dim": 64, "max_position_embeddings": 163840, "rope_theta": 10000,
+         "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                          "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                          "mscale_all_dim": 0.707},
+         "vocab_size": 102400})"},
+    {"deepseek-v3",
+     R"({"model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 128,
+         "qk_rope_head_dim": 64, "max_position_embeddings": 163840, "rope_theta": 10000,
+         "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                          "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+         "vocab_size": 129280})"},
+    {"gemma-7b",
+     R"({"model_type": "gemma", "hidden_size": 3072, "num_attention_heads": 16,
+         "num_key_value_heads": 16, "head_dim": 256, "max_position_embeddings": 8192,
+         "rope_theta": 10000.0, "vocab_size": 256000})"},
+    {"bert-base-uncased",
+     R"({"model_type": "bert", "hidden_size": 768, "num_attention_heads": 12,
+         "max_position_embeddings": 512, "type_vocab_size": 2, "vocab_size": 30522})"},
+    {"gpt2",
+     R"({"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_positions": 1024,
+         "vocab_size": 50257})"},
+};
+
+}  // namespace
+
+std::vector<std::string> model_presets() {
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
+
+ModelConfig model_preset(std::string_view name) {
+  for (const Preset& p : kPresets) {
+    if (name == p.name) return model_config_from_hf_json(p.config);
+  }
+  std::string known;
+  for (const Preset& p : kPresets) known += std::string(known.empty() ? "" : ", ") + p.name;
+  fail("model_preset", "no preset named \"{}\" (known: {})", name, known);
+}
+
+}  // namespace embrope
