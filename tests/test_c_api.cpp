@@ -106,6 +106,21 @@ TEST_CASE("the options init functions set the documented defaults", "[c_api]") {
   CHECK(config.rotary_dim == 0);
   CHECK(config.base == 10000.0);
   CHECK(config.max_positions == 0);
+  CHECK(config.scaling == EMBROPE_ROPE_SCALING_NONE);
+  CHECK(config.factor == 1.0);
+  CHECK(config.original_max_positions == 0);
+  CHECK(config.sequence_length == 0);
+  CHECK(config.beta_fast == 32.0);
+  CHECK(config.beta_slow == 1.0);
+  CHECK(config.truncate == 1);
+  CHECK(config.mscale == 0.0);
+  CHECK(config.mscale_all_dim == 0.0);
+  CHECK(config.low_freq_factor == 1.0);
+  CHECK(config.high_freq_factor == 4.0);
+  CHECK(config.short_factor == nullptr);
+  CHECK(config.long_factor == nullptr);
+  CHECK(config.num_factors == 0);
+  CHECK(config.attention_factor == 0.0);
 
   embrope_rope_options_t ro;
   std::memset(&ro, 0x5a, sizeof ro);
@@ -115,6 +130,9 @@ TEST_CASE("the options init functions set the documented defaults", "[c_api]") {
   CHECK(ro.rotary_dim == 0);
   CHECK(ro.q_out == nullptr);
   CHECK(ro.k_out == nullptr);
+  CHECK(ro.mrope_section[0] == 0);
+  CHECK(ro.mrope_section[1] == 0);
+  CHECK(ro.mrope_section[2] == 0);
 
   embrope_embed_options_t eo;
   std::memset(&eo, 0x5a, sizeof eo);
@@ -589,4 +607,111 @@ TEST_CASE("embrope_embed status codes and messages", "[c_api][embed][errors]") {
     CHECK((st == EMBROPE_ERROR_NOT_IMPLEMENTED || st == EMBROPE_ERROR_INVALID_ARGUMENT));
     CHECK_THAT(last_error(), Catch::Contains("embed"));
   }
+}
+
+// ----------------------------------------------------------- scaling variants ---------
+
+TEST_CASE("C scaling variants: frequencies, caches and info agree with the C++ API",
+          "[c_api][rope_cache][scaling]") {
+  embrope_rope_config_t c;
+  embrope_rope_config_init(&c);
+  c.rotary_dim = 64;
+  c.base = 10000.0;
+  c.max_positions = 256;
+  c.scaling = EMBROPE_ROPE_SCALING_YARN;
+  c.factor = 40.0;
+  c.original_max_positions = 4096;
+  c.mscale = 0.707;
+  c.mscale_all_dim = 1.0;
+  std::vector<double> inv(32);
+  double attention = 0.0;
+  REQUIRE(embrope_rope_frequencies(&c, inv.data(), 32, &attention) == EMBROPE_OK);
+  embrope::RopeConfig cpp{64, 10000.0, 256};
+  cpp.scaling = embrope::RopeScaling::yarn;
+  cpp.factor = 40.0;
+  cpp.original_max_positions = 4096;
+  cpp.mscale = 0.707;
+  cpp.mscale_all_dim = 1.0;
+  const embrope::RopeFrequencies want = embrope::rope_frequencies(cpp);
+  CHECK(inv == want.inv_freq);
+  CHECK(attention == want.attention_factor);
+  CHECK(attention != 1.0);
+  CHECK(embrope_rope_frequencies(&c, inv.data(), 31, &attention) == EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK(ref::mentions(embrope_last_error(), "capacity"));
+
+  // longrope with factor arrays: copied at creation, visible through info.
+  std::vector<double> short_f(32, 1.5), long_f(32, 3.0);
+  embrope_rope_config_init(&c);
+  c.rotary_dim = 64;
+  c.max_positions = 128;
+  c.scaling = EMBROPE_ROPE_SCALING_LONGROPE;
+  c.original_max_positions = 64;
+  c.factor = 2.0;
+  c.short_factor = short_f.data();
+  c.long_factor = long_f.data();
+  c.num_factors = 32;
+  embrope_rope_cache_t* cache = nullptr;
+  REQUIRE(embrope_rope_cache_create(&c, DLDevice{kDLCPU, 0}, nullptr, &cache) == EMBROPE_OK);
+  short_f.assign(32, 99.0);  // the cache keeps its own copy
+  embrope_rope_config_t info;
+  REQUIRE(embrope_rope_cache_info(cache, &info, nullptr) == EMBROPE_OK);
+  CHECK(info.scaling == EMBROPE_ROPE_SCALING_LONGROPE);
+  CHECK(info.num_factors == 32);
+  CHECK(info.short_factor[5] == 1.5);
+  CHECK(info.long_factor[5] == 3.0);
+  CHECK(info.original_max_positions == 64);
+  CHECK(info.factor == 2.0);
+  // max_positions 128 > 64: long factors; position 1, frequency 0: cos(1 / 3) * sqrt(1 + ln 2 / ln
+  // 64)
+  std::vector<float> cos(128 * 32), sin(128 * 32);
+  REQUIRE(embrope_rope_cache_copy_to_host(cache, cos.data(), sin.data()) == EMBROPE_OK);
+  const double m = std::sqrt(1.0 + std::log(2.0) / std::log(64.0));
+  CHECK(cos[32] == static_cast<float>(std::cos(1.0 / 3.0) * m));
+  CHECK(embrope_rope_cache_destroy(cache) == EMBROPE_OK);
+
+  // Errors: a bad enum value, arrays without a length, a wrong length.
+  c.scaling = static_cast<embrope_rope_scaling_t>(42);
+  CHECK(embrope_rope_cache_create(&c, DLDevice{kDLCPU, 0}, nullptr, &cache) ==
+        EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK(ref::mentions(embrope_last_error(), "scaling"));
+  c.scaling = EMBROPE_ROPE_SCALING_LONGROPE;
+  c.num_factors = 0;
+  CHECK(embrope_rope_cache_create(&c, DLDevice{kDLCPU, 0}, nullptr, &cache) ==
+        EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK(ref::mentions(embrope_last_error(), "num_factors"));
+  c.num_factors = 31;
+  CHECK(embrope_rope_cache_create(&c, DLDevice{kDLCPU, 0}, nullptr, &cache) ==
+        EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK(ref::mentions(embrope_last_error(), "short_factor"));
+}
+
+TEST_CASE("C mrope through embrope_rope_options_t.mrope_section", "[c_api][rope][mrope]") {
+  const std::int64_t t = 3, h = 2, d = 64;
+  ref::Buffer q(DType::float32, t * h * d), q2(DType::float32, t * h * d), pos(DType::int64, 3 * t);
+  ref::fill_random(q, 61);
+  q2 = q;
+  ref::fill_random_indices(pos, 62, 0, 31);
+  const embrope::RopeCache cpp_cache(embrope::RopeConfig{d, 10000.0, 32});
+  embrope::RopeOptions cpp;
+  cpp.mrope_section = {8, 12, 12};
+  embrope::apply_rope(ref::view(q2, 0, {t, h, d}), std::nullopt, ref::view(pos, 0, {3, t}),
+                      cpp_cache, cpp);
+
+  embrope_rope_config_t c;
+  embrope_rope_config_init(&c);
+  c.rotary_dim = d;
+  c.max_positions = 32;
+  embrope_rope_cache_t* cache = nullptr;
+  REQUIRE(embrope_rope_cache_create(&c, DLDevice{kDLCPU, 0}, nullptr, &cache) == EMBROPE_OK);
+  embrope_rope_options_t o;
+  embrope_rope_options_init(&o);
+  o.mrope_section[0] = 8;
+  o.mrope_section[1] = 12;
+  o.mrope_section[2] = 12;
+  std::int64_t q_shape[] = {t, h, d}, p_shape[] = {3, t};
+  DLTensor qt{q.data(), DLDevice{kDLCPU, 0}, 3, {kDLFloat, 32, 1}, q_shape, nullptr, 0};
+  DLTensor pt{pos.data(), DLDevice{kDLCPU, 0}, 2, {kDLInt, 64, 1}, p_shape, nullptr, 0};
+  REQUIRE(embrope_apply_rope(&qt, nullptr, &pt, cache, &o, nullptr) == EMBROPE_OK);
+  CHECK(q.snapshot() == q2.snapshot());
+  embrope_rope_cache_destroy(cache);
 }
