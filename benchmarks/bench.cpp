@@ -5,7 +5,10 @@
 //   embrope-bench [--device=auto|cpu|gpu] [--quick] [Google Benchmark flags]
 //
 // Counters per case: GB/s (bytes the op must move / median time), pct_of_copy (that
-// bandwidth over the same-run copy of the same bytes).
+// bandwidth over the same-run copy of the same bytes), x_vs_unfused (the unfused baseline's
+// time over the fused op's: q then k in two calls; lookup, then positions, then an add pass).
+// On the GPU, decode RoPE is also timed without the default check (/deferred) and as CUDA
+// graph replays (/graph_replay).
 #include <benchmark/benchmark.h>
 #include <embrope/embrope.hpp>
 #include <omp.h>
@@ -23,6 +26,8 @@
 
 #ifdef EMBROPE_BENCH_CUDA
 #include <cuda_runtime.h>
+
+#include "add_rows.hpp"
 #endif
 
 namespace {
@@ -112,19 +117,21 @@ Device device() {
   return g_gpu ? Device::cuda(0) : Device::cpu();
 }
 
-// Times body() with CUDA events on the GPU (manual time) or wall time on the CPU.
-void run_timed(benchmark::State& state, const std::function<void()>& body,
-               std::int64_t bytes_moved) {
-  body();  // warm up
+// Times body() with CUDA events on `stream` on the GPU (manual time) or wall time on the CPU.
+void run_timed(benchmark::State& state, const std::function<void()>& body, std::int64_t bytes_moved,
+               void* stream = nullptr) {
+  (void)stream;  // used by the CUDA build
+  body();        // warm up
 #ifdef EMBROPE_BENCH_CUDA
   if (g_gpu) {
+    const auto s = static_cast<cudaStream_t>(stream);
     cudaEvent_t start, stop;
     cudaEventCreate(&start);
     cudaEventCreate(&stop);
     for (auto _ : state) {
-      cudaEventRecord(start);
+      cudaEventRecord(start, s);
       body();
-      cudaEventRecord(stop);
+      cudaEventRecord(stop, s);
       cudaEventSynchronize(stop);
       float ms = 0;
       cudaEventElapsedTime(&ms, start, stop);
@@ -176,7 +183,13 @@ struct RopeShape {
   embrope::RopeLayout layout;
 };
 
-void rope_case(benchmark::State& state, RopeShape s, DType dtype, std::int64_t tokens, bool fused) {
+// How a RoPE call is issued: with the default bad-position policy (the call checks and so
+// synchronises), with a DeferredStatus (kernels only, on a stream of its own), or as a
+// replay of a CUDA graph that captured the deferred call (launch cost of decode steps).
+enum class Launch { checked, deferred, graph };
+
+void rope_case(benchmark::State& state, RopeShape s, DType dtype, std::int64_t tokens, bool fused,
+               Launch launch) {
   const int es = embrope::dtype_size(dtype);
   Memory q(tokens * s.hq * s.head_dim * es), k(tokens * s.hk * s.head_dim * es), pos(tokens * 8);
   q.fill_values(dtype);
@@ -189,17 +202,50 @@ void rope_case(benchmark::State& state, RopeShape s, DType dtype, std::int64_t t
   embrope::RopeOptions options;
   options.layout = s.layout;
   const std::int64_t bytes = 2 * tokens * (s.hq + s.hk) * s.rotary_dim * es;
-  run_timed(
-      state,
-      [&] {
-        if (fused) {
-          embrope::apply_rope(tq, tk, tp, cache, options);
-        } else {
-          embrope::apply_rope(tq, std::nullopt, tp, cache, options);
-          embrope::apply_rope(tk, std::nullopt, tp, cache, options);
-        }
-      },
-      bytes);
+  auto call = [&] {
+    if (fused) {
+      embrope::apply_rope(tq, tk, tp, cache, options);
+    } else {
+      embrope::apply_rope(tq, std::nullopt, tp, cache, options);
+      embrope::apply_rope(tk, std::nullopt, tp, cache, options);
+    }
+  };
+  if (launch == Launch::checked) {
+    run_timed(state, call, bytes);
+    return;
+  }
+#ifdef EMBROPE_BENCH_CUDA
+  cudaStream_t stream = nullptr;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  embrope::DeferredStatus status(device());
+  options.deferred = &status;
+  options.stream = embrope::Stream{stream};
+  cudaGraphExec_t exec = nullptr;
+  std::function<void()> body = call;
+  if (launch == Launch::graph) {
+    cudaGraph_t graph = nullptr;
+    bool captured = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    if (captured) {
+      call();
+      captured = cudaStreamEndCapture(stream, &graph) == cudaSuccess &&
+                 cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    }
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (!captured) {
+      state.SkipWithError("apply_rope could not be captured into a CUDA graph");
+      cudaStreamDestroy(stream);
+      return;
+    }
+    body = [&] { cudaGraphLaunch(exec, stream); };
+  }
+  run_timed(state, body, bytes, stream);
+  cudaStreamSynchronize(stream);
+  if (!status.ok(embrope::Stream{stream})) state.SkipWithError("a position was reported bad");
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(stream);
+#else
+  state.SkipWithError("deferred and graph launches need the CUDA build");
+#endif
 }
 
 void embed_case(benchmark::State& state, DType dtype, std::int64_t dim, std::int64_t tokens,
@@ -240,6 +286,12 @@ void embed_case(benchmark::State& state, DType dtype, std::int64_t dim, std::int
       embrope::EmbedOptions pos_only = add_positions;
       pos_only.scale = 0.0f;
       embrope::embed(tt, ti, Tensor(tmp.data(), dtype, {tokens, dim}, device()), pos_only);
+#ifdef EMBROPE_BENCH_CUDA
+      if (g_gpu) {
+        bench_add_rows(out.data(), tmp.data(), tokens * dim, es, dtype == DType::bfloat16, nullptr);
+        return;
+      }
+#endif
       {
         auto* o = static_cast<float*>(out.data());
         const auto* t = static_cast<const float*>(tmp.data());
@@ -285,6 +337,7 @@ void register_all() {
       {"pythia", 32, 32, 128, 32, embrope::RopeLayout::neox},
       {"gpt-j", 16, 16, 256, 64, embrope::RopeLayout::interleaved},
       {"hd80", 32, 32, 80, 80, embrope::RopeLayout::neox},
+      {"hd256", 16, 16, 256, 256, embrope::RopeLayout::neox},
   };
   std::vector<std::int64_t> token_counts = {1, 8, 64, 1024, 16384};
   if (!g_quick && g_gpu) token_counts.push_back(65536);
@@ -296,13 +349,26 @@ void register_all() {
       for (std::int64_t t : token_counts) {
         const std::int64_t bytes =
             2 * t * (s.hq + s.hk) * s.rotary_dim * embrope::dtype_size(dtype);
-        for (bool fused : {true, false}) {
-          if (!fused && std::strcmp(s.model, "llama3-8b") != 0) continue;
+        const bool main_shape = std::strcmp(s.model, "llama3-8b") == 0;
+        // The unfused baseline first, so that the fused row can report its speedup.
+        for (bool fused : {false, true}) {
+          if (!fused && !main_shape) continue;
           const std::string name = std::string("rope/") + s.model + "/" + dt +
                                    "/T=" + std::to_string(t) + (fused ? "" : "/unfused_q_then_k");
           register_pair(name, bytes, [s, dtype, t, fused](benchmark::State& st) {
-            rope_case(st, s, dtype, t, fused);
+            rope_case(st, s, dtype, t, fused, Launch::checked);
           });
+        }
+        // Decode on the GPU: kernels only (deferred status), and CUDA-graph replays.
+        if (g_gpu && main_shape && t <= 64) {
+          for (Launch launch : {Launch::deferred, Launch::graph}) {
+            const std::string name = std::string("rope/") + s.model + "/" + dt +
+                                     "/T=" + std::to_string(t) +
+                                     (launch == Launch::graph ? "/graph_replay" : "/deferred");
+            register_pair(name, bytes, [s, dtype, t, launch](benchmark::State& st) {
+              rope_case(st, s, dtype, t, true, launch);
+            });
+          }
         }
       }
     }
@@ -320,10 +386,10 @@ void register_all() {
                                                                                 : "sinusoidal";
           const std::int64_t reads = positions == embrope::PositionEncoding::learned ? 2 : 1;
           const std::int64_t bytes = (reads + 1) * t * dim * embrope::dtype_size(dtype);
-          for (bool fused : {true, false}) {
+          for (bool fused : {false, true}) {
             if (!fused && positions != embrope::PositionEncoding::learned) continue;
-            // the baseline's add pass is plain CPU float32 code
-            if (!fused && (g_gpu || dtype != DType::float32)) continue;
+            // the CPU baseline's add pass is plain float32 code; the GPU's a vector kernel
+            if (!fused && !g_gpu && dtype != DType::float32) continue;
             const std::string name = std::string("embed/") + pname + "/" + dt +
                                      "/D=" + std::to_string(dim) + "/T=" + std::to_string(t) +
                                      (fused ? "" : "/unfused_lookup_then_add");
@@ -355,12 +421,23 @@ class PctReporter : public Base {
         if (run.run_type == Run::RT_Iteration || run.aggregate_name == "median") {
           g_copy_gbps[bytes] = gbps;
         }
-      } else if (g_copy_gbps[bytes] > 0) {
-        run.counters["pct_of_copy"] = 100.0 * gbps / g_copy_gbps[bytes];
+        continue;
+      }
+      if (g_copy_gbps[bytes] > 0) run.counters["pct_of_copy"] = 100.0 * gbps / g_copy_gbps[bytes];
+      const bool is_time = run.run_type == Run::RT_Iteration || run.aggregate_name == "median";
+      const std::string& name = run.run_name.function_name;
+      const std::size_t unfused = name.find("/unfused");
+      if (unfused != std::string::npos) {
+        if (is_time) unfused_seconds_[name.substr(0, unfused)] = seconds;
+      } else if (is_time && unfused_seconds_.count(name) != 0) {
+        run.counters["x_vs_unfused"] = unfused_seconds_[name] / seconds;
       }
     }
     Base::ReportRuns(copy);
   }
+
+ private:
+  std::map<std::string, double> unfused_seconds_;  // baseline median time by fused name
 };
 
 }  // namespace
