@@ -1,5 +1,6 @@
-// embed on the GPU: one warp per output row, grid-stride over rows, 16-byte loads and
-// stores when rows are aligned. Token row scaled, then
+// embed on the GPU: a group of G lanes per output row (a warp, or a sub-warp of 4-16 lanes
+// when D is small, so that short rows still keep every lane busy), grid-stride over rows,
+// 16-byte loads and stores when rows are aligned. Token row scaled, then
 // the positional row (learned, or sinusoidal after Vaswani et al. 2017) and the type row
 // added in float32 in that order, as on the CPU, and rounded once. Row resolution and
 // range checks are detail::resolve_embed_row, shared with the CPU path.
@@ -19,7 +20,7 @@ using detail::from_float;
 using detail::Half;
 using detail::to_float;
 
-constexpr int kWarpsPerBlock = 8;
+constexpr int kThreadsPerBlock = 256;
 
 template <typename T, int W>
 struct alignas(W * sizeof(T)) Chunk {
@@ -35,26 +36,28 @@ __device__ __forceinline__ void load_chunk(const T* src, float* dst) {
 }
 
 // W is the number of consecutive elements a lane handles: 16 / sizeof(T) on the fast path
-// (aligned rows, D a multiple of W), 1 on the general path.
-template <typename T, int W>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+// (aligned rows, D a multiple of W), 1 on the general path. G lanes (blockDim.x) share a row;
+// blockDim.y rows run side by side in a block.
+template <typename T, int W, int G>
+__global__ void __launch_bounds__(kThreadsPerBlock)
     embed_kernel(const __grid_constant__ detail::EmbedParams p) {
+  constexpr int kRowsPerBlock = kThreadsPerBlock / G;
   const int lane = threadIdx.x;
   const std::int64_t dim = p.dim;
   const std::int64_t half = dim / 2;
   const bool sinusoidal = p.positions == PositionEncoding::sinusoidal;
   const bool split = p.sinusoid_layout == SinusoidLayout::split;
-  const std::int64_t warp_stride = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (std::int64_t n = blockIdx.x * static_cast<std::int64_t>(kWarpsPerBlock) + threadIdx.y;
-       n < p.rows; n += warp_stride) {
-    // Every lane resolves the same row: the id loads are one broadcast transaction.
+  const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * kRowsPerBlock;
+  for (std::int64_t n = blockIdx.x * static_cast<std::int64_t>(kRowsPerBlock) + threadIdx.y;
+       n < p.rows; n += row_stride) {
+    // Every lane of the group resolves the same row: the id loads are one broadcast.
     const detail::EmbedRow r = detail::resolve_embed_row(p, n);
     T* out = static_cast<T*>(p.out) + r.out_offset;
     Chunk<T, W> result;
     if (r.bad_key != detail::kNoBadIndex) {
 #pragma unroll
       for (int w = 0; w < W; ++w) result.v[w] = from_float<T>(0.0f);
-      for (std::int64_t j = lane * W; j < dim; j += 32 * W) {
+      for (std::int64_t j = lane * W; j < dim; j += G * W) {
         *reinterpret_cast<Chunk<T, W>*>(out + j) = result;
       }
       if (lane == 0) report_bad_row(p.bad, r.bad_key);
@@ -67,7 +70,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     const T* type = p.type_table == nullptr
                         ? nullptr
                         : static_cast<const T*>(p.type_table) + r.type * p.type_table_stride;
-    for (std::int64_t j = lane * W; j < dim; j += 32 * W) {
+    for (std::int64_t j = lane * W; j < dim; j += G * W) {
       float v[W], add[W];
       if (r.token_hit) {
         load_chunk<T, W>(token + j, v);
@@ -140,14 +143,29 @@ bool fits_vector_path(const detail::EmbedParams& p) {
   return true;
 }
 
+template <typename T, int W, int G>
+void launch_group(const detail::EmbedParams& p, cudaStream_t stream) {
+  const dim3 block(G, kThreadsPerBlock / G);
+  embed_kernel<T, W, G><<<grid_for(p.rows, kThreadsPerBlock / G), block, 0, stream>>>(p);
+}
+
 template <typename T>
 void launch(const detail::EmbedParams& p, cudaStream_t stream) {
-  const dim3 block(32, kWarpsPerBlock);
-  const unsigned grid = grid_for(p.rows, kWarpsPerBlock);
   if (fits_vector_path<T>(p)) {
-    embed_kernel<T, 16 / sizeof(T)><<<grid, block, 0, stream>>>(p);
+    constexpr int w = 16 / sizeof(T);
+    // The smallest group whose lanes cover a row in one 16-byte step each (at least 4 lanes).
+    const std::int64_t chunks = p.dim / w;
+    if (chunks <= 4) {
+      launch_group<T, w, 4>(p, stream);
+    } else if (chunks <= 8) {
+      launch_group<T, w, 8>(p, stream);
+    } else if (chunks <= 16) {
+      launch_group<T, w, 16>(p, stream);
+    } else {
+      launch_group<T, w, 32>(p, stream);
+    }
   } else {
-    embed_kernel<T, 1><<<grid, block, 0, stream>>>(p);
+    launch_group<T, 1, 32>(p, stream);
   }
   check_launch("embed_kernel");
 }

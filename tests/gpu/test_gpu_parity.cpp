@@ -250,7 +250,8 @@ TEST_CASE("GPU embed equals CPU embed", "[gpu][embed]") {
   for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
     for (auto positions : {embrope::PositionEncoding::none, embrope::PositionEncoding::learned,
                            embrope::PositionEncoding::sinusoidal}) {
-      for (std::int64_t dim : {8, 100, 4096}) {
+      // 8..128: sub-warp groups of 4, 8, 16 lanes on the 16-byte path; 100: the scalar path.
+      for (std::int64_t dim : {8, 16, 32, 64, 100, 128, 4096}) {
         INFO("dtype " << embrope::dtype_name(dtype) << " positions " << static_cast<int>(positions)
                       << " D " << dim);
         const std::int64_t vocab = 1000, batch = 3, seq = 37, max_pos = 512, types = 2;
