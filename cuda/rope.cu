@@ -136,7 +136,9 @@ __device__ __forceinline__ void load_floats(const float* src, float* dst) {
   }
 }
 
-template <typename T, RopeLayout kLayout>
+// kRotaryDim: the rotary dim as a compile-time constant for the common head sizes (address
+// arithmetic and loop bounds fold), or 0 for any other size (read from the parameters).
+template <typename T, RopeLayout kLayout, int kRotaryDim>
 __global__ void __launch_bounds__(256)
     rope_vector_kernel(const __grid_constant__ detail::RopeParams p, std::int64_t heads_per_block) {
   using V = Vector<T>;
@@ -145,14 +147,15 @@ __global__ void __launch_bounds__(256)
   constexpr int kPairs = kLayout == RopeLayout::neox ? kVec : kVec / 2;
   const std::int64_t tokens = p.batch * p.seq;
   const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
-  const std::int64_t half = p.rotary_dim / 2;
+  const std::int64_t rotary_dim = kRotaryDim != 0 ? kRotaryDim : p.rotary_dim;
+  const std::int64_t half = rotary_dim / 2;
   const std::int64_t head_begin = blockIdx.y * heads_per_block;
   const std::int64_t head_end = min(heads, head_begin + heads_per_block);
   const int chunk = threadIdx.x;            // blockDim.x == number of chunks of the rotary part
   const std::int64_t first = chunk * kVec;  // first element of the chunk (of each half for neox)
   const std::int64_t pair0 = kLayout == RopeLayout::neox ? chunk * kVec : chunk * (kVec / 2);
   const float sin_sign = p.inverse ? -1.0f : 1.0f;
-  const std::int64_t tail_chunks = (p.head_dim - p.rotary_dim) / kVec;
+  const std::int64_t tail_chunks = (p.head_dim - rotary_dim) / kVec;
 
   for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const std::int64_t b = t / p.seq;
@@ -228,7 +231,7 @@ __global__ void __launch_bounds__(256)
       }
       if (out != in) {
         for (std::int64_t e = chunk; e < tail_chunks; e += blockDim.x) {
-          const std::int64_t at = p.rotary_dim + e * kVec;
+          const std::int64_t at = rotary_dim + e * kVec;
           *reinterpret_cast<V*>(out + at) = *reinterpret_cast<const V*>(in + at);
         }
       }
@@ -294,7 +297,30 @@ void launch_vector(const detail::RopeParams& p, cudaStream_t stream) {
   }
   const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>(tokens, 1LL << 30)),
                   static_cast<unsigned>((heads + heads_per_block - 1) / heads_per_block));
-  rope_vector_kernel<T, kLayout><<<grid, block, 0, stream>>>(p, heads_per_block);
+  // Templated on the common rotary dims (full rotary of heads of 64, 80, 96, 128 and 256, and
+  // the partial 32 of GPT-NeoX/Pythia and 64 of GPT-J); any other size takes the generic one.
+  switch (p.rotary_dim) {
+    case 32:
+      rope_vector_kernel<T, kLayout, 32><<<grid, block, 0, stream>>>(p, heads_per_block);
+      break;
+    case 64:
+      rope_vector_kernel<T, kLayout, 64><<<grid, block, 0, stream>>>(p, heads_per_block);
+      break;
+    case 80:
+      rope_vector_kernel<T, kLayout, 80><<<grid, block, 0, stream>>>(p, heads_per_block);
+      break;
+    case 96:
+      rope_vector_kernel<T, kLayout, 96><<<grid, block, 0, stream>>>(p, heads_per_block);
+      break;
+    case 128:
+      rope_vector_kernel<T, kLayout, 128><<<grid, block, 0, stream>>>(p, heads_per_block);
+      break;
+    case 256:
+      rope_vector_kernel<T, kLayout, 256><<<grid, block, 0, stream>>>(p, heads_per_block);
+      break;
+    default:
+      rope_vector_kernel<T, kLayout, 0><<<grid, block, 0, stream>>>(p, heads_per_block);
+  }
   check_launch("rope_vector_kernel");
 }
 
