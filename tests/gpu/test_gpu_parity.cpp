@@ -524,3 +524,138 @@ TEST_CASE("GPU packed_positions equals the CPU, bad cu_seqlens reported, context
     }
   }
 }
+
+// ---------------------------------- the CPU suite's other scenarios, on the GPU ----
+
+TEST_CASE("GPU RoPE: [B, S, H, D] views of a [B, H, S, D] buffer, int32 positions, inverse",
+          "[gpu][rope]") {
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    for (bool inverse : {false, true}) {
+      for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
+        INFO("dtype " << embrope::dtype_name(dtype) << " inverse " << inverse << " layout "
+                      << static_cast<int>(layout));
+        const std::int64_t b = 3, s = 17, hq = 6, hk = 2, d = 128, r = 96, pad = 2;
+        const int es = embrope::dtype_size(dtype);
+        // q stored [B, Hq, S, D + pad] and viewed as [B, S, Hq, D] through its strides.
+        const std::int64_t row = d + pad;
+        Buffer q(b * hq * s * row * es), k(b * s * hk * d * es), pos(b * s * 4);
+        fill_random(q, dtype, b * hq * s * row, 11);
+        fill_random(k, dtype, b * s * hk * d, 12);
+        std::mt19937_64 rng(13);
+        for (std::int64_t i = 0; i < b * s; ++i) {
+          const auto p = static_cast<std::int32_t>(rng() % 2048);
+          std::memcpy(pos.host.data() + 4 * i, &p, 4);
+        }
+        q.upload();
+        k.upload();
+        pos.upload();
+        const embrope::RopeConfig config{r, 10000.0, 2048};
+        embrope::RopeCache cpu_cache(config);
+        embrope::RopeCache gpu_cache(config, Device::cuda(0));
+        embrope::RopeOptions opt;
+        opt.layout = layout;
+        opt.inverse = inverse;
+        auto run = [&](bool gpu) {
+          const Device dev = gpu ? Device::cuda(0) : Device::cpu();
+          void* qp = gpu ? q.device : q.host.data();
+          void* kp = gpu ? k.device : k.host.data();
+          void* pp = gpu ? pos.device : pos.host.data();
+          embrope::apply_rope(
+              Tensor(qp, dtype, {b, s, hq, d}, {hq * s * row, row, s * row, 1}, dev),
+              Tensor(kp, dtype, {b, s, hk, d}, dev), Tensor(pp, DType::int32, {b, s}, dev),
+              gpu ? gpu_cache : cpu_cache, opt);
+        };
+        run(false);
+        run(true);
+        cuda_check(cudaDeviceSynchronize());
+        compare_rows(q.download(), q.host, dtype, b * hq * s * row, row);
+        compare_rows(k.download(), k.host, dtype, b * s * hk * d, d);
+      }
+    }
+  }
+}
+
+TEST_CASE("GPU RoPE with caller cos/sin tables of every value dtype", "[gpu][rope]") {
+  for (DType table_dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+    for (DType dtype : {DType::float32, DType::float16}) {
+      INFO("table " << embrope::dtype_name(table_dtype) << " q " << embrope::dtype_name(dtype));
+      const std::int64_t t = 33, h = 5, d = 64, max_pos = 300;
+      const int es = embrope::dtype_size(dtype), ts = embrope::dtype_size(table_dtype);
+      Buffer q(t * h * d * es), cos(max_pos * d / 2 * ts), sin(max_pos * d / 2 * ts), pos(t * 8);
+      fill_random(q, dtype, t * h * d, 21);
+      fill_random(cos, table_dtype, max_pos * d / 2, 22);
+      fill_random(sin, table_dtype, max_pos * d / 2, 23);
+      for (std::int64_t i = 0; i < t; ++i) {
+        const std::int64_t p = (i * 37) % max_pos;
+        std::memcpy(pos.host.data() + 8 * i, &p, 8);
+      }
+      for (Buffer* x : {&q, &cos, &sin, &pos}) x->upload();
+      auto run = [&](bool gpu) {
+        const Device dev = gpu ? Device::cuda(0) : Device::cpu();
+        auto ptr = [&](Buffer& x) -> void* { return gpu ? x.device : x.host.data(); };
+        embrope::apply_rope(Tensor(ptr(q), dtype, {t, h, d}, dev), std::nullopt,
+                            Tensor(ptr(pos), DType::int64, {t}, dev),
+                            Tensor(ptr(cos), table_dtype, {max_pos, d / 2}, dev),
+                            Tensor(ptr(sin), table_dtype, {max_pos, d / 2}, dev));
+      };
+      run(false);
+      run(true);
+      cuda_check(cudaDeviceSynchronize());
+      compare_rows(q.download(), q.host, dtype, t * h * d, d);
+    }
+  }
+}
+
+TEST_CASE("GPU embed: vocab shards, explicit positions, split sinusoids, strided out",
+          "[gpu][embed]") {
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    for (bool split : {false, true}) {
+      INFO("dtype " << embrope::dtype_name(dtype) << " split " << split);
+      const std::int64_t vocab = 500, vocab_start = 1000, n = 77, dim = 96, pad = 8;
+      const int es = embrope::dtype_size(dtype);
+      Buffer table(vocab * dim * es), ids(n * 8), pids(n * 8), out(n * (dim + pad) * es);
+      fill_random(table, dtype, vocab * dim, 31);
+      std::mt19937_64 rng(32);
+      for (std::int64_t i = 0; i < n; ++i) {
+        // About a third of the ids fall outside the shard [1000, 1500): zero token rows.
+        const std::int64_t id = 800 + static_cast<std::int64_t>(rng() % 900);
+        const std::int64_t p = static_cast<std::int64_t>(rng() % 100000);
+        std::memcpy(ids.host.data() + 8 * i, &id, 8);
+        std::memcpy(pids.host.data() + 8 * i, &p, 8);
+      }
+      for (Buffer* x : {&table, &ids, &pids}) x->upload();
+      out.poison_both(0x3c);  // small finite values in every dtype
+      auto run = [&](bool gpu) {
+        const Device dev = gpu ? Device::cuda(0) : Device::cpu();
+        auto ptr = [&](Buffer& x) -> void* { return gpu ? x.device : x.host.data(); };
+        embrope::EmbedOptions o;
+        o.vocab_start = vocab_start;
+        o.vocab_shard = true;
+        o.scale = 0.5f;
+        o.positions = embrope::PositionEncoding::sinusoidal;
+        o.sinusoid_layout =
+            split ? embrope::SinusoidLayout::split : embrope::SinusoidLayout::interleaved;
+        o.position_ids = Tensor(ptr(pids), DType::int64, {n}, dev);
+        embrope::embed(Tensor(ptr(table), dtype, {vocab, dim}, dev),
+                       Tensor(ptr(ids), DType::int64, {n}, dev),
+                       Tensor(ptr(out), dtype, {n, dim}, {dim + pad, 1}, dev), o);
+      };
+      run(false);
+      run(true);
+      cuda_check(cudaDeviceSynchronize());
+      // Rows of dim + pad: the padding must still hold the poison on both sides.
+      compare_rows(out.download(), out.host, dtype, n * (dim + pad), dim + pad);
+    }
+  }
+}
+
+TEST_CASE("GPU ops with no tokens are no-ops", "[gpu]") {
+  Buffer q(4), pos(8), table(64 * 4), out(4);
+  embrope::RopeCache cache({8, 10000.0, 16}, Device::cuda(0));
+  const Device g = Device::cuda(0);
+  CHECK_NOTHROW(embrope::apply_rope(Tensor(q.device, DType::float32, {0, 2, 8}, g), std::nullopt,
+                                    Tensor(pos.device, DType::int64, {0}, g), cache));
+  CHECK_NOTHROW(embrope::embed(Tensor(table.device, DType::float32, {8, 8}, g),
+                               Tensor(pos.device, DType::int64, {0}, g),
+                               Tensor(out.device, DType::float32, {0, 8}, g)));
+}
