@@ -63,12 +63,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     const std::int64_t h = r - t * heads;
     const std::int64_t b = t / p.seq;
     const std::int64_t s = t - b * p.seq;
-    const bool is_q = h < p.q.heads;
-    const detail::RopeHeads& x = is_q ? p.q : p.k;
-    const std::int64_t hh = is_q ? h : h - p.q.heads;
-    const T* in =
-        static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s + hh * x.in_stride_h;
-    T* out = static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s + hh * x.out_stride_h;
+    const detail::RopeRow<T> row = detail::rope_row<T>(p, b, s, h);
+    const T* in = row.in;
+    T* out = row.out;
     if (detail::rope_bad_stream(p, b, s) >= 0) {
       for (std::int64_t j = lane; j < p.head_dim; j += 32) out[j] = from_float<T>(0.0f);
       if (lane == 0)
@@ -81,10 +78,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     position[1] = p.mrope ? detail::rope_position(p, b, s, 1) : position[0];
     position[2] = p.mrope ? detail::rope_position(p, b, s, 2) : position[0];
     for (std::int64_t i = lane; i < half; i += 32) {
-      const std::int64_t row =
+      const std::int64_t table_row =
           p.mrope ? position[detail::mrope_stream(i, p.mrope_end)] : position[0];
-      const C* cos_row = static_cast<const C*>(p.cos) + row * p.cos_stride;
-      const C* sin_row = static_cast<const C*>(p.sin) + row * p.sin_stride;
+      const C* cos_row = static_cast<const C*>(p.cos) + table_row * p.cos_stride;
+      const C* sin_row = static_cast<const C*>(p.sin) + table_row * p.sin_stride;
       const std::int64_t ia = p.layout == RopeLayout::neox ? i : 2 * i;
       const std::int64_t ib = p.layout == RopeLayout::neox ? i + half : 2 * i + 1;
       float a = to_float(in[ia]);
@@ -188,13 +185,9 @@ __global__ void __launch_bounds__(256)
       report_bad_row(p.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
     }
     for (std::int64_t h = head_begin + threadIdx.y; h < head_end; h += blockDim.y) {
-      const bool is_q = h < p.q.heads;
-      const detail::RopeHeads& x = is_q ? p.q : p.k;
-      const std::int64_t hh = is_q ? h : h - p.q.heads;
-      const T* in =
-          static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s + hh * x.in_stride_h;
-      T* out =
-          static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s + hh * x.out_stride_h;
+      const detail::RopeRow<T> row = detail::rope_row<T>(p, b, s, h);
+      const T* in = row.in;
+      T* out = row.out;
       if (bad) {
         V zero;
 #pragma unroll

@@ -21,7 +21,9 @@ enum class RopeLayout : std::uint8_t {
 
 struct RopeOptions {
   RopeLayout layout = RopeLayout::neox;
-  // Rotate by -angle (the backward pass, or undoing a forward rotation).
+  // Rotate by -angle (cos, -sin): the transpose of the forward map, so the backward pass of
+  // RoPE. With an attention factor m folded into the table (yarn, longrope) the forward is
+  // m R(angle) and this gives m R(-angle): the gradient, and the inverse only when m is 1.
   bool inverse = false;
   // 0: take it from the cos/sin table. Otherwise it must equal the table's rotary dim
   // (a cheap guard against pairing a model with the wrong cache).

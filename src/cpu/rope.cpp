@@ -72,13 +72,9 @@ void rope_kernel(const detail::RopeParams& p) {
       const std::int64_t h = r % heads;
       const std::int64_t b = t / p.seq;
       const std::int64_t s = t % p.seq;
-      const bool is_q = h < p.q.heads;
-      const detail::RopeHeads& x = is_q ? p.q : p.k;
-      const std::int64_t hh = is_q ? h : h - p.q.heads;
-      const T* in =
-          static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s + hh * x.in_stride_h;
-      T* out =
-          static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s + hh * x.out_stride_h;
+      const detail::RopeRow<T> row = detail::rope_row<T>(p, b, s, h);
+      const T* in = row.in;
+      T* out = row.out;
       if (detail::rope_bad_stream(p, b, s) >= 0) {
         std::fill(out, out + p.head_dim, from_float<T>(0.0f));
         first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));

@@ -121,6 +121,22 @@ EMBROPE_HD std::int64_t load_index(const void* base, DType dtype, std::int64_t o
              : static_cast<const std::int64_t*>(base)[offset];
 }
 
+// Head row h (counting q's heads, then k's) of token (b, s): its input and output rows.
+template <typename T>
+struct RopeRow {
+  const T* in;
+  T* out;
+};
+template <typename T>
+EMBROPE_HD RopeRow<T> rope_row(const RopeParams& p, std::int64_t b, std::int64_t s,
+                               std::int64_t h) {
+  const bool is_q = h < p.q.heads;
+  const RopeHeads& x = is_q ? p.q : p.k;
+  const std::int64_t hh = is_q ? h : h - p.q.heads;
+  return {static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s + hh * x.in_stride_h,
+          static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s + hh * x.out_stride_h};
+}
+
 // The position of token (b, s) of a RoPE call in stream j (always 0 unless mrope).
 EMBROPE_HD std::int64_t rope_position(const RopeParams& p, std::int64_t b, std::int64_t s, int j) {
   return load_index(
