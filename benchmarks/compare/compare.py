@@ -302,14 +302,26 @@ def rotate_half(x):
 
 
 def rope_reference(x, cos_half, sin_half, positions):
-    """float64 NeoX RoPE of x [T, H, D] with the given float32 cos/sin halves [P, D/2]: returns
-    the exact result and the per-element magnitude |x1 cos| + |x2 sin| the tolerance scales
-    with (a bf16 product can be off by an ulp of the product even when the sum cancels)."""
-    c = torch.cat((cos_half, cos_half), -1).double()[positions].unsqueeze(1)
-    s = torch.cat((sin_half, sin_half), -1).double()[positions].unsqueeze(1)
-    x64 = x.double()
-    ref = x64 * c + rotate_half(x64) * s
-    scale = torch.maximum((x64 * c).abs() + (rotate_half(x64) * s).abs(), ref.abs())
+    """float64 NeoX RoPE of x [T, H, D] with the given float32 cos/sin halves [P, D/2].
+
+    Returns the exact result and the per-element magnitude the tolerance scales with: the
+    larger of |ref| and |x1 c| + |x2 s|, with c and s as float32 and as rounded to x's dtype.
+    An implementation that multiplies in the activation dtype (HF eager: tables cast to bf16,
+    two rounded products, a rounded sum) is then within 0.5 (table rounding) + 2 * 0.5
+    (products) + 0.5 (sum) = 2 ulps of that magnitude, also where the sum cancels; one that
+    computes in float32 and rounds once is within about 0.5 ulp."""
+    pos = positions
+    scale = None
+    for table_dtype in (torch.float64, x.dtype):
+        c = torch.cat((cos_half, cos_half), -1).to(table_dtype).double()[pos].unsqueeze(1)
+        s = torch.cat((sin_half, sin_half), -1).to(table_dtype).double()[pos].unsqueeze(1)
+        x64 = x.double()
+        m = (x64 * c).abs() + (rotate_half(x64) * s).abs()
+        if table_dtype == torch.float64:
+            ref = x64 * c + rotate_half(x64) * s
+            scale = torch.maximum(m, ref.abs())
+        else:
+            scale = torch.maximum(scale, m)
     return ref, scale
 
 
@@ -623,9 +635,9 @@ def run_rope(args, lib, device, timer, results, peers, failures):
                 err = max(max_ulp_error(q.cpu(), qref, qscale, dtype),
                           max_ulp_error(k.cpu(), kref, kscale, dtype))
                 if not err <= args.rope_tol_ulps:
-                    results.add(**row, status=f"check FAILED: max error {err:.1f} ulp > "
+                    results.add(**row, status=f"check FAILED: max error {err:.3g} ulp > "
                                 f"{args.rope_tol_ulps}", max_ulp=err)
-                    failures.append(f"rope {dname} T={tokens} {name}: {err:.1f} ulp")
+                    failures.append(f"rope {dname} T={tokens} {name}: {err:.3g} ulp")
                     continue
                 ms, iters, all_ms = timer.measure(call)
                 results_here[name] = ms
@@ -774,9 +786,9 @@ def run_embed(args, lib, device, timer, results, failures):
                     got = res if isinstance(res, torch.Tensor) else res["out"]
                     err = max_ulp_error(got.cpu(), ref, ref, stream_dtype)
                     if not err <= args.embed_tol_ulps:
-                        results.add(**row, status=f"check FAILED: max error {err:.1f} ulp > "
+                        results.add(**row, status=f"check FAILED: max error {err:.3g} ulp > "
                                     f"{args.embed_tol_ulps}", max_ulp=err)
-                        failures.append(f"embed T={tokens} {mode} {name}: {err:.1f} ulp")
+                        failures.append(f"embed T={tokens} {mode} {name}: {err:.3g} ulp")
                         continue
                     ms, iters, all_ms = timer.measure(call)
                     results.add(**row, status="ok", median_ms=ms, iters=iters, reps_ms=all_ms,
@@ -874,8 +886,12 @@ def write_plot(path, meta, rows):
     panels = sorted(groups, key=lambda p: tuple(str(x) for x in p))
     if not panels:
         return "no successful measurements; compare.png not written"
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
-    for ax, panel in zip(axes[0], panels):
+    ncols = min(3, len(panels))
+    nrows = (len(panels) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.5 * ncols, 4.8 * nrows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, panel in zip(axes.flat, panels):
         for impl, pts in sorted(groups[panel].items()):
             pts.sort()
             xs, ys = [p[0] for p in pts], [p[1] for p in pts]
@@ -992,11 +1008,14 @@ def main(argv=None):
 
     git_commit = None
     try:
-        git_commit = subprocess.run(
-            ["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "HEAD"],
-            capture_output=True, text=True, timeout=10).stdout.strip() or None
+        here = os.path.dirname(os.path.abspath(__file__))
+        git_commit = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        git_commit = (git_commit + ("-dirty" if dirty else "")) or None
     except Exception:
-        pass
+        pass  # a copy without .git: the embrope version still identifies the build
     triton_version = package_version("triton")
     meta = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
