@@ -410,7 +410,10 @@ def time_graph(timer, fn, device, ops_per_graph):
         text = f"{type(first).__name__}: {first}".splitlines()[0][:300]
         if first is not exc:
             text += f"; then {type(exc).__name__}: " + str(exc).splitlines()[0][:160]
-        torch.cuda.synchronize(device)
+        try:
+            torch.cuda.synchronize(device)
+        except Exception as sync_exc:  # keep the capture's reason, add the aftermath
+            text += f"; synchronize afterwards: {str(sync_exc).splitlines()[0][:120]}"
         raise RuntimeError(text) from exc
     torch.cuda.synchronize(device)
     ms, iters, _ = timer.measure(graph.replay)
@@ -672,12 +675,19 @@ def run_rope(args, lib, device, timer, results, peers, failures):
                         results.add(**row, status="ok", median_ms=ms, iters=iters,
                                     gbps=nbytes / ms / 1e6)
 
-    # embrope under CUDA-graph capture, last: its C API reports bad positions by copying a
-    # status record to the host and synchronising, which a capture cannot contain. A failed
-    # capture may leave state behind in torch (the capture stream's allocator pool), so it
-    # is attempted once, after every other measurement; its reason then stands for all sizes.
+    def finish():
+        embrope_graphs(args, lib, device, timer, results, cache, opts, embrope_graph_cases)
+        lib.check("embrope_rope_cache_destroy", lib.lib.embrope_rope_cache_destroy(cache))
+    return finish
+
+
+def embrope_graphs(args, lib, device, timer, results, cache, opts, cases):
+    """embrope under CUDA-graph capture, run last of all: its C API reports bad positions by
+    copying a status record to the host and synchronising, which a capture cannot contain. A
+    failed capture may leave state behind in torch (the capture stream's allocator pool), so
+    it is attempted once, after every other measurement, and its reason stands for all sizes."""
     reason = None
-    for case in embrope_graph_cases:
+    for case in cases:
         row = dict(op="rope", dtype=case["dname"], tokens=case["tokens"],
                    impl="embrope [graph]", bytes=case["nbytes"], extra="graph")
         if reason is not None:
@@ -694,7 +704,6 @@ def run_rope(args, lib, device, timer, results, peers, failures):
         else:
             results.add(**row, status="ok", median_ms=ms, iters=iters,
                         gbps=case["nbytes"] / ms / 1e6)
-    lib.check("embrope_rope_cache_destroy", lib.lib.embrope_rope_cache_destroy(cache))
 
 
 def run_embed(args, lib, device, timer, results, failures):
@@ -1035,12 +1044,19 @@ def main(argv=None):
 
     results = Results()
     failures = []
+    finish_rope = None
     if "rope" in ops:
-        run_rope(args, lib, device, timer, results, peers, failures)
+        finish_rope = run_rope(args, lib, device, timer, results, peers, failures)
     if "embed" in ops:
         run_embed(args, lib, device, timer, results, failures)
+    if finish_rope is not None:
+        finish_rope()  # embrope's graph-capture attempt, after everything else
 
-    rows = results.rows
+    # Table order: op, dtype, hidden size, tokens, eager before graph (embrope's graph rows
+    # were measured last).
+    rows = sorted(results.rows, key=lambda r: (
+        ["rope", "embed"].index(r["op"]), r["dtype"], r.get("hidden") or 0, r["tokens"],
+        r.get("extra", "") == "graph"))
     annotate(rows)
     os.makedirs(args.out, exist_ok=True)
     meta["failures"] = failures
