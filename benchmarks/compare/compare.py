@@ -287,7 +287,7 @@ def ulp_of(magnitude, dtype):
     tiny = torch.finfo(dtype).tiny
     m = magnitude.abs().clamp_min(tiny)
     _, exponent = torch.frexp(m)  # m = mantissa * 2^exponent, mantissa in [0.5, 1)
-    return torch.ldexp(torch.ones_like(m), (exponent - 1 - _MANTISSA_BITS[dtype]).to(torch.int32))
+    return torch.pow(2.0, (exponent - 1 - _MANTISSA_BITS[dtype]).to(torch.float64))
 
 
 def max_ulp_error(out, ref64, scale64, dtype):
@@ -520,6 +520,7 @@ def run_rope(args, lib, device, timer, results, peers, failures):
 
     # Peers read the same float32 values, so the comparison is about the kernels only.
     cos_sin_f32 = torch.cat((cos_half, sin_half), -1).to(device)  # FlashInfer's layout
+    cos_half_dev, sin_half_dev = cos_half.to(device), sin_half.to(device)
     opts = RopeOptions()
     lib.lib.embrope_rope_options_init(ctypes.byref(opts))
     opts.layout = EMBROPE_ROPE_NEOX
@@ -539,12 +540,13 @@ def run_rope(args, lib, device, timer, results, peers, failures):
             k0 = torch.randn(tokens, hk, d, generator=gen).to(device=device, dtype=dtype)
             positions = torch.randint(0, args.position_range, (tokens,), generator=gen,
                                       dtype=torch.int64).to(device)
-            ref_pos = positions.cpu()
+            ref_pos = positions
             if args.break_reference:
                 # Off by one position: a reference that must make every check fail.
                 ref_pos = (ref_pos + 1) % max_pos
-            qref, qscale = rope_reference(q0.cpu(), cos_half, sin_half, ref_pos)
-            kref, kscale = rope_reference(k0.cpu(), cos_half, sin_half, ref_pos)
+            # float64 on the device itself: at 65536 tokens the host would need minutes.
+            qref, qscale = rope_reference(q0, cos_half_dev, sin_half_dev, ref_pos)
+            kref, kscale = rope_reference(k0, cos_half_dev, sin_half_dev, ref_pos)
             elems = tokens * (hq + hk) * d
             nbytes = 2 * elems * q0.element_size()  # in place: read + write of q and k
 
@@ -617,7 +619,6 @@ def run_rope(args, lib, device, timer, results, peers, failures):
             impls["flashinfer"] = flashinfer_impl
 
             selected = [n for n in impls if not any(s in n for s in args.skip)]
-            results_here = {}
             for name in selected:
                 row = dict(op="rope", dtype=dname, tokens=tokens, impl=name, bytes=nbytes,
                            shape=f"q[{tokens},{hq},{d}] k[{tokens},{hk},{d}]")
@@ -635,15 +636,14 @@ def run_rope(args, lib, device, timer, results, peers, failures):
                                 + str(exc).splitlines()[0][:300])
                     failures.append(f"rope {dname} T={tokens} {name}: {exc}")
                     continue
-                err = max(max_ulp_error(q.cpu(), qref, qscale, dtype),
-                          max_ulp_error(k.cpu(), kref, kscale, dtype))
+                err = max(max_ulp_error(q, qref, qscale, dtype),
+                          max_ulp_error(k, kref, kscale, dtype))
                 if not err <= args.rope_tol_ulps:
                     results.add(**row, status=f"check FAILED: max error {err:.3g} ulp > "
                                 f"{args.rope_tol_ulps}", max_ulp=err)
                     failures.append(f"rope {dname} T={tokens} {name}: {err:.3g} ulp")
                     continue
                 ms, iters, all_ms = timer.measure(call)
-                results_here[name] = ms
                 results.add(**row, status="ok", median_ms=ms, iters=iters, reps_ms=all_ms,
                             gbps=nbytes / ms / 1e6, max_ulp=err)
             # the ceiling: a device copy moving the same bytes (read + write)
@@ -725,10 +725,10 @@ def run_embed(args, lib, device, timer, results, failures):
             implicit = torch.arange(tokens, dtype=torch.int64, device=device)
             nbytes = 3 * tokens * hidden * table.element_size()  # table + position rows, out
             for mode, pos in (("implicit", implicit), ("explicit", explicit)):
-                ref_pos = pos.cpu()
+                ref_pos = pos
                 if args.break_reference:
                     ref_pos = (ref_pos + 1) % max_pos
-                ref = table.cpu()[ids.cpu()].double() + pos_table.cpu()[ref_pos].double()
+                ref = table[ids].double() + pos_table[ref_pos].double()
                 impls = {}
 
                 def embrope_impl(out, mode=mode, pos=pos):
@@ -793,7 +793,7 @@ def run_embed(args, lib, device, timer, results, failures):
                         failures.append(f"embed T={tokens} {name}: {exc}")
                         continue
                     got = res if isinstance(res, torch.Tensor) else res["out"]
-                    err = max_ulp_error(got.cpu(), ref, ref, stream_dtype)
+                    err = max_ulp_error(got, ref, ref, stream_dtype)
                     if not err <= args.embed_tol_ulps:
                         results.add(**row, status=f"check FAILED: max error {err:.3g} ulp > "
                                     f"{args.embed_tol_ulps}", max_ulp=err)
@@ -965,6 +965,7 @@ def main(argv=None):
                     help="shift the reference's positions by one: every check must then fail "
                          "(a test of the checks themselves)")
     args = ap.parse_args(argv)
+    torch.set_grad_enabled(False)  # inference: no autograd bookkeeping in any timed call
     args.tokens = parse_list(args.tokens)
     args.embed_tokens = parse_list(args.embed_tokens)
     args.hidden = parse_list(args.hidden)
