@@ -530,16 +530,17 @@ def run_rope(args, lib, device, timer, results, peers, failures):
     compiled = {}
     embrope_graph_cases = []
 
-    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    # Inputs drawn on the device: at 65536 tokens a host draw and upload takes seconds.
+    gen = torch.Generator(device=device).manual_seed(args.seed)
     for dname in args.dtypes:
         dtype = DTYPES[dname]
         cos_tab = torch.cat((cos_half, cos_half), -1).to(device=device, dtype=dtype)
         sin_tab = torch.cat((sin_half, sin_half), -1).to(device=device, dtype=dtype)
         for tokens in args.tokens:
-            q0 = torch.randn(tokens, hq, d, generator=gen).to(device=device, dtype=dtype)
-            k0 = torch.randn(tokens, hk, d, generator=gen).to(device=device, dtype=dtype)
+            q0 = torch.randn(tokens, hq, d, generator=gen, device=device).to(dtype)
+            k0 = torch.randn(tokens, hk, d, generator=gen, device=device).to(dtype)
             positions = torch.randint(0, args.position_range, (tokens,), generator=gen,
-                                      dtype=torch.int64).to(device)
+                                      dtype=torch.int64, device=device)
             ref_pos = positions
             if args.break_reference:
                 # Off by one position: a reference that must make every check fail.
@@ -707,21 +708,21 @@ def embrope_graphs(args, lib, device, timer, results, cache, opts, cases):
 
 
 def run_embed(args, lib, device, timer, results, failures):
-    gen = torch.Generator(device="cpu").manual_seed(args.seed + 1)
+    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
     stream_dtype = torch.bfloat16
     compiled = {}
     for hidden in args.hidden:
         max_tokens = max(args.embed_tokens)
         max_pos = max(args.max_positions, max_tokens)
-        table = (torch.randn(args.vocab, hidden, generator=gen) * 0.02).to(device=device,
-                                                                             dtype=stream_dtype)
-        pos_table = (torch.randn(max_pos, hidden, generator=gen) * 0.02).to(
-            device=device, dtype=stream_dtype)
+        table = (torch.randn(args.vocab, hidden, generator=gen, device=device) * 0.02).to(
+            stream_dtype)
+        pos_table = (torch.randn(max_pos, hidden, generator=gen, device=device) * 0.02).to(
+            stream_dtype)
         for tokens in args.embed_tokens:
-            ids = torch.randint(0, args.vocab, (tokens,), generator=gen,
-                                dtype=torch.int64).to(device)
-            explicit = torch.randint(0, max_pos, (tokens,), generator=gen,
-                                     dtype=torch.int64).to(device)
+            ids = torch.randint(0, args.vocab, (tokens,), generator=gen, dtype=torch.int64,
+                                device=device)
+            explicit = torch.randint(0, max_pos, (tokens,), generator=gen, dtype=torch.int64,
+                                     device=device)
             implicit = torch.arange(tokens, dtype=torch.int64, device=device)
             nbytes = 3 * tokens * hidden * table.element_size()  # table + position rows, out
             for mode, pos in (("implicit", implicit), ("explicit", explicit)):
