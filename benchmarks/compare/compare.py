@@ -893,7 +893,7 @@ def write_plot(path, meta, rows):
                 if op2 == op and hid2 == hid and posm2 is not None:
                     s2.setdefault("copy (ceiling)", series.get("copy (ceiling)", []))
             del groups[(op, dt, hid, posm)]
-    panels = sorted(groups, key=lambda p: tuple(str(x) for x in p))
+    panels = sorted(groups, key=lambda p: (p[0] != "rope",) + tuple(str(x) for x in p))
     if not panels:
         return "no successful measurements; compare.png not written"
     ncols = min(3, len(panels))
