@@ -17,8 +17,10 @@ using detail::BadIndexRecord;
 std::string describe_bad_index(const BadIndexRecord& record) {
   const std::int64_t row = record.key / 8;
   const auto arg = static_cast<BadIndexArg>(record.key % 8);
-  const char* op =
-      static_cast<BadIndexOp>(record.op) == BadIndexOp::apply_rope ? "apply_rope" : "embed";
+  const char* op = static_cast<BadIndexOp>(record.op) == BadIndexOp::apply_rope ? "apply_rope"
+                   : static_cast<BadIndexOp>(record.op) == BadIndexOp::embed_backward
+                       ? "embed_backward"
+                       : "embed";
   std::string subject;
   const char* table = "";
   switch (arg) {
