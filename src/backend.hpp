@@ -52,6 +52,5 @@ namespace embrope::cuda {
 void embed_backward(const detail::EmbedBackwardParams& params, Device device, Stream stream);
 // Bytes of workspace embed_backward needs for these parameters (0 in atomic mode when every
 // gradient is float32).
-std::size_t embed_backward_workspace_size(const detail::EmbedBackwardParams& params,
-                                          Device device);
+std::size_t embed_backward_workspace_size(const detail::EmbedBackwardParams& params, Device device);
 }  // namespace embrope::cuda

@@ -35,15 +35,13 @@ void as_backward(Call&& call) {
 
 }  // namespace
 
-void apply_rope_backward(const Tensor& dq, const std::optional<Tensor>& dk,
-                         const Tensor& positions, const RopeCache& cache,
-                         const RopeOptions& options) {
+void apply_rope_backward(const Tensor& dq, const std::optional<Tensor>& dk, const Tensor& positions,
+                         const RopeCache& cache, const RopeOptions& options) {
   as_backward([&] { apply_rope(dq, dk, positions, cache, transposed(options)); });
 }
 
-void apply_rope_backward(const Tensor& dq, const std::optional<Tensor>& dk,
-                         const Tensor& positions, const Tensor& cos, const Tensor& sin,
-                         const RopeOptions& options) {
+void apply_rope_backward(const Tensor& dq, const std::optional<Tensor>& dk, const Tensor& positions,
+                         const Tensor& cos, const Tensor& sin, const RopeOptions& options) {
   as_backward([&] { apply_rope(dq, dk, positions, cos, sin, transposed(options)); });
 }
 

@@ -626,9 +626,11 @@ TEST_CASE("C embed_backward: scale, padding and learned positions against float6
   ref::fill_random(pos_grad, 54);
   offsets.set_index(0, 0);
   offsets.set_index(1, 7);
-  std::vector<double> want_t(static_cast<std::size_t>(v * d)), want_p(static_cast<std::size_t>(p * d));
+  std::vector<double> want_t(static_cast<std::size_t>(v * d)),
+      want_p(static_cast<std::size_t>(p * d));
   std::vector<double> mag_t(want_t.size()), mag_p(want_p.size());
-  std::vector<std::int64_t> count_t(static_cast<std::size_t>(v)), count_p(static_cast<std::size_t>(p));
+  std::vector<std::int64_t> count_t(static_cast<std::size_t>(v)),
+      count_p(static_cast<std::size_t>(p));
   for (std::int64_t i = 0; i < v * d; ++i) {
     want_t[static_cast<std::size_t>(i)] = grad.get(i);
     mag_t[static_cast<std::size_t>(i)] = std::fabs(grad.get(i));
@@ -670,15 +672,21 @@ TEST_CASE("C embed_backward: scale, padding and learned positions against float6
   for (std::int64_t k = 0; k < v * d; ++k) {
     const auto uk = static_cast<std::size_t>(k);
     const double tol = static_cast<double>(count_t[uk / d] + 2) * std::ldexp(mag_t[uk], -24);
-    m.expect_close([&] { return ref::where("grad_table", {k / d, k % d}); }, grad.get(k),
-                   want_t[uk], tol);
+    m.expect_close(
+        [&] {
+          return ref::where("grad_table", {k / d, k % d});
+        },
+        grad.get(k), want_t[uk], tol);
   }
   for (std::int64_t k = 0; k < p * d; ++k) {
     const auto uk = static_cast<std::size_t>(k);
     const double tol = ref::ulp(DType::bfloat16, want_p[uk]) +
                        static_cast<double>(count_p[uk / d] + 2) * std::ldexp(mag_p[uk], -24);
-    m.expect_close([&] { return ref::where("grad_position_table", {k / d, k % d}); },
-                   pos_grad.get(k), want_p[uk], tol);
+    m.expect_close(
+        [&] {
+          return ref::where("grad_position_table", {k / d, k % d});
+        },
+        pos_grad.get(k), want_p[uk], tol);
   }
   INFO(m.summary());
   CHECK(m.count == 0);
@@ -729,8 +737,7 @@ TEST_CASE("C apply_rope_backward undoes apply_rope, with the cache and with cos/
   for (int round = 0; round < 2; ++round) {
     REQUIRE(embrope_apply_rope(&dq.t, nullptr, &dp.t, cache, &o, nullptr) == EMBROPE_OK);
     if (round == 0) {
-      REQUIRE(embrope_apply_rope_backward(&dq.t, nullptr, &dp.t, cache, &o, nullptr) ==
-              EMBROPE_OK);
+      REQUIRE(embrope_apply_rope_backward(&dq.t, nullptr, &dp.t, cache, &o, nullptr) == EMBROPE_OK);
     } else {
       REQUIRE(embrope_apply_rope_backward_cos_sin(&dq.t, nullptr, &dp.t, &dc.t, &ds.t, &o,
                                                   nullptr) == EMBROPE_OK);
@@ -740,8 +747,11 @@ TEST_CASE("C apply_rope_backward undoes apply_rope, with the cache and with cos/
       double norm = 0.0;
       for (std::int64_t e = 0; e < d; ++e) norm += q0.get(row * d + e) * q0.get(row * d + e);
       for (std::int64_t e = 0; e < d; ++e) {
-        m.expect_close([&] { return ref::where("q", {row, e}); }, q.get(row * d + e),
-                       q0.get(row * d + e), 2 * ref::kFloat32RelTol * std::sqrt(norm));
+        m.expect_close(
+            [&] {
+              return ref::where("q", {row, e});
+            },
+            q.get(row * d + e), q0.get(row * d + e), 2 * ref::kFloat32RelTol * std::sqrt(norm));
       }
     }
     INFO(m.summary());

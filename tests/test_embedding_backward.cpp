@@ -129,9 +129,8 @@ struct Grad {
         // Recursive float32 summation of k terms, the product by scale and the final
         // addition: at most (k + 2) float32 unit roundoffs of the sum of magnitudes.
         const double f32_error = static_cast<double>(k + 2) * std::ldexp(magnitude[ua], -24);
-        const double tol = buf.dtype() == DType::float32
-                               ? f32_error
-                               : ref::ulp(buf.dtype(), want[ua]) + f32_error;
+        const double tol =
+            buf.dtype() == DType::float32 ? f32_error : ref::ulp(buf.dtype(), want[ua]) + f32_error;
         m.expect_close(loc, buf.get(at), want[ua], tol);
       }
     }
@@ -259,7 +258,8 @@ Outcome run_backward(const BackwardCase& c, DeferredStatus* deferred = nullptr) 
     const std::int64_t ty = types[static_cast<std::size_t>(n)];
     if (c.num_types > 0 && (ty < 0 || ty >= c.num_types)) bad = true;
     if (bad) continue;  // the forward zero-filled the row: no gradient anywhere
-    for (std::int64_t e = 0; e < d; ++e) g[static_cast<std::size_t>(e)] = grad_out.get(n * ostride + e);
+    for (std::int64_t e = 0; e < d; ++e)
+      g[static_cast<std::size_t>(e)] = grad_out.get(n * ostride + e);
     if (c.token && hit && !(c.padding && id == *c.padding)) {
       result.table.add(id - c.vocab_start, g, scale);
     }
@@ -293,8 +293,7 @@ std::int64_t case_seed(std::initializer_list<std::int64_t> parts) {
 
 // ------------------------------------------------------------------ reductions ----------
 
-TEST_CASE("embed_backward sums grad_out rows per id for every dtype pairing",
-          "[embed_backward]") {
+TEST_CASE("embed_backward sums grad_out rows per id for every dtype pairing", "[embed_backward]") {
   for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
     for (DType grad_dtype : {DType::float32, dtype}) {
       for (DType id_dtype : {DType::int32, DType::int64}) {
@@ -379,7 +378,8 @@ TEST_CASE("embed_backward gives padding_idx rows no gradient", "[embed_backward]
   c.padding = 0;
   c.learned = true;
   c.explicit_positions = false;
-  for (std::size_t n = 0; n < 40; n += 3) c.ids.push_back(0), c.ids.push_back(1), c.ids.push_back(0);
+  for (std::size_t n = 0; n < 40; n += 3)
+    c.ids.push_back(0), c.ids.push_back(1), c.ids.push_back(0);
   c.ids.resize(40);
   const Outcome o = run_backward(c);
   CHECK_FALSE(o.error.has_value());
@@ -419,7 +419,8 @@ TEST_CASE("embed_backward over a vocab shard ignores ids just outside it",
     INFO(e.error->what());
     CHECK(e.error->code() == ErrorCode::index_out_of_range);
     CHECK_THAT(e.error->what(), Catch::Contains("embed_backward") &&
-                                    Catch::Contains("ids[0] = 99") && Catch::Contains("[100, 150)"));
+                                    Catch::Contains("ids[0] = 99") &&
+                                    Catch::Contains("[100, 150)"));
   }
 }
 
@@ -461,7 +462,9 @@ TEST_CASE("embed_backward fills learned position and type gradients in the same 
     c.scale = 1.5;
     c.vocab_start = 10;
     c.ids_shape = {3, 37};
-    SECTION("explicit position_ids") { run_ok(c); }
+    SECTION("explicit position_ids") {
+      run_ok(c);
+    }
     SECTION("implicit offset_b + s with position_offsets") {
       c.explicit_positions = false;
       c.with_offsets = true;
@@ -543,8 +546,8 @@ TEST_CASE("embed_backward: bad positions and type ids give no gradient and are r
     c.position_ids = {0, 1, 2, 30, 4, -1, 6, 7, 8, 9};
     const Outcome o = run_backward(c);
     REQUIRE(o.error.has_value());
-    CHECK_THAT(o.error->what(), Catch::Contains("embed_backward") &&
-                                    Catch::Contains("position_ids[3] = 30"));
+    CHECK_THAT(o.error->what(),
+               Catch::Contains("embed_backward") && Catch::Contains("position_ids[3] = 30"));
   }
   SECTION("a type id outside the table") {
     c.type_ids = {0, 1, 0, 1, 0, 1, 0, 2, 0, 1};
@@ -614,8 +617,11 @@ TEST_CASE("embed_backward rejects bad arguments with a message naming them",
   EmbedBackwardOptions o;
   SECTION("grad_out of dtype int32") {
     ref::Buffer gi(DType::int32, f.n * f.d);
-    expect_error([&] { embrope::embed_backward(ref::view(gi, 0, {f.n, f.d}), f.i(), f.t()); },
-                 kInvalid, {"embed_backward", "grad_out", "int32"});
+    expect_error(
+        [&] {
+          embrope::embed_backward(ref::view(gi, 0, {f.n, f.d}), f.i(), f.t());
+        },
+        kInvalid, {"embed_backward", "grad_out", "int32"});
   }
   SECTION("ids of dtype float32") {
     expect_error([&] { embrope::embed_backward(f.g(), ref::view(f.grad_out, 0, {f.n}), f.t()); },
@@ -623,17 +629,23 @@ TEST_CASE("embed_backward rejects bad arguments with a message naming them",
   }
   SECTION("grad_table float16 with a float32 grad_out") {
     expect_error(
-        [&] { embrope::embed_backward(f.g(), f.i(), ref::view(f.grad16, 0, {f.v, f.d})); },
+        [&] {
+          embrope::embed_backward(f.g(), f.i(), ref::view(f.grad16, 0, {f.v, f.d}));
+        },
         kInvalid, {"embed_backward", "grad_table", "float16", "float32"});
   }
   SECTION("grad_table with another D") {
     expect_error(
-        [&] { embrope::embed_backward(f.g(), f.i(), ref::view(f.grad, 0, {f.v * 2, f.d / 2})); },
+        [&] {
+          embrope::embed_backward(f.g(), f.i(), ref::view(f.grad, 0, {f.v * 2, f.d / 2}));
+        },
         kInvalid, {"embed_backward", "grad_table", "4", "8"});
   }
   SECTION("grad_out with another number of rows than ids") {
     expect_error(
-        [&] { embrope::embed_backward(ref::view(f.grad_out, 0, {f.n - 1, f.d}), f.i(), f.t()); },
+        [&] {
+          embrope::embed_backward(ref::view(f.grad_out, 0, {f.n - 1, f.d}), f.i(), f.t());
+        },
         kInvalid, {"embed_backward", "grad_out", "5", "6"});
   }
   SECTION("grad_table with a strided last dimension") {
@@ -653,10 +665,9 @@ TEST_CASE("embed_backward rejects bad arguments with a message naming them",
     if (embrope::cuda_device_count() == 0) {
       expect_error(
           [&] {
-            embrope::embed_backward(
-                Tensor(f.grad_out.data(), DType::float32, {f.n, f.d}, gpu),
-                Tensor(f.ids.data(), DType::int64, {f.n}, gpu),
-                Tensor(f.grad.data(), DType::float32, {f.v, f.d}, gpu));
+            embrope::embed_backward(Tensor(f.grad_out.data(), DType::float32, {f.n, f.d}, gpu),
+                                    Tensor(f.ids.data(), DType::int64, {f.n}, gpu),
+                                    Tensor(f.grad.data(), DType::float32, {f.v, f.d}, gpu));
           },
           {ErrorCode::not_implemented}, {"embed_backward"});
     }

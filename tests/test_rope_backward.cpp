@@ -123,8 +123,11 @@ TEST_CASE("apply_rope_backward is the gradient of apply_rope (central finite dif
             const double fd = (plus - minus) / (plus_x - minus_x);
             // f is linear: only the float32 rounding of the two changed outputs remains.
             const double w_norm = ref::norm(head(w, i / d, d));
-            mm.expect_close([&] { return ref::where(x == &q ? "dq" : "dk", {i / d, i % d}); },
-                            grad.get(i), fd, 1e-5 * w_norm);
+            mm.expect_close(
+                [&] {
+                  return ref::where(x == &q ? "dq" : "dk", {i / d, i % d});
+                },
+                grad.get(i), fd, 1e-5 * w_norm);
           }
         }
         INFO(mm.summary());
@@ -161,14 +164,18 @@ TEST_CASE("apply_rope_backward equals the float64 transposed rotation m R(-theta
             for (std::int64_t row = 0; row < t * heads; ++row) {
               std::vector<double> mag;
               // The gradient of a forward by +theta is a rotation by -theta, and vice versa.
-              const std::vector<double> want = tables.rotate(
-                  head(*in, row, d), pos.get_index(row / heads), interleaved, !forward_inverse, &mag);
+              const std::vector<double> want =
+                  tables.rotate(head(*in, row, d), pos.get_index(row / heads), interleaved,
+                                !forward_inverse, &mag);
               const double norm = ref::norm(want);
               for (std::int64_t e = 0; e < d; ++e) {
                 const auto ue = static_cast<std::size_t>(e);
-                mm.expect_close([&] { return ref::where("grad", {row, e}); },
-                                got->get(row * d + e), want[ue],
-                                ref::tolerance(dtype, want[ue], norm, mag[ue]));
+                mm.expect_close(
+                    [&] {
+                      return ref::where("grad", {row, e});
+                    },
+                    got->get(row * d + e), want[ue],
+                    ref::tolerance(dtype, want[ue], norm, mag[ue]));
               }
             }
           }
@@ -197,8 +204,11 @@ TEST_CASE("apply_rope_backward after apply_rope is the identity (a rotation is o
     const std::vector<double> x = head(q0, row, d);
     const double norm = ref::norm(x);
     for (std::int64_t e = 0; e < d; ++e) {
-      mm.expect_close([&] { return ref::where("q", {row, e}); }, q.get(row * d + e),
-                      x[static_cast<std::size_t>(e)], 2 * ref::kFloat32RelTol * norm);
+      mm.expect_close(
+          [&] {
+            return ref::where("q", {row, e});
+          },
+          q.get(row * d + e), x[static_cast<std::size_t>(e)], 2 * ref::kFloat32RelTol * norm);
     }
   }
   INFO(mm.summary());
@@ -209,8 +219,7 @@ TEST_CASE("apply_rope_backward out of place leaves dq and dk and copies the pass
           "[rope_backward]") {
   const std::int64_t t = 4, h = 2, d = 24, r = 16;
   RopeCache cache(RopeConfig{r, kBase, kMaxPositions});
-  ref::Buffer dq(DType::bfloat16, t * h * d), out(DType::bfloat16, t * h * d),
-      pos(DType::int64, t);
+  ref::Buffer dq(DType::bfloat16, t * h * d), out(DType::bfloat16, t * h * d), pos(DType::int64, t);
   ref::fill_random(dq, 31);
   ref::poison(out);
   ref::fill_random_indices(pos, 32, 0, kMaxPositions - 1);
@@ -228,11 +237,18 @@ TEST_CASE("apply_rope_backward out of place leaves dq and dk and copies the pass
     for (std::int64_t e = 0; e < d; ++e) {
       const auto ue = static_cast<std::size_t>(e);
       if (e >= r) {
-        mm.expect_bits([&] { return ref::where("out", {row, e}); }, out.bits(row * d + e),
-                       dq.bits(row * d + e));
+        mm.expect_bits(
+            [&] {
+              return ref::where("out", {row, e});
+            },
+            out.bits(row * d + e), dq.bits(row * d + e));
       } else {
-        mm.expect_close([&] { return ref::where("out", {row, e}); }, out.get(row * d + e),
-                        want[ue], ref::tolerance(DType::bfloat16, want[ue], 0.0, mag[ue]));
+        mm.expect_close(
+            [&] {
+              return ref::where("out", {row, e});
+            },
+            out.get(row * d + e), want[ue],
+            ref::tolerance(DType::bfloat16, want[ue], 0.0, mag[ue]));
       }
     }
   }

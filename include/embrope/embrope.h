@@ -177,9 +177,9 @@ typedef enum embrope_backward_mode_t {
 } embrope_backward_mode_t;
 
 typedef struct embrope_embed_backward_options_t {
-  float scale;         /* the forward's scale, applied to grad_table only; default 1 */
-  int64_t vocab_start; /* as embrope_embed_options_t; default 0 */
-  int32_t vocab_shard; /* nonzero: ids outside the shard give no gradient; default 0 */
+  float scale;             /* the forward's scale, applied to grad_table only; default 1 */
+  int64_t vocab_start;     /* as embrope_embed_options_t; default 0 */
+  int32_t vocab_shard;     /* nonzero: ids outside the shard give no gradient; default 0 */
   int32_t has_padding_idx; /* nonzero: rows whose id is padding_idx give grad_table nothing */
   int64_t padding_idx;     /* in the ids' numbering; default 0 (unused unless has_padding_idx) */
   const DLTensor* grad_position_table; /* learned positions: [max_positions, D], or NULL */

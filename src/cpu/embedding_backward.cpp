@@ -63,7 +63,8 @@ void reduce_runs(const Params& p, const detail::GradTable& target,
       G* out = grad + keys[order[begin]] * target.stride + j0;
 #pragma omp simd
       for (std::int64_t j = 0; j < width; ++j) {
-        out[j] = from_float<G>(detail::accumulate_gradient(to_float(out[j]), total[j], target.weight));
+        out[j] =
+            from_float<G>(detail::accumulate_gradient(to_float(out[j]), total[j], target.weight));
       }
     }
   }
