@@ -401,7 +401,7 @@ Workspace plan(const KeyLayout& l, std::int64_t dim, char* base, cudaStream_t st
         "cub::DeviceScan::ExclusiveSum (size query)");
   w.cub_bytes = std::max(sort_bytes, std::max(encode_bytes, scan_bytes));
   w.cub = take(w.cub_bytes);
-  w.total = at;
+  w.total = at + kAlign - 1;  // room to align a caller's workspace (base is aligned here)
   return w;
 }
 
@@ -447,6 +447,9 @@ void deterministic(const Params& p, cudaStream_t stream) {
     owned.emplace(w.total, stream);
     base = owned->get();
   }
+  // Every piece starts on a kAlign boundary, as CUB's temporary storage expects.
+  const auto address = reinterpret_cast<std::uintptr_t>(base);
+  base += (kAlign - address % kAlign) % kAlign;
   w = plan(l, p.rows.dim, base, stream);
 
   keys_kernel<<<grid_for(l.items, 256), 256, 0, stream>>>(p, l, w.keys_in, w.offsets_in);
