@@ -2,6 +2,7 @@
 // codes and a per-thread message. Nothing thrown crosses this file's functions.
 #include <fmt/format.h>
 
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -323,7 +324,12 @@ embrope::EmbedBackwardOptions embed_backward_options(const char* fn,
   options.position_offsets = to_optional(fn, "position_offsets", o->position_offsets);
   options.grad_type_table = to_optional(fn, "grad_type_table", o->grad_type_table);
   options.type_ids = to_optional(fn, "type_ids", o->type_ids);
-  switch (o->mode) {
+  // Read as the int a C caller stored: in C++, loading an enum outside its enumerators'
+  // range is undefined.
+  int mode = 0;
+  static_assert(sizeof mode == sizeof o->mode, "a C enum is int-sized");
+  std::memcpy(&mode, &o->mode, sizeof mode);
+  switch (mode) {
     case EMBROPE_BACKWARD_DETERMINISTIC:
       options.mode = embrope::BackwardMode::deterministic;
       break;
@@ -331,7 +337,7 @@ embrope::EmbedBackwardOptions embed_backward_options(const char* fn,
       options.mode = embrope::BackwardMode::atomic;
       break;
     default:
-      fail(fn, fmt::format("mode {} is not an embrope_backward_mode_t", static_cast<int>(o->mode)));
+      fail(fn, fmt::format("mode {} is not an embrope_backward_mode_t", mode));
   }
   options.workspace = o->workspace;
   options.workspace_bytes = o->workspace_bytes;

@@ -704,7 +704,8 @@ TEST_CASE("C embed_backward status codes", "[c_api][embed_backward][errors]") {
   CHECK_THAT(last_error(), Catch::Contains("embed_backward") && Catch::Contains("ids[2] = 5"));
   embrope_embed_backward_options_t o;
   embrope_embed_backward_options_init(&o);
-  o.mode = static_cast<embrope_backward_mode_t>(9);
+  const int bad_mode = 9;  // as a C caller may store it (a C enum is an int)
+  std::memcpy(&o.mode, &bad_mode, sizeof bad_mode);
   CHECK(embrope_embed_backward(&g.t, &i.t, &t.t, &o, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(last_error(), Catch::Contains("embrope_embed_backward") && Catch::Contains("mode"));
   CHECK(embrope_embed_backward(nullptr, &i.t, &t.t, nullptr, nullptr) ==
