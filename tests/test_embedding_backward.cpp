@@ -36,8 +36,9 @@ struct BackwardCase {
   DType id_dtype = DType::int64;
   std::int64_t vocab = 50, dim = 64;
   std::vector<std::int64_t> ids_shape = {40};
-  std::int64_t out_pad = 0;   // padding after each grad_out row
-  std::int64_t grad_pad = 0;  // padding after each gradient table row
+  std::int64_t id_stride = 1;  // ids this many elements apart
+  std::int64_t out_pad = 0;    // padding after each grad_out row
+  std::int64_t grad_pad = 0;   // padding after each gradient table row
   double scale = 1.0;
   std::int64_t vocab_start = 0;
   bool shard = false;
@@ -63,7 +64,7 @@ std::string describe(const BackwardCase& c) {
   os << "], V " << c.vocab << ", D " << c.dim << ", out_pad " << c.out_pad << ", grad_pad "
      << c.grad_pad << ", scale " << c.scale << ", vocab_start " << c.vocab_start
      << (c.shard ? ", shard" : "") << (c.padding ? ", padding " + std::to_string(*c.padding) : "")
-     << (c.token ? "" : ", no grad_table")
+     << (c.token ? "" : ", no grad_table") << ", id_stride " << c.id_stride
      << (c.learned ? (c.explicit_positions ? ", learned explicit"
                       : c.with_offsets     ? ", learned implicit with offsets"
                                            : ", learned implicit")
@@ -152,13 +153,15 @@ Outcome run_backward(const BackwardCase& c, DeferredStatus* deferred = nullptr) 
   const std::int64_t seq = c.ids_shape.empty() ? 1 : c.ids_shape.back();
   const std::int64_t batch = c.ids_shape.size() == 2 ? c.ids_shape[0] : 1;
 
-  ref::Buffer ids(c.id_dtype, n_rows);
+  std::vector<std::int64_t> id_strides = ref::contiguous_strides(c.ids_shape);
+  for (auto& st : id_strides) st *= c.id_stride;
+  ref::Buffer ids(c.id_dtype, n_rows * c.id_stride);
   const std::int64_t lo = c.shard ? c.vocab_start - c.vocab / 2 : c.vocab_start;
   const std::int64_t hi =
       c.shard ? c.vocab_start + c.vocab + c.vocab / 2 : c.vocab_start + c.vocab - 1;
   ref::fill_random_indices(ids, ref::seed_of({c.seed, 2}), lo, hi);
   for (std::size_t i = 0; i < c.ids.size(); ++i) {
-    ids.set_index(static_cast<std::int64_t>(i), c.ids[i]);
+    ids.set_index(static_cast<std::int64_t>(i) * c.id_stride, c.ids[i]);
   }
 
   const std::int64_t ostride = d + c.out_pad;
@@ -240,7 +243,7 @@ Outcome run_backward(const BackwardCase& c, DeferredStatus* deferred = nullptr) 
   const auto type_before = result.type.buf.snapshot();
   try {
     embrope::embed_backward(ref::view(grad_out, 0, out_shape, out_strides),
-                            ref::view(ids, 0, c.ids_shape), grad_table, opt);
+                            ref::view(ids, 0, c.ids_shape, id_strides), grad_table, opt);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::index_out_of_range) throw;
     result.error = e;
@@ -250,7 +253,7 @@ Outcome run_backward(const BackwardCase& c, DeferredStatus* deferred = nullptr) 
   const double scale = static_cast<double>(static_cast<float>(c.scale));
   std::vector<double> g(static_cast<std::size_t>(d));
   for (std::int64_t n = 0; n < n_rows; ++n) {
-    const std::int64_t id = ids.get_index(n);
+    const std::int64_t id = ids.get_index(n * c.id_stride);
     const bool hit = id >= c.vocab_start && id < c.vocab_start + c.vocab;
     bool bad = c.token && !hit && !c.shard;
     const std::int64_t p = positions[static_cast<std::size_t>(n)];
@@ -313,6 +316,21 @@ TEST_CASE("embed_backward sums grad_out rows per id for every dtype pairing", "[
         }
       }
     }
+  }
+}
+
+TEST_CASE("embed_backward reads strided ids and a padded grad_out", "[embed_backward][strided]") {
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    BackwardCase c;
+    c.dtype = dtype;
+    c.ids_shape = {4, 25};
+    c.id_stride = 3;
+    c.out_pad = 5;
+    c.grad_pad = 2;
+    c.learned = true;
+    c.num_types = 2;
+    c.seed = case_seed({static_cast<int>(dtype), 77});
+    run_ok(c);
   }
 }
 
