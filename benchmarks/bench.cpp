@@ -403,6 +403,103 @@ void register_all() {
   }
 }
 
+// ---------------------------------------------------------------- backward passes ----
+
+// The vocabulary of the backward cases (as the forward embed cases).
+std::int64_t backward_vocab() {
+  return g_quick ? 32000 : 128256;
+}
+
+// The number of distinct values Memory::fill_indices(count, modulo, false) writes (the same
+// generator and seed).
+std::int64_t distinct_ids(std::int64_t count, std::int64_t modulo) {
+  std::mt19937_64 rng(42);
+  std::vector<bool> seen(static_cast<std::size_t>(modulo));
+  std::int64_t distinct = 0;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const auto v = static_cast<std::size_t>(rng() % modulo);
+    distinct += seen[v] ? 0 : 1;
+    seen[v] = true;
+  }
+  return distinct;
+}
+
+// embed_backward of grad_out [T, D] into a float32 grad_table [V, D]. Bytes moved: grad_out
+// read once, and every distinct id's gradient row read and written once.
+void embed_backward_case(benchmark::State& state, DType dtype, std::int64_t dim,
+                         std::int64_t tokens, embrope::BackwardMode mode, bool one_id) {
+  const std::int64_t vocab = backward_vocab();
+  const int es = embrope::dtype_size(dtype);
+  Memory grad_out(tokens * dim * es), ids(tokens * 8), grad(vocab * dim * 4);
+  grad_out.fill_values(dtype);
+  grad.fill_values(DType::float32);
+  ids.fill_indices(tokens, one_id ? 1 : vocab, false);
+  const Tensor tg(grad_out.data(), dtype, {tokens, dim}, device());
+  const Tensor ti(ids.data(), DType::int64, {tokens}, device());
+  const Tensor tt(grad.data(), DType::float32, {vocab, dim}, device());
+  embrope::EmbedBackwardOptions options;
+  options.mode = mode;
+  // A caller workspace, as a training loop would keep one (no allocation in the timed loop).
+  const std::size_t workspace_bytes = embrope::embed_backward_workspace_size(tg, ti, tt, options);
+  std::unique_ptr<Memory> workspace;
+  if (workspace_bytes > 0) {
+    workspace = std::make_unique<Memory>(workspace_bytes);
+    options.workspace = workspace->data();
+    options.workspace_bytes = workspace_bytes;
+  }
+  const std::int64_t distinct = distinct_ids(tokens, one_id ? 1 : vocab);
+  const std::int64_t bytes = tokens * dim * es + 2 * distinct * dim * 4;
+  run_timed(
+      state, [&] { embrope::embed_backward(tg, ti, tt, options); }, bytes);
+}
+
+// The same bytes as the forward rope case: read and write the rotated part of dq and dk.
+void rope_backward_case(benchmark::State& state, DType dtype, std::int64_t tokens) {
+  const std::int64_t hq = 32, hk = 8, dim = 128;
+  const int es = embrope::dtype_size(dtype);
+  Memory dq(tokens * hq * dim * es), dk(tokens * hk * dim * es), pos(tokens * 8);
+  dq.fill_values(dtype);
+  dk.fill_values(dtype);
+  pos.fill_indices(tokens, 65536, true);
+  embrope::RopeCache cache({dim, 500000.0, 65536}, device());
+  const Tensor tq(dq.data(), dtype, {tokens, hq, dim}, device());
+  const Tensor tk(dk.data(), dtype, {tokens, hk, dim}, device());
+  const Tensor tp(pos.data(), DType::int64, {tokens}, device());
+  const std::int64_t bytes = 2 * tokens * (hq + hk) * dim * es;
+  run_timed(
+      state, [&] { embrope::apply_rope_backward(tq, tk, tp, cache); }, bytes);
+}
+
+void register_backward() {
+  const std::vector<std::int64_t> token_counts =
+      g_quick ? std::vector<std::int64_t>{4096} : std::vector<std::int64_t>{1024, 16384};
+  for (const char* dt : {"bf16", "f32"}) {
+    const DType dtype = parse_dtype(dt);
+    for (std::int64_t t : token_counts) {
+      // Distinct ids (random over the vocabulary) and one id on every row (one long run).
+      for (bool one_id : {false, true}) {
+        for (auto mode : {embrope::BackwardMode::deterministic, embrope::BackwardMode::atomic}) {
+          // The CPU path is deterministic in either mode: time it once.
+          if (!g_gpu && mode == embrope::BackwardMode::atomic) continue;
+          const std::int64_t dim = 4096;
+          const std::int64_t distinct = distinct_ids(t, one_id ? 1 : backward_vocab());
+          const std::int64_t bytes = t * dim * embrope::dtype_size(dtype) + 2 * distinct * dim * 4;
+          const std::string name =
+              std::string("embed_backward/") +
+              (mode == embrope::BackwardMode::atomic ? "atomic" : "deterministic") + "/" + dt +
+              "/D=4096/T=" + std::to_string(t) + (one_id ? "/one_id" : "");
+          register_pair(name, bytes, [=](benchmark::State& st) {
+            embed_backward_case(st, dtype, dim, t, mode, one_id);
+          });
+        }
+      }
+      const std::int64_t rope_bytes = 2 * t * (32 + 8) * 128 * embrope::dtype_size(dtype);
+      register_pair(std::string("rope_backward/llama3-8b/") + dt + "/T=" + std::to_string(t),
+                    rope_bytes, [=](benchmark::State& st) { rope_backward_case(st, dtype, t); });
+    }
+  }
+}
+
 // Adds pct_of_copy to every op row from the copy row of the same byte count in this run
 // (on the terminal and in the JSON file alike).
 template <typename Base>
@@ -467,6 +564,7 @@ int main(int argc, char** argv) {
   int rest_argc = static_cast<int>(rest.size());
   benchmark::Initialize(&rest_argc, rest.data());
   register_all();
+  register_backward();
   PctReporter<benchmark::ConsoleReporter> display;
   PctReporter<benchmark::JSONReporter> file;
   bool has_out = false;

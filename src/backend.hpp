@@ -42,3 +42,17 @@ void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rot
                       Stream stream);
 
 }  // namespace embrope::cuda
+
+// ---------------------------------------------------------------- backward passes ----
+
+namespace embrope::cpu {
+void embed_backward(const detail::EmbedBackwardParams& params);
+}  // namespace embrope::cpu
+
+namespace embrope::cuda {
+// Enqueues on the stream and returns (no host synchronisation).
+void embed_backward(const detail::EmbedBackwardParams& params, Device device, Stream stream);
+// Bytes of workspace embed_backward needs for these parameters (0 in atomic mode when every
+// gradient is float32).
+std::size_t embed_backward_workspace_size(const detail::EmbedBackwardParams& params, Device device);
+}  // namespace embrope::cuda

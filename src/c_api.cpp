@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <new>
 #include <utility>
 #include <string>
@@ -406,6 +407,118 @@ embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const
     }
     embrope::embed(to_tensor(fn, "table", table), to_tensor(fn, "ids", ids),
                    to_tensor(fn, "out", out), options);
+  });
+}
+
+// ---------------------------------------------------------------- backward passes ----
+
+void embrope_embed_backward_options_init(embrope_embed_backward_options_t* options) {
+  if (options == nullptr) return;
+  options->scale = 1.0f;
+  options->vocab_start = 0;
+  options->vocab_shard = 0;
+  options->has_padding_idx = 0;
+  options->padding_idx = 0;
+  options->grad_position_table = nullptr;
+  options->position_ids = nullptr;
+  options->position_offsets = nullptr;
+  options->grad_type_table = nullptr;
+  options->type_ids = nullptr;
+  options->mode = EMBROPE_BACKWARD_DETERMINISTIC;
+  options->workspace = nullptr;
+  options->workspace_bytes = 0;
+}
+
+}  // extern "C"
+
+namespace {
+
+embrope::EmbedBackwardOptions embed_backward_options(const char* fn,
+                                                     const embrope_embed_backward_options_t* o,
+                                                     void* stream) {
+  embrope::EmbedBackwardOptions options;
+  options.stream.handle = stream;
+  if (o == nullptr) return options;
+  options.scale = o->scale;
+  options.vocab_start = o->vocab_start;
+  options.vocab_shard = o->vocab_shard != 0;
+  if (o->has_padding_idx != 0) options.padding_idx = o->padding_idx;
+  options.grad_position_table = to_optional(fn, "grad_position_table", o->grad_position_table);
+  options.position_ids = to_optional(fn, "position_ids", o->position_ids);
+  options.position_offsets = to_optional(fn, "position_offsets", o->position_offsets);
+  options.grad_type_table = to_optional(fn, "grad_type_table", o->grad_type_table);
+  options.type_ids = to_optional(fn, "type_ids", o->type_ids);
+  // Read as the int a C caller stored: in C++, loading an enum outside its enumerators'
+  // range is undefined.
+  int mode = 0;
+  static_assert(sizeof mode == sizeof o->mode, "a C enum is int-sized");
+  std::memcpy(&mode, &o->mode, sizeof mode);
+  switch (mode) {
+    case EMBROPE_BACKWARD_DETERMINISTIC:
+      options.mode = embrope::BackwardMode::deterministic;
+      break;
+    case EMBROPE_BACKWARD_ATOMIC:
+      options.mode = embrope::BackwardMode::atomic;
+      break;
+    default:
+      fail(fn, fmt::format("mode {} is not an embrope_backward_mode_t", mode));
+  }
+  options.workspace = o->workspace;
+  options.workspace_bytes = o->workspace_bytes;
+  return options;
+}
+
+}  // namespace
+
+extern "C" {
+
+embrope_status_t embrope_embed_backward(const DLTensor* grad_out, const DLTensor* ids,
+                                        const DLTensor* grad_table,
+                                        const embrope_embed_backward_options_t* options,
+                                        void* stream) {
+  constexpr const char* fn = "embrope_embed_backward";
+  return guarded([&] {
+    embrope::embed_backward(to_tensor(fn, "grad_out", grad_out), to_tensor(fn, "ids", ids),
+                            to_optional(fn, "grad_table", grad_table),
+                            embed_backward_options(fn, options, stream));
+  });
+}
+
+embrope_status_t embrope_embed_backward_workspace_size(
+    const DLTensor* grad_out, const DLTensor* ids, const DLTensor* grad_table,
+    const embrope_embed_backward_options_t* options, size_t* bytes) {
+  constexpr const char* fn = "embrope_embed_backward_workspace_size";
+  return guarded([&] {
+    if (bytes == nullptr) fail(fn, "bytes (the result pointer) is null");
+    *bytes = embrope::embed_backward_workspace_size(
+        to_tensor(fn, "grad_out", grad_out), to_tensor(fn, "ids", ids),
+        to_optional(fn, "grad_table", grad_table), embed_backward_options(fn, options, nullptr));
+  });
+}
+
+embrope_status_t embrope_apply_rope_backward(const DLTensor* dq, const DLTensor* dk,
+                                             const DLTensor* positions,
+                                             const embrope_rope_cache_t* cache,
+                                             const embrope_rope_options_t* options, void* stream) {
+  constexpr const char* fn = "embrope_apply_rope_backward";
+  return guarded([&] {
+    if (cache == nullptr) fail(fn, "cache is null");
+    embrope::apply_rope_backward(to_tensor(fn, "dq", dq), to_optional(fn, "dk", dk),
+                                 to_tensor(fn, "positions", positions), cache->cache,
+                                 rope_options(fn, options, stream));
+  });
+}
+
+embrope_status_t embrope_apply_rope_backward_cos_sin(const DLTensor* dq, const DLTensor* dk,
+                                                     const DLTensor* positions, const DLTensor* cos,
+                                                     const DLTensor* sin,
+                                                     const embrope_rope_options_t* options,
+                                                     void* stream) {
+  constexpr const char* fn = "embrope_apply_rope_backward_cos_sin";
+  return guarded([&] {
+    embrope::apply_rope_backward(to_tensor(fn, "dq", dq), to_optional(fn, "dk", dk),
+                                 to_tensor(fn, "positions", positions), to_tensor(fn, "cos", cos),
+                                 to_tensor(fn, "sin", sin), rope_options(fn, options, stream));
   });
 }
 

@@ -40,4 +40,11 @@ void build_rope_cache(float*, std::int64_t, std::int64_t, const double*, double,
   unavailable("RopeCache");
 }
 
+void embed_backward(const detail::EmbedBackwardParams&, Device, Stream) {
+  unavailable("embed_backward");
+}
+std::size_t embed_backward_workspace_size(const detail::EmbedBackwardParams&, Device) {
+  unavailable("embed_backward");
+}
+
 }  // namespace embrope::cuda

@@ -20,6 +20,7 @@ std::string describe_bad_index(const BadIndexRecord& record) {
   const auto which = static_cast<BadIndexOp>(record.op);
   const char* op = which == BadIndexOp::apply_rope         ? "apply_rope"
                    : which == BadIndexOp::packed_positions ? "packed_positions"
+                   : which == BadIndexOp::embed_backward   ? "embed_backward"
                                                            : "embed";
   std::string subject;
   const char* table = "";

@@ -715,3 +715,176 @@ TEST_CASE("C mrope through embrope_rope_options_t.mrope_section", "[c_api][rope]
   CHECK(q.snapshot() == q2.snapshot());
   embrope_rope_cache_destroy(cache);
 }
+
+// ------------------------------------------------------------ backward passes -----------
+
+TEST_CASE("embrope_embed_backward_options_init sets the documented defaults",
+          "[c_api][embed_backward]") {
+  embrope_embed_backward_options_t o;
+  std::memset(&o, 0x5a, sizeof o);
+  embrope_embed_backward_options_init(&o);
+  CHECK(o.scale == 1.0f);
+  CHECK(o.vocab_start == 0);
+  CHECK(o.vocab_shard == 0);
+  CHECK(o.has_padding_idx == 0);
+  CHECK(o.padding_idx == 0);
+  CHECK(o.grad_position_table == nullptr);
+  CHECK(o.position_ids == nullptr);
+  CHECK(o.position_offsets == nullptr);
+  CHECK(o.grad_type_table == nullptr);
+  CHECK(o.type_ids == nullptr);
+  CHECK(o.mode == EMBROPE_BACKWARD_DETERMINISTIC);
+  CHECK(o.workspace == nullptr);
+  CHECK(o.workspace_bytes == 0);
+}
+
+TEST_CASE("C embed_backward: scale, padding and learned positions against float64",
+          "[c_api][embed_backward]") {
+  const std::int64_t v = 12, d = 16, b = 2, s = 9, p = 20;
+  ref::Buffer grad_out(DType::bfloat16, b * s * d), ids(DType::int32, b * s);
+  ref::Buffer grad(DType::float32, v * d), pos_grad(DType::bfloat16, p * d);
+  ref::Buffer offsets(DType::int64, b);
+  ref::fill_random(grad_out, 51);
+  ref::fill_random_indices(ids, 52, 0, v - 1);
+  ids.set_index(3, 4);  // the padding id appears at least once
+  ref::fill_random(grad, 53);
+  ref::fill_random(pos_grad, 54);
+  offsets.set_index(0, 0);
+  offsets.set_index(1, 7);
+  std::vector<double> want_t(static_cast<std::size_t>(v * d)),
+      want_p(static_cast<std::size_t>(p * d));
+  std::vector<double> mag_t(want_t.size()), mag_p(want_p.size());
+  std::vector<std::int64_t> count_t(static_cast<std::size_t>(v)),
+      count_p(static_cast<std::size_t>(p));
+  for (std::int64_t i = 0; i < v * d; ++i) {
+    want_t[static_cast<std::size_t>(i)] = grad.get(i);
+    mag_t[static_cast<std::size_t>(i)] = std::fabs(grad.get(i));
+  }
+  for (std::int64_t i = 0; i < p * d; ++i) {
+    want_p[static_cast<std::size_t>(i)] = pos_grad.get(i);
+    mag_p[static_cast<std::size_t>(i)] = std::fabs(pos_grad.get(i));
+  }
+  const double scale = 0.5;
+  for (std::int64_t n = 0; n < b * s; ++n) {
+    const std::int64_t id = ids.get_index(n);
+    const std::int64_t position = offsets.get_index(n / s) + n % s;
+    for (std::int64_t e = 0; e < d; ++e) {
+      const double g = grad_out.get(n * d + e);
+      if (id != 4) {
+        want_t[static_cast<std::size_t>(id * d + e)] += scale * g;
+        mag_t[static_cast<std::size_t>(id * d + e)] += std::fabs(scale * g);
+      }
+      want_p[static_cast<std::size_t>(position * d + e)] += g;
+      mag_p[static_cast<std::size_t>(position * d + e)] += std::fabs(g);
+    }
+    if (id != 4) ++count_t[static_cast<std::size_t>(id)];
+    ++count_p[static_cast<std::size_t>(position)];
+  }
+  DL g(grad_out, {b, s, d}), i(ids, {b, s}), t(grad, {v, d}), pt(pos_grad, {p, d}),
+      off(offsets, {b});
+  embrope_embed_backward_options_t o;
+  embrope_embed_backward_options_init(&o);
+  o.scale = static_cast<float>(scale);
+  o.has_padding_idx = 1;
+  o.padding_idx = 4;
+  o.grad_position_table = &pt.t;
+  o.position_offsets = &off.t;
+  std::size_t bytes = 123;
+  REQUIRE(embrope_embed_backward_workspace_size(&g.t, &i.t, &t.t, &o, &bytes) == EMBROPE_OK);
+  CHECK(bytes == 0);
+  REQUIRE(embrope_embed_backward(&g.t, &i.t, &t.t, &o, nullptr) == EMBROPE_OK);
+  ref::Mismatches m;
+  for (std::int64_t k = 0; k < v * d; ++k) {
+    const auto uk = static_cast<std::size_t>(k);
+    const double tol = static_cast<double>(count_t[uk / d] + 2) * std::ldexp(mag_t[uk], -24);
+    m.expect_close(
+        [&] {
+          return ref::where("grad_table", {k / d, k % d});
+        },
+        grad.get(k), want_t[uk], tol);
+  }
+  for (std::int64_t k = 0; k < p * d; ++k) {
+    const auto uk = static_cast<std::size_t>(k);
+    const double tol = ref::ulp(DType::bfloat16, want_p[uk]) +
+                       static_cast<double>(count_p[uk / d] + 2) * std::ldexp(mag_p[uk], -24);
+    m.expect_close(
+        [&] {
+          return ref::where("grad_position_table", {k / d, k % d});
+        },
+        pos_grad.get(k), want_p[uk], tol);
+  }
+  INFO(m.summary());
+  CHECK(m.count == 0);
+}
+
+TEST_CASE("C embed_backward status codes", "[c_api][embed_backward][errors]") {
+  ref::Buffer grad_out(DType::float32, 4 * 8), ids(DType::int64, 4), grad(DType::float32, 5 * 8);
+  ref::fill_random(grad_out, 61);
+  ref::fill_random(grad, 62);
+  ref::fill_random_indices(ids, 63, 0, 4);
+  ids.set_index(2, 5);
+  DL g(grad_out, {4, 8}), i(ids, {4}), t(grad, {5, 8});
+  CHECK(embrope_embed_backward(&g.t, &i.t, &t.t, nullptr, nullptr) ==
+        EMBROPE_ERROR_INDEX_OUT_OF_RANGE);
+  CHECK_THAT(last_error(), Catch::Contains("embed_backward") && Catch::Contains("ids[2] = 5"));
+  embrope_embed_backward_options_t o;
+  embrope_embed_backward_options_init(&o);
+  const int bad_mode = 9;  // as a C caller may store it (a C enum is an int)
+  std::memcpy(&o.mode, &bad_mode, sizeof bad_mode);
+  CHECK(embrope_embed_backward(&g.t, &i.t, &t.t, &o, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("embrope_embed_backward") && Catch::Contains("mode"));
+  CHECK(embrope_embed_backward(nullptr, &i.t, &t.t, nullptr, nullptr) ==
+        EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("grad_out") && Catch::Contains("null"));
+  CHECK(embrope_embed_backward_workspace_size(&g.t, &i.t, &t.t, nullptr, nullptr) ==
+        EMBROPE_ERROR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("C apply_rope_backward undoes apply_rope, with the cache and with cos/sin",
+          "[c_api][rope_backward]") {
+  const std::int64_t t = 5, h = 3, d = 32;
+  embrope_rope_config_t config;
+  embrope_rope_config_init(&config);
+  config.rotary_dim = d;
+  config.max_positions = 64;
+  embrope_rope_cache_t* cache = nullptr;
+  REQUIRE(embrope_rope_cache_create(&config, DLDevice{kDLCPU, 0}, nullptr, &cache) == EMBROPE_OK);
+  ref::Buffer q(DType::float32, t * h * d), pos(DType::int64, t);
+  ref::Buffer cos(DType::float32, 64 * d / 2), sin(DType::float32, 64 * d / 2);
+  ref::fill_random(q, 71);
+  ref::fill_random_indices(pos, 72, 0, 63);
+  REQUIRE(embrope_rope_cache_copy_to_host(cache, static_cast<float*>(cos.data()),
+                                          static_cast<float*>(sin.data())) == EMBROPE_OK);
+  const ref::Buffer q0 = q;
+  DL dq(q, {t, h, d}), dp(pos, {t}), dc(cos, {64, d / 2}), ds(sin, {64, d / 2});
+  embrope_rope_options_t o;
+  embrope_rope_options_init(&o);
+  o.layout = EMBROPE_ROPE_INTERLEAVED;
+  for (int round = 0; round < 2; ++round) {
+    REQUIRE(embrope_apply_rope(&dq.t, nullptr, &dp.t, cache, &o, nullptr) == EMBROPE_OK);
+    if (round == 0) {
+      REQUIRE(embrope_apply_rope_backward(&dq.t, nullptr, &dp.t, cache, &o, nullptr) == EMBROPE_OK);
+    } else {
+      REQUIRE(embrope_apply_rope_backward_cos_sin(&dq.t, nullptr, &dp.t, &dc.t, &ds.t, &o,
+                                                  nullptr) == EMBROPE_OK);
+    }
+    ref::Mismatches m;
+    for (std::int64_t row = 0; row < t * h; ++row) {
+      double norm = 0.0;
+      for (std::int64_t e = 0; e < d; ++e) norm += q0.get(row * d + e) * q0.get(row * d + e);
+      for (std::int64_t e = 0; e < d; ++e) {
+        m.expect_close(
+            [&] {
+              return ref::where("q", {row, e});
+            },
+            q.get(row * d + e), q0.get(row * d + e), 2 * ref::kFloat32RelTol * std::sqrt(norm));
+      }
+    }
+    INFO(m.summary());
+    CHECK(m.count == 0);
+  }
+  CHECK(embrope_apply_rope_backward(&dq.t, nullptr, &dp.t, nullptr, &o, nullptr) ==
+        EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("embrope_apply_rope_backward"));
+  CHECK(embrope_rope_cache_destroy(cache) == EMBROPE_OK);
+}

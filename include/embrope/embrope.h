@@ -22,6 +22,7 @@
 #define EMBROPE_EMBROPE_H_
 
 #include <dlpack/dlpack.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #if defined(_WIN32)
@@ -208,6 +209,65 @@ EMBROPE_API void embrope_embed_options_init(embrope_embed_options_t* options);
 EMBROPE_API embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids,
                                            const DLTensor* out,
                                            const embrope_embed_options_t* options, void* stream);
+
+/* ------------------------------------------------------------ backward passes ----- */
+
+typedef enum embrope_backward_mode_t {
+  /* GPU: sort ids (CUB radix sort), sum each id's rows in a fixed order, write each row
+   * once; bitwise reproducible run to run. Needs a workspace. */
+  EMBROPE_BACKWARD_DETERMINISTIC = 0,
+  /* GPU: float32 atomicAdd; faster, not reproducible bit for bit. Used when every gradient is
+   * float32 (otherwise the call runs deterministic). The CPU is always deterministic. */
+  EMBROPE_BACKWARD_ATOMIC = 1
+} embrope_backward_mode_t;
+
+typedef struct embrope_embed_backward_options_t {
+  float scale;             /* the forward's scale, applied to grad_table only; default 1 */
+  int64_t vocab_start;     /* as embrope_embed_options_t; default 0 */
+  int32_t vocab_shard;     /* nonzero: ids outside the shard give no gradient; default 0 */
+  int32_t has_padding_idx; /* nonzero: rows whose id is padding_idx give grad_table nothing */
+  int64_t padding_idx;     /* in the ids' numbering; default 0 (unused unless has_padding_idx) */
+  const DLTensor* grad_position_table; /* learned positions: [max_positions, D], or NULL */
+  const DLTensor* position_ids;        /* explicit positions shaped like ids, or NULL */
+  const DLTensor* position_offsets;    /* implicit offset_b + s: [B], or NULL */
+  const DLTensor* grad_type_table;     /* [num_types, D], or NULL */
+  const DLTensor* type_ids;            /* shaped like ids, or NULL */
+  embrope_backward_mode_t mode;        /* default DETERMINISTIC */
+  void* workspace;        /* GPU: NULL (default) allocates with cudaMallocAsync on the stream */
+  size_t workspace_bytes; /* at least embrope_embed_backward_workspace_size() when given */
+} embrope_embed_backward_options_t;
+
+EMBROPE_API void embrope_embed_backward_options_init(embrope_embed_backward_options_t* options);
+
+/* The backward of embrope_embed: grad_table[ids[n] - vocab_start] += scale * grad_out[n],
+ * grad_position_table[pos_n] += grad_out[n], grad_type_table[type_ids[n]] += grad_out[n]
+ * for the gradients given (grad_table may be NULL when another one is given). grad_out
+ * [ids.shape..., D] is float32, float16 or bfloat16; each gradient is float32 or grad_out's
+ * dtype and is accumulated into (sums in float32, one rounding). A bad id, position or type
+ * id gives no gradient and fails with INDEX_OUT_OF_RANGE naming the first such row. */
+EMBROPE_API embrope_status_t embrope_embed_backward(const DLTensor* grad_out, const DLTensor* ids,
+                                                    const DLTensor* grad_table,
+                                                    const embrope_embed_backward_options_t* options,
+                                                    void* stream);
+
+/* Bytes of workspace embrope_embed_backward needs for the same arguments (0 on the CPU). */
+EMBROPE_API embrope_status_t embrope_embed_backward_workspace_size(
+    const DLTensor* grad_out, const DLTensor* ids, const DLTensor* grad_table,
+    const embrope_embed_backward_options_t* options, size_t* bytes);
+
+/* The gradient of embrope_apply_rope with respect to q and k: dq and dk (k may be NULL) are
+ * rotated by the transposed rotation, m R(-theta) (the forward with -sin; options->inverse
+ * names the forward's direction). In place unless options->q_out / k_out are given. */
+EMBROPE_API embrope_status_t embrope_apply_rope_backward(const DLTensor* dq, const DLTensor* dk,
+                                                         const DLTensor* positions,
+                                                         const embrope_rope_cache_t* cache,
+                                                         const embrope_rope_options_t* options,
+                                                         void* stream);
+
+/* The same with caller-supplied cos and sin tables, as embrope_apply_rope_cos_sin. */
+EMBROPE_API embrope_status_t embrope_apply_rope_backward_cos_sin(
+    const DLTensor* dq, const DLTensor* dk, const DLTensor* positions, const DLTensor* cos,
+    const DLTensor* sin, const embrope_rope_options_t* options, void* stream);
 
 #ifdef __cplusplus
 }

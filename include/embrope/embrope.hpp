@@ -13,6 +13,10 @@
 #include "embrope/tensor.hpp"
 #include "embrope/version.hpp"
 
+// Backward passes (training).
+#include "embrope/embedding_backward.hpp"
+#include "embrope/rope_backward.hpp"
+
 namespace embrope {
 
 // Number of CUDA devices usable by this build: 0 when built without CUDA, without a driver,

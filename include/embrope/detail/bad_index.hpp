@@ -8,7 +8,12 @@
 namespace embrope::detail {
 
 // Which op and which argument a record is about; used to word the error message.
-enum class BadIndexOp : std::int32_t { embed = 1, apply_rope = 2, packed_positions = 3 };
+enum class BadIndexOp : std::int32_t {
+  embed = 1,
+  apply_rope = 2,
+  packed_positions = 3,
+  embed_backward = 4,
+};
 enum class BadIndexArg : std::int32_t {
   ids = 0,                // embed: a token id outside the vocabulary (or shard)
   position_ids = 1,       // embed: an explicit position outside the position table

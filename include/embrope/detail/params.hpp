@@ -7,6 +7,7 @@
 #include "embrope/detail/bad_index.hpp"
 #include "embrope/detail/config.hpp"
 #include "embrope/embedding.hpp"
+#include "embrope/embedding_backward.hpp"
 #include "embrope/rope.hpp"
 #include "embrope/tensor.hpp"
 
@@ -185,5 +186,32 @@ EMBROPE_HD void store_index(void* base, DType dtype, std::int64_t offset, std::i
     static_cast<std::int64_t*>(base)[offset] = value;
   }
 }
+
+// ----------------------------------------------------------------- embed_backward ----
+
+// One gradient table of embed_backward: [rows, D] with row stride `stride`, float32 or the
+// dtype of grad_out. grad += weight * (sum of the grad_out rows that map to a row).
+struct GradTable {
+  void* grad = nullptr;  // null: not requested
+  DType dtype = DType::float32;
+  std::int64_t rows = 0, stride = 0;
+  float weight = 1.0f;
+};
+
+struct EmbedBackwardParams {
+  // The forward's row resolution (ids, positions, type ids and their range checks) with
+  // grad_out in the place of out: rows.out is grad_out, rows.dtype its dtype. The forward's
+  // table pointers are unused, except that rows.type_table is non-null exactly when type
+  // gradients are requested (resolve_embed_row reads type ids only then).
+  EmbedParams rows;
+  // The three gradients, in key order: token table, position table, type table.
+  enum Target { token = 0, position = 1, type = 2, count = 3 };
+  GradTable targets[count];
+  bool has_padding = false;
+  std::int64_t padding_idx = 0;
+  BackwardMode mode = BackwardMode::deterministic;
+  void* workspace = nullptr;  // CUDA deterministic mode; null: allocate on the stream
+  std::size_t workspace_bytes = 0;
+};
 
 }  // namespace embrope::detail

@@ -1,0 +1,525 @@
+// embed_backward on the GPU (DESIGN.md 3.6). Two modes:
+//
+// Deterministic, after PyTorch's embedding_dense_backward (aten/src/ATen/native/cuda/
+// Embedding.cu and EmbeddingBackwardKernel.cu), with no host synchronisation:
+//   1. keys: every (gradient table, grad_out row) pair becomes an item whose key is the
+//      table row (the three tables' rows numbered one after another) and whose value is the
+//      grad_out row's element offset; rows that give nothing (padding, shard misses, bad
+//      rows) get a sentinel key that sorts last;
+//   2. cub::DeviceRadixSort::SortPairs over only the key bits the tables need (end_bit). The
+//      sort is stable, so each key's rows stay in ascending grad_out order;
+//   3. cub::DeviceRunLengthEncode::Encode: one run per table row, its key and length; the
+//      number of runs stays on the device;
+//   4. cub::DeviceScan::ExclusiveSum of the lengths: where each run starts;
+//   5. runs longer than detail::kEmbedBackwardChunk rows (a frequent token) are split into
+//      chunks of that many rows; another ExclusiveSum numbers the chunks, one warp sums each
+//      chunk into a float32 workspace row (partial_sums_kernel);
+//   6. one warp per run (reduce_runs_kernel) sums a short run's rows, or a long run's chunk
+//      sums, in a fixed order, and writes its table row once.
+// Kernels after the sort are launched over the largest possible number of runs or chunks;
+// warps past the device-side count return at once. The order of every addition is fixed by
+// the data alone, so results are bitwise identical from run to run and for any grid, and
+// equal to the CPU path's (src/cpu/embedding_backward.cpp sums in the same order).
+// Temporary storage follows CUB's two-phase protocol (a first call with null storage returns
+// the size), gathered in one workspace (embed_backward_workspace_size).
+//
+// Atomic: one warp per grad_out row, float32 atomicAdd into each float32 gradient row. One
+// pass, no workspace; the order of additions varies between runs, hence the rounding.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_run_length_encode.cuh>
+#include <cub/device/device_scan.cuh>
+#include <optional>
+#include <string>
+
+#include "../src/backend.hpp"
+#include "common.cuh"
+#include "embrope/detail/embed_backward_math.hpp"
+#include "embrope/detail/numeric_types.hpp"
+
+namespace embrope::cuda {
+namespace {
+
+using detail::BFloat16;
+using detail::from_float;
+using detail::Half;
+using detail::to_float;
+using Params = detail::EmbedBackwardParams;
+
+constexpr int kWarpsPerBlock = 8;
+constexpr int kChunk = static_cast<int>(detail::kEmbedBackwardChunk);
+
+// How the items of the deterministic pipeline are numbered (host-computed).
+struct KeyLayout {
+  int slots = 0;                           // gradient tables given
+  int slot_target[Params::count] = {};     // the table of each slot
+  std::uint32_t base[Params::count] = {};  // the first key of each table
+  std::uint32_t sentinel = 0;              // the key of rows that give nothing (sorts last)
+  int end_bit = 1;                         // bits of the sentinel: the radix sort's end_bit
+  std::int64_t rows = 0;                   // grad_out rows
+  int items = 0;                           // rows * slots
+  int max_chunks = 0;                      // bound on the chunks of long runs
+};
+
+template <typename T, int W>
+struct alignas(W * sizeof(T)) Chunk {
+  T v[W];
+};
+
+template <typename T, int W>
+__device__ __forceinline__ void load_chunk(const T* src, float* dst) {
+  const Chunk<T, W> c = *reinterpret_cast<const Chunk<T, W>*>(src);
+#pragma unroll
+  for (int w = 0; w < W; ++w) dst[w] = to_float(c.v[w]);
+}
+
+// Run by one thread of the last block: describe the recorded bad row if it is one of ours.
+__device__ void describe_bad_row(const Params& p) {
+  const std::int64_t key = p.rows.bad->key;
+  if (key == detail::kNoBadIndex || key / 8 >= p.rows.rows) return;
+  const detail::EmbedRow r = detail::resolve_embed_row(p.rows, key / 8);
+  if (r.bad_key == key) {
+    p.rows.bad->value = r.bad_value;
+    p.rows.bad->lower = r.bad_lower;
+    p.rows.bad->upper = r.bad_upper;
+    p.rows.bad->op = static_cast<std::int32_t>(detail::BadIndexOp::embed_backward);
+  }
+}
+
+// ------------------------------------------------------------- deterministic mode ----
+
+// 1. One item per (slot, row): key and grad_out offset. Bad rows are reported once (slot 0).
+__global__ void keys_kernel(const __grid_constant__ Params p, const KeyLayout layout,
+                            std::uint32_t* keys, std::int64_t* values) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+       i < layout.items; i += stride) {
+    const int slot = static_cast<int>(i / layout.rows);
+    const std::int64_t n = i - slot * layout.rows;
+    const detail::BackwardRow b = detail::resolve_backward_row(p, n);
+    const int target = layout.slot_target[slot];
+    const std::int64_t row = b.target[target];
+    keys[i] = row >= 0 ? layout.base[target] + static_cast<std::uint32_t>(row) : layout.sentinel;
+    values[i] = b.out_offset;
+    if (slot == 0 && b.bad_key != detail::kNoBadIndex) report_bad_row(p.rows.bad, b.bad_key);
+  }
+  if (last_block_done(p.rows.bad)) describe_bad_row(p);
+}
+
+// 5a. The number of chunks of each run: 0 for short runs, the sentinel's run and the slots
+// past the number of runs.
+__global__ void count_chunks_kernel(const KeyLayout layout, const std::uint32_t* run_keys,
+                                    const int* run_lengths, const int* num_runs, int* chunks) {
+  const int runs = *num_runs;
+  const int stride = static_cast<int>(gridDim.x * blockDim.x);
+  for (int r = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); r < layout.items;
+       r += stride) {
+    int c = 0;
+    if (r < runs && run_keys[r] != layout.sentinel && run_lengths[r] > kChunk) {
+      c = (run_lengths[r] + kChunk - 1) / kChunk;
+    }
+    chunks[r] = c;
+  }
+}
+
+// 5b. One warp per chunk of a long run: the float32 sum of its rows, in row order, into
+// partials[chunk]. W: elements per lane and access (16 bytes of T on the vector path).
+template <typename T, int W>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    partial_sums_kernel(const __grid_constant__ Params p, const KeyLayout layout,
+                        const std::int64_t* offsets, const int* run_starts, const int* run_lengths,
+                        const int* chunks, const int* chunk_starts, const int* num_runs,
+                        float* partials) {
+  const int runs = *num_runs;
+  if (runs == 0) return;
+  const int total = chunk_starts[runs - 1] + chunks[runs - 1];
+  const std::int64_t dim = p.rows.dim;
+  const auto* grad_out = static_cast<const T*>(p.rows.out);
+  const int lane = threadIdx.x;
+  const int warp_stride = static_cast<int>(gridDim.x) * kWarpsPerBlock;
+  for (int c = static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.y);
+       c < total; c += warp_stride) {
+    // The run that holds chunk c: the last run whose first chunk is at or before c (runs
+    // without chunks share their successor's start and are skipped by "last").
+    int lo = 0, hi = runs - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (chunk_starts[mid] <= c) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    const int k = c - chunk_starts[lo];
+    const int begin = run_starts[lo] + k * kChunk;
+    const int end = min(begin + kChunk, run_starts[lo] + run_lengths[lo]);
+    float* out = partials + static_cast<std::int64_t>(c) * dim;
+    for (std::int64_t j = lane * W; j < dim; j += 32 * W) {
+      float part[W], v[W];
+#pragma unroll
+      for (int w = 0; w < W; ++w) part[w] = 0.0f;
+      for (int i = begin; i < end; ++i) {
+        load_chunk<T, W>(grad_out + offsets[i] + j, v);
+#pragma unroll
+        for (int w = 0; w < W; ++w) part[w] += v[w];
+      }
+#pragma unroll
+      for (int w = 0; w < W; ++w) out[j + w] = part[w];
+    }
+  }
+}
+
+// Writes W elements of a gradient row: grad = existing + weight * total, rounded once.
+template <typename G, int W>
+__device__ __forceinline__ void write_gradient(G* grad, const float* total, float weight) {
+  Chunk<G, W> c = *reinterpret_cast<const Chunk<G, W>*>(grad);
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    c.v[w] = from_float<G>(detail::accumulate_gradient(to_float(c.v[w]), total[w], weight));
+  }
+  *reinterpret_cast<Chunk<G, W>*>(grad) = c;
+}
+
+// 6. One warp per run: its table row's sum (the rows of a short run, or the chunk sums of
+// a long one, in order) added to the gradient row, which is written once.
+template <typename T, int W>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    reduce_runs_kernel(const __grid_constant__ Params p, const KeyLayout layout,
+                       const std::int64_t* offsets, const std::uint32_t* run_keys,
+                       const int* run_starts, const int* run_lengths, const int* chunks,
+                       const int* chunk_starts, const int* num_runs, const float* partials) {
+  const int runs = *num_runs;
+  const std::int64_t dim = p.rows.dim;
+  const auto* grad_out = static_cast<const T*>(p.rows.out);
+  const int lane = threadIdx.x;
+  const int warp_stride = static_cast<int>(gridDim.x) * kWarpsPerBlock;
+  for (int r = static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.y);
+       r < runs; r += warp_stride) {
+    const std::uint32_t key = run_keys[r];
+    if (key == layout.sentinel) continue;
+    int target = layout.slot_target[0];
+    for (int s = 1; s < layout.slots; ++s) {
+      if (key >= layout.base[layout.slot_target[s]]) target = layout.slot_target[s];
+    }
+    const detail::GradTable& g = p.targets[target];
+    const std::int64_t row = key - layout.base[target];
+    const int begin = run_starts[r];
+    const int length = run_lengths[r];
+    const int n_chunks = chunks[r];
+    for (std::int64_t j = lane * W; j < dim; j += 32 * W) {
+      float total[W], v[W];
+#pragma unroll
+      for (int w = 0; w < W; ++w) total[w] = 0.0f;
+      if (n_chunks == 0) {
+        float part[W];
+#pragma unroll
+        for (int w = 0; w < W; ++w) part[w] = 0.0f;
+        for (int i = begin; i < begin + length; ++i) {
+          load_chunk<T, W>(grad_out + offsets[i] + j, v);
+#pragma unroll
+          for (int w = 0; w < W; ++w) part[w] += v[w];
+        }
+#pragma unroll
+        for (int w = 0; w < W; ++w) total[w] += part[w];
+      } else {
+        const float* part = partials + static_cast<std::int64_t>(chunk_starts[r]) * dim + j;
+        for (int k = 0; k < n_chunks; ++k, part += dim) {
+#pragma unroll
+          for (int w = 0; w < W; ++w) total[w] += part[w];
+        }
+      }
+      if (g.dtype == DType::float32) {
+        write_gradient<float, W>(static_cast<float*>(g.grad) + row * g.stride + j, total, g.weight);
+      } else {
+        write_gradient<T, W>(static_cast<T*>(g.grad) + row * g.stride + j, total, g.weight);
+      }
+    }
+  }
+}
+
+// --------------------------------------------------------------------- atomic mode ----
+
+// One warp per grad_out row: weight * row added into each float32 gradient row.
+template <typename T, int W>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    atomic_kernel(const __grid_constant__ Params p) {
+  const std::int64_t dim = p.rows.dim;
+  const auto* grad_out = static_cast<const T*>(p.rows.out);
+  const int lane = threadIdx.x;
+  const std::int64_t warp_stride = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (std::int64_t n = blockIdx.x * static_cast<std::int64_t>(kWarpsPerBlock) + threadIdx.y;
+       n < p.rows.rows; n += warp_stride) {
+    const detail::BackwardRow b = detail::resolve_backward_row(p, n);
+    if (b.bad_key != detail::kNoBadIndex) {
+      if (lane == 0) report_bad_row(p.rows.bad, b.bad_key);
+      continue;
+    }
+    for (std::int64_t j = lane * W; j < dim; j += 32 * W) {
+      float v[W];
+      load_chunk<T, W>(grad_out + b.out_offset + j, v);
+#pragma unroll
+      for (int t = 0; t < Params::count; ++t) {
+        const detail::GradTable& g = p.targets[t];
+        if (b.target[t] < 0) continue;
+        float* dst = static_cast<float*>(g.grad) + b.target[t] * g.stride + j;
+#pragma unroll
+        for (int w = 0; w < W; ++w) atomicAdd(dst + w, __fmul_rn(g.weight, v[w]));
+      }
+    }
+  }
+  if (last_block_done(p.rows.bad)) describe_bad_row(p);
+}
+
+// ------------------------------------------------------------------------ host side ----
+
+bool aligned(const void* pointer, std::size_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
+}
+
+// The vector path needs D, grad_out's row starts and every gradient's row starts in whole
+// chunks of W elements (16 bytes of T; W * sizeof(G) bytes of a gradient of dtype G).
+template <typename T>
+bool fits_vector_path(const Params& p) {
+  constexpr std::int64_t w = 16 / sizeof(T);
+  if (p.rows.dim % w != 0 || !aligned(p.rows.out, 16)) return false;
+  for (int d = 0; d < p.rows.index.ndim; ++d) {
+    if (p.rows.index.stride[detail::RowIndex::out][d] % w != 0) return false;
+  }
+  for (const detail::GradTable& g : p.targets) {
+    if (g.grad == nullptr) continue;
+    if (!aligned(g.grad, static_cast<std::size_t>(w * dtype_size(g.dtype))) || g.stride % w != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool uses_atomics(const Params& p) {
+  if (p.mode != BackwardMode::atomic) return false;
+  for (const detail::GradTable& g : p.targets) {
+    if (g.grad != nullptr && g.dtype != DType::float32) return false;
+  }
+  return true;
+}
+
+[[noreturn]] void too_large(const std::string& what) {
+  throw Error(ErrorCode::invalid_argument, "embed_backward: " + what);
+}
+
+KeyLayout key_layout(const Params& p) {
+  KeyLayout l;
+  std::uint64_t next = 0;
+  for (int t = 0; t < Params::count; ++t) {
+    if (p.targets[t].grad == nullptr) continue;
+    l.slot_target[l.slots++] = t;
+    l.base[t] = static_cast<std::uint32_t>(next);
+    next += static_cast<std::uint64_t>(p.targets[t].rows);
+    if (next >= UINT32_MAX) {
+      too_large(
+          fmt::format("the gradient tables have {} rows or more; the CUDA deterministic "
+                      "mode supports fewer than 2^32 - 1 in all",
+                      next));
+    }
+  }
+  l.sentinel = static_cast<std::uint32_t>(next);
+  l.end_bit = 1;
+  while (l.end_bit < 32 && (std::uint64_t{1} << l.end_bit) <= next) ++l.end_bit;
+  l.rows = p.rows.rows;
+  const std::int64_t items = p.rows.rows * l.slots;
+  if (items > INT32_MAX) {
+    too_large(
+        fmt::format("{} rows times {} gradient tables exceed 2^31 - 1 sort items; split "
+                    "the call",
+                    p.rows.rows, l.slots));
+  }
+  l.items = static_cast<int>(items);
+  // A run of L > kChunk rows has ceil(L / kChunk) < 2 L / kChunk chunks.
+  l.max_chunks = static_cast<int>(2 * items / kChunk + 1);
+  return l;
+}
+
+constexpr std::size_t kAlign = 256;
+
+std::size_t aligned_size(std::size_t bytes) {
+  return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+// The pieces of the deterministic workspace, carved from one allocation in this order.
+struct Workspace {
+  std::uint32_t* keys_in = nullptr;
+  std::uint32_t* keys = nullptr;  // sorted
+  std::int64_t* offsets_in = nullptr;
+  std::int64_t* offsets = nullptr;  // sorted with the keys
+  std::uint32_t* run_keys = nullptr;
+  int* run_lengths = nullptr;
+  int* run_starts = nullptr;
+  int* chunks = nullptr;
+  int* chunk_starts = nullptr;
+  int* num_runs = nullptr;
+  float* partials = nullptr;
+  void* cub = nullptr;
+  std::size_t cub_bytes = 0;
+  std::size_t total = 0;
+};
+
+// Lays out the workspace at `base` (null: only sizes). The CUB sizes come from its size
+// queries (null temporary storage), which launch nothing.
+Workspace plan(const KeyLayout& l, std::int64_t dim, char* base, cudaStream_t stream) {
+  Workspace w;
+  const auto n = static_cast<std::size_t>(l.items);
+  std::size_t at = 0;
+  auto take = [&](std::size_t bytes) {
+    char* p = base == nullptr ? nullptr : base + at;
+    at += aligned_size(bytes);
+    return p;
+  };
+  w.keys_in = reinterpret_cast<std::uint32_t*>(take(n * sizeof(std::uint32_t)));
+  w.keys = reinterpret_cast<std::uint32_t*>(take(n * sizeof(std::uint32_t)));
+  w.offsets_in = reinterpret_cast<std::int64_t*>(take(n * sizeof(std::int64_t)));
+  w.offsets = reinterpret_cast<std::int64_t*>(take(n * sizeof(std::int64_t)));
+  w.run_keys = reinterpret_cast<std::uint32_t*>(take(n * sizeof(std::uint32_t)));
+  w.run_lengths = reinterpret_cast<int*>(take(n * sizeof(int)));
+  w.run_starts = reinterpret_cast<int*>(take(n * sizeof(int)));
+  w.chunks = reinterpret_cast<int*>(take(n * sizeof(int)));
+  w.chunk_starts = reinterpret_cast<int*>(take(n * sizeof(int)));
+  w.num_runs = reinterpret_cast<int*>(take(sizeof(int)));
+  w.partials = reinterpret_cast<float*>(
+      take(static_cast<std::size_t>(l.max_chunks) * static_cast<std::size_t>(dim) * sizeof(float)));
+
+  std::size_t sort_bytes = 0, encode_bytes = 0, scan_bytes = 0;
+  check(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, w.keys_in, w.keys, w.offsets_in,
+                                        w.offsets, l.items, 0, l.end_bit, stream),
+        "cub::DeviceRadixSort::SortPairs (size query)");
+  check(cub::DeviceRunLengthEncode::Encode(nullptr, encode_bytes, w.keys, w.run_keys, w.run_lengths,
+                                           w.num_runs, l.items, stream),
+        "cub::DeviceRunLengthEncode::Encode (size query)");
+  check(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, w.run_lengths, w.run_starts, l.items,
+                                      stream),
+        "cub::DeviceScan::ExclusiveSum (size query)");
+  w.cub_bytes = std::max(sort_bytes, std::max(encode_bytes, scan_bytes));
+  w.cub = take(w.cub_bytes);
+  w.total = at + kAlign - 1;  // room to align a caller's workspace (base is aligned here)
+  return w;
+}
+
+// Frees a workspace the call allocated, in stream order, however the call ends.
+class StreamAllocation {
+ public:
+  StreamAllocation(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
+    check(cudaMallocAsync(&pointer_, bytes, stream), "cudaMallocAsync (embed_backward workspace)");
+  }
+  ~StreamAllocation() {
+    if (pointer_ != nullptr) (void)cudaFreeAsync(pointer_, stream_);
+  }
+  StreamAllocation(const StreamAllocation&) = delete;
+  StreamAllocation& operator=(const StreamAllocation&) = delete;
+  char* get() const { return static_cast<char*>(pointer_); }
+
+ private:
+  void* pointer_ = nullptr;
+  cudaStream_t stream_;
+};
+
+template <typename T, int W>
+void launch_reductions(const Params& p, const KeyLayout& l, const Workspace& w,
+                       cudaStream_t stream) {
+  const dim3 block(32, kWarpsPerBlock);
+  partial_sums_kernel<T, W><<<grid_for(l.max_chunks, kWarpsPerBlock), block, 0, stream>>>(
+      p, l, w.offsets, w.run_starts, w.run_lengths, w.chunks, w.chunk_starts, w.num_runs,
+      w.partials);
+  check_launch("partial_sums_kernel");
+  reduce_runs_kernel<T, W><<<grid_for(l.items, kWarpsPerBlock), block, 0, stream>>>(
+      p, l, w.offsets, w.run_keys, w.run_starts, w.run_lengths, w.chunks, w.chunk_starts,
+      w.num_runs, w.partials);
+  check_launch("reduce_runs_kernel");
+}
+
+template <typename T>
+void deterministic(const Params& p, cudaStream_t stream) {
+  const KeyLayout l = key_layout(p);
+  Workspace w = plan(l, p.rows.dim, nullptr, stream);
+  std::optional<StreamAllocation> owned;
+  char* base = static_cast<char*>(p.workspace);
+  if (base == nullptr) {
+    owned.emplace(w.total, stream);
+    base = owned->get();
+  }
+  // Every piece starts on a kAlign boundary, as CUB's temporary storage expects.
+  const auto address = reinterpret_cast<std::uintptr_t>(base);
+  base += (kAlign - address % kAlign) % kAlign;
+  w = plan(l, p.rows.dim, base, stream);
+
+  keys_kernel<<<grid_for(l.items, 256), 256, 0, stream>>>(p, l, w.keys_in, w.offsets_in);
+  check_launch("keys_kernel");
+  std::size_t bytes = w.cub_bytes;
+  check(cub::DeviceRadixSort::SortPairs(w.cub, bytes, w.keys_in, w.keys, w.offsets_in, w.offsets,
+                                        l.items, 0, l.end_bit, stream),
+        "cub::DeviceRadixSort::SortPairs");
+  // Encode writes only the first num_runs lengths; the scan reads all of them.
+  check(cudaMemsetAsync(w.run_lengths, 0, static_cast<std::size_t>(l.items) * sizeof(int), stream),
+        "cudaMemsetAsync");
+  bytes = w.cub_bytes;
+  check(cub::DeviceRunLengthEncode::Encode(w.cub, bytes, w.keys, w.run_keys, w.run_lengths,
+                                           w.num_runs, l.items, stream),
+        "cub::DeviceRunLengthEncode::Encode");
+  bytes = w.cub_bytes;
+  check(cub::DeviceScan::ExclusiveSum(w.cub, bytes, w.run_lengths, w.run_starts, l.items, stream),
+        "cub::DeviceScan::ExclusiveSum (runs)");
+  count_chunks_kernel<<<grid_for(l.items, 256), 256, 0, stream>>>(l, w.run_keys, w.run_lengths,
+                                                                  w.num_runs, w.chunks);
+  check_launch("count_chunks_kernel");
+  bytes = w.cub_bytes;
+  check(cub::DeviceScan::ExclusiveSum(w.cub, bytes, w.chunks, w.chunk_starts, l.items, stream),
+        "cub::DeviceScan::ExclusiveSum (chunks)");
+  if (fits_vector_path<T>(p)) {
+    launch_reductions<T, 16 / sizeof(T)>(p, l, w, stream);
+  } else {
+    launch_reductions<T, 1>(p, l, w, stream);
+  }
+}
+
+template <typename T>
+void atomic(const Params& p, cudaStream_t stream) {
+  const dim3 block(32, kWarpsPerBlock);
+  const unsigned grid = grid_for(p.rows.rows, kWarpsPerBlock);
+  if (fits_vector_path<T>(p)) {
+    atomic_kernel<T, 16 / sizeof(T)><<<grid, block, 0, stream>>>(p);
+  } else {
+    atomic_kernel<T, 1><<<grid, block, 0, stream>>>(p);
+  }
+  check_launch("atomic_kernel");
+}
+
+template <typename T>
+void run(const Params& p, cudaStream_t stream) {
+  if (uses_atomics(p)) {
+    atomic<T>(p, stream);
+  } else {
+    deterministic<T>(p, stream);
+  }
+}
+
+}  // namespace
+
+void embed_backward(const detail::EmbedBackwardParams& p, Device device, Stream stream) {
+  DeviceGuard guard(device);
+  switch (p.rows.dtype) {
+    case DType::float16:
+      return run<Half>(p, to_cuda(stream));
+    case DType::bfloat16:
+      return run<BFloat16>(p, to_cuda(stream));
+    default:
+      return run<float>(p, to_cuda(stream));
+  }
+}
+
+std::size_t embed_backward_workspace_size(const detail::EmbedBackwardParams& p, Device device) {
+  if (uses_atomics(p)) return 0;
+  DeviceGuard guard(device);
+  return plan(key_layout(p), p.rows.dim, nullptr, cudaStream_t{}).total;
+}
+
+}  // namespace embrope::cuda

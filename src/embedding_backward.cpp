@@ -1,0 +1,199 @@
+// embed_backward: validate once, fill EmbedBackwardParams, dispatch to the CPU or CUDA kernel.
+#include "embrope/embedding_backward.hpp"
+
+#include <cmath>
+
+#include "backend.hpp"
+#include "bad_index.hpp"
+#include "validate.hpp"
+
+namespace embrope {
+namespace {
+
+constexpr const char* kOp = "embed_backward";
+using validate::fail;
+using Params = detail::EmbedBackwardParams;
+
+// A gradient table [rows, D], float32 or grad_out's dtype, on grad_out's device.
+void check_grad(const char* name, const Tensor& t, const Tensor& grad_out, std::int64_t dim,
+                detail::GradTable& target, float weight) {
+  validate::check_view(kOp, name, t, 2, 2);
+  validate::check_same_device(kOp, name, t, "grad_out", grad_out.device());
+  if (t.dtype() != DType::float32 && t.dtype() != grad_out.dtype()) {
+    fail(kOp, "{} has dtype {}, expected float32 or the dtype of grad_out ({})", name,
+         dtype_name(t.dtype()), dtype_name(grad_out.dtype()));
+  }
+  validate::check_last_contiguous(kOp, name, t);
+  validate::check_dim(kOp, name, t, 1, dim, "the embedding dim D of grad_out");
+  target.grad = t.data();
+  target.dtype = t.dtype();
+  target.rows = t.shape(0);
+  target.stride = t.stride(0);
+  target.weight = weight;
+}
+
+// An index tensor shaped like ids, on the ids' device.
+void check_like_ids(const char* name, const Tensor& t, const Tensor& ids) {
+  validate::check_view(kOp, name, t, ids.ndim(), ids.ndim());
+  validate::check_index_dtype(kOp, name, t);
+  validate::check_same_device(kOp, name, t, "ids", ids.device());
+  for (int d = 0; d < ids.ndim(); ++d) {
+    if (t.shape(d) != ids.shape(d)) {
+      fail(kOp, "{} has shape {} but ids has {}; they must match", name, validate::shape_string(t),
+           validate::shape_string(ids));
+    }
+  }
+}
+
+// Validates every argument and fills the parameters of the call.
+Params prepare(const Tensor& grad_out, const Tensor& ids, const std::optional<Tensor>& grad_table,
+               const EmbedBackwardOptions& o) {
+  validate::check_view(kOp, "ids", ids, 0, kMaxDims - 1);
+  validate::check_index_dtype(kOp, "ids", ids);
+  const Device device = ids.device();
+  validate::check_device_usable(kOp, device);
+
+  validate::check_view(kOp, "grad_out", grad_out, ids.ndim() + 1, ids.ndim() + 1);
+  validate::check_value_dtype(kOp, "grad_out", grad_out);
+  validate::check_same_device(kOp, "grad_out", grad_out, "ids", device);
+  validate::check_last_contiguous(kOp, "grad_out", grad_out);
+  for (int d = 0; d < ids.ndim(); ++d) {
+    validate::check_dim(kOp, "grad_out", grad_out, d, ids.shape(d), "the shape of ids");
+  }
+  const std::int64_t dim = grad_out.shape(ids.ndim());
+  if (!std::isfinite(o.scale)) fail(kOp, "scale {} must be finite", o.scale);
+  if (o.mode != BackwardMode::deterministic && o.mode != BackwardMode::atomic) {
+    fail(kOp, "mode {} is neither deterministic nor atomic", static_cast<int>(o.mode));
+  }
+
+  Params p;
+  detail::EmbedParams& r = p.rows;
+  r.dtype = grad_out.dtype();
+  r.rows = ids.numel();
+  r.dim = dim;
+  r.index.ndim = ids.ndim();
+  for (int d = 0; d < ids.ndim(); ++d) {
+    r.index.shape[d] = ids.shape(d);
+    r.index.stride[detail::RowIndex::ids][d] = ids.stride(d);
+    r.index.stride[detail::RowIndex::out][d] = grad_out.stride(d);
+  }
+  r.ids = ids.data();
+  r.id_dtype = ids.dtype();
+  r.out = grad_out.data();
+  r.vocab_start = o.vocab_start;
+  r.vocab_shard = o.vocab_shard;
+  r.scale = o.scale;
+  if (o.vocab_start < 0) fail(kOp, "vocab_start {} must not be negative", o.vocab_start);
+
+  if (grad_table) {
+    check_grad("grad_table", *grad_table, grad_out, dim, p.targets[Params::token], o.scale);
+    if (o.vocab_start > INT64_MAX - grad_table->shape(0)) {
+      fail(kOp, "vocab_start {} plus the vocabulary size {} overflows int64", o.vocab_start,
+           grad_table->shape(0));
+    }
+    r.vocab_size = grad_table->shape(0);
+  } else {
+    // No token gradient (a frozen table): ids are not read, as if every id missed a shard.
+    r.vocab_start = 0;
+    r.vocab_size = 0;
+    r.vocab_shard = true;
+  }
+  if (o.padding_idx) {
+    p.has_padding = true;
+    p.padding_idx = *o.padding_idx;
+  }
+
+  if (o.grad_position_table) {
+    check_grad("grad_position_table", *o.grad_position_table, grad_out, dim,
+               p.targets[Params::position], 1.0f);
+    r.positions = PositionEncoding::learned;
+    r.max_positions = o.grad_position_table->shape(0);
+    if (o.position_ids && o.position_offsets) {
+      fail(kOp, "position_ids and position_offsets are exclusive (explicit or implicit positions)");
+    }
+    if (o.position_ids) {
+      check_like_ids("position_ids", *o.position_ids, ids);
+      r.position_ids = o.position_ids->data();
+      r.position_id_dtype = o.position_ids->dtype();
+      for (int d = 0; d < ids.ndim(); ++d) {
+        r.index.stride[detail::RowIndex::position_ids][d] = o.position_ids->stride(d);
+      }
+    } else {
+      if (ids.ndim() < 1 || ids.ndim() > 2) {
+        fail(kOp, "implicit positions need ids of shape [S] or [B, S], got {}",
+             validate::shape_string(ids));
+      }
+      r.seq_len = ids.shape(ids.ndim() - 1);
+      if (o.position_offsets) {
+        const Tensor& offsets = *o.position_offsets;
+        validate::check_view(kOp, "position_offsets", offsets, 1, 1);
+        validate::check_index_dtype(kOp, "position_offsets", offsets);
+        validate::check_same_device(kOp, "position_offsets", offsets, "ids", device);
+        const std::int64_t rows_b = ids.ndim() == 2 ? ids.shape(0) : 1;
+        validate::check_dim(kOp, "position_offsets", offsets, 0, rows_b, "the batch size of ids");
+        r.position_offsets = offsets.data();
+        r.position_offset_dtype = offsets.dtype();
+        r.position_offset_stride = offsets.stride(0);
+      }
+    }
+  } else if (o.position_ids || o.position_offsets) {
+    fail(kOp, "position_ids or position_offsets are given but grad_position_table is not");
+  }
+
+  if (o.grad_type_table || o.type_ids) {
+    if (!o.grad_type_table || !o.type_ids) fail(kOp, "grad_type_table and type_ids come together");
+    check_grad("grad_type_table", *o.grad_type_table, grad_out, dim, p.targets[Params::type], 1.0f);
+    check_like_ids("type_ids", *o.type_ids, ids);
+    // Non-null marks type ids as in use for resolve_embed_row; the pointer is never read.
+    r.type_table = o.grad_type_table->data();
+    r.num_types = o.grad_type_table->shape(0);
+    r.type_table_stride = o.grad_type_table->stride(0);
+    r.type_ids = o.type_ids->data();
+    r.type_id_dtype = o.type_ids->dtype();
+    for (int d = 0; d < ids.ndim(); ++d) {
+      r.index.stride[detail::RowIndex::type_ids][d] = o.type_ids->stride(d);
+    }
+  }
+  if (!grad_table && !o.grad_position_table && !o.grad_type_table) {
+    fail(kOp, "no gradient is given: pass grad_table, grad_position_table or grad_type_table");
+  }
+
+  p.mode = o.mode;
+  p.workspace = o.workspace;
+  p.workspace_bytes = o.workspace_bytes;
+  return p;
+}
+
+}  // namespace
+
+void embed_backward(const Tensor& grad_out, const Tensor& ids,
+                    const std::optional<Tensor>& grad_table, const EmbedBackwardOptions& o) {
+  Params p = prepare(grad_out, ids, grad_table, o);
+  const Device device = ids.device();
+  if (p.rows.rows == 0 || p.rows.dim == 0) return;
+  if (device.kind == DeviceKind::cuda && p.workspace != nullptr) {
+    const std::size_t needed = cuda::embed_backward_workspace_size(p, device);
+    if (p.workspace_bytes < needed) {
+      fail(kOp, "workspace_bytes {} is less than the {} bytes this call needs", p.workspace_bytes,
+           needed);
+    }
+  }
+  run_with_bad_index_policy(kOp, device, o.stream, o.deferred, [&](detail::BadIndexRecord* r) {
+    p.rows.bad = r;
+    if (device.kind == DeviceKind::cpu) {
+      cpu::embed_backward(p);
+    } else {
+      cuda::embed_backward(p, device, o.stream);
+    }
+  });
+}
+
+std::size_t embed_backward_workspace_size(const Tensor& grad_out, const Tensor& ids,
+                                          const std::optional<Tensor>& grad_table,
+                                          const EmbedBackwardOptions& o) {
+  const Params p = prepare(grad_out, ids, grad_table, o);
+  if (ids.device().kind == DeviceKind::cpu || p.rows.rows == 0 || p.rows.dim == 0) return 0;
+  return cuda::embed_backward_workspace_size(p, ids.device());
+}
+
+}  // namespace embrope
