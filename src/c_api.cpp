@@ -15,6 +15,11 @@ struct embrope_rope_cache {
   embrope::RopeCache cache;
 };
 
+struct embrope_deferred_status {
+  embrope::DeferredStatus status;
+  explicit embrope_deferred_status(embrope::Device device) : status(device) {}
+};
+
 namespace {
 
 using embrope::Error;
@@ -25,6 +30,16 @@ thread_local std::string last_error;
 
 [[noreturn]] void fail(const char* function, const std::string& message) {
   throw Error(ErrorCode::invalid_argument, fmt::format("{}: {}", function, message));
+}
+
+// The int a C caller stored in an enum field. Loading a C++ enum value outside the range of
+// its enumerators is undefined, and C callers may store anything.
+template <typename E>
+int enum_value(const E& e) {
+  static_assert(sizeof(E) == sizeof(int), "C enums are int-sized here");
+  int v = 0;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
 }
 
 template <typename... Args>
@@ -113,17 +128,18 @@ embrope::RopeOptions rope_options(const char* function, const embrope_rope_optio
   embrope::RopeOptions options;
   options.stream.handle = stream;
   if (o == nullptr) return options;
-  if (o->layout != EMBROPE_ROPE_NEOX && o->layout != EMBROPE_ROPE_INTERLEAVED) {
-    fail(function, fmt::format("layout {} is neither NEOX (0) nor INTERLEAVED (1)",
-                               static_cast<int>(o->layout)));
+  const int layout = enum_value(o->layout);
+  if (layout != EMBROPE_ROPE_NEOX && layout != EMBROPE_ROPE_INTERLEAVED) {
+    fail(function, fmt::format("layout {} is neither NEOX (0) nor INTERLEAVED (1)", layout));
   }
   options.layout =
-      o->layout == EMBROPE_ROPE_NEOX ? embrope::RopeLayout::neox : embrope::RopeLayout::interleaved;
+      layout == EMBROPE_ROPE_NEOX ? embrope::RopeLayout::neox : embrope::RopeLayout::interleaved;
   options.inverse = o->inverse != 0;
   options.rotary_dim = o->rotary_dim;
   options.q_out = to_optional(function, "q_out", o->q_out);
   options.k_out = to_optional(function, "k_out", o->k_out);
   for (int i = 0; i < 3; ++i) options.mrope_section[i] = o->mrope_section[i];
+  if (o->deferred != nullptr) options.deferred = &o->deferred->status;
   return options;
 }
 
@@ -177,7 +193,7 @@ embrope::RopeConfig to_rope_config(const char* fn, const embrope_rope_config_t& 
   c.rotary_dim = in.rotary_dim;
   c.base = in.base;
   c.max_positions = in.max_positions;
-  switch (in.scaling) {
+  switch (enum_value(in.scaling)) {
     case EMBROPE_ROPE_SCALING_NONE:
       c.scaling = embrope::RopeScaling::none;
       break;
@@ -197,8 +213,7 @@ embrope::RopeConfig to_rope_config(const char* fn, const embrope_rope_config_t& 
       c.scaling = embrope::RopeScaling::longrope;
       break;
     default:
-      fail(fn, "config->scaling {} is not an embrope_rope_scaling_t value",
-           static_cast<int>(in.scaling));
+      fail(fn, "config->scaling {} is not an embrope_rope_scaling_t value", enum_value(in.scaling));
   }
   c.factor = in.factor;
   c.original_max_positions = in.original_max_positions;
@@ -313,6 +328,7 @@ void embrope_rope_options_init(embrope_rope_options_t* options) {
   options->q_out = nullptr;
   options->k_out = nullptr;
   for (int64_t& s : options->mrope_section) s = 0;
+  options->deferred = nullptr;
 }
 
 embrope_status_t embrope_apply_rope(const DLTensor* q, const DLTensor* k, const DLTensor* positions,
@@ -340,10 +356,12 @@ embrope_status_t embrope_apply_rope_cos_sin(const DLTensor* q, const DLTensor* k
 }
 
 embrope_status_t embrope_packed_positions(const DLTensor* cu_seqlens, const DLTensor* start_offsets,
-                                          const DLTensor* positions, void* stream) {
+                                          const DLTensor* positions,
+                                          embrope_deferred_status_t* deferred, void* stream) {
   constexpr const char* fn = "embrope_packed_positions";
   return guarded([&] {
     embrope::PackedPositionsOptions options;
+    if (deferred != nullptr) options.deferred = &deferred->status;
     options.start_offsets = to_optional(fn, "start_offsets", start_offsets);
     options.stream.handle = stream;
     embrope::packed_positions(to_tensor(fn, "cu_seqlens", cu_seqlens),
@@ -364,6 +382,7 @@ void embrope_embed_options_init(embrope_embed_options_t* options) {
   options->position_offsets = nullptr;
   options->type_table = nullptr;
   options->type_ids = nullptr;
+  options->deferred = nullptr;
 }
 
 embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const DLTensor* out,
@@ -376,7 +395,7 @@ embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const
       options.scale = o->scale;
       options.vocab_start = o->vocab_start;
       options.vocab_shard = o->vocab_shard != 0;
-      switch (o->positions) {
+      switch (enum_value(o->positions)) {
         case EMBROPE_POSITIONS_NONE:
           options.positions = embrope::PositionEncoding::none;
           break;
@@ -388,15 +407,16 @@ embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const
           break;
         default:
           fail(fn, fmt::format("positions {} is not an embrope_position_encoding_t",
-                               static_cast<int>(o->positions)));
+                               enum_value(o->positions)));
       }
-      if (o->sinusoid_layout != EMBROPE_SINUSOID_INTERLEAVED &&
-          o->sinusoid_layout != EMBROPE_SINUSOID_SPLIT) {
+      const int sinusoid_layout = enum_value(o->sinusoid_layout);
+      if (sinusoid_layout != EMBROPE_SINUSOID_INTERLEAVED &&
+          sinusoid_layout != EMBROPE_SINUSOID_SPLIT) {
         fail(fn, fmt::format("sinusoid_layout {} is not an embrope_sinusoid_layout_t",
-                             static_cast<int>(o->sinusoid_layout)));
+                             sinusoid_layout));
       }
       options.sinusoid_base = o->sinusoid_base;
-      options.sinusoid_layout = o->sinusoid_layout == EMBROPE_SINUSOID_SPLIT
+      options.sinusoid_layout = sinusoid_layout == EMBROPE_SINUSOID_SPLIT
                                     ? embrope::SinusoidLayout::split
                                     : embrope::SinusoidLayout::interleaved;
       options.position_table = to_optional(fn, "position_table", o->position_table);
@@ -404,6 +424,7 @@ embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const
       options.position_offsets = to_optional(fn, "position_offsets", o->position_offsets);
       options.type_table = to_optional(fn, "type_table", o->type_table);
       options.type_ids = to_optional(fn, "type_ids", o->type_ids);
+      if (o->deferred != nullptr) options.deferred = &o->deferred->status;
     }
     embrope::embed(to_tensor(fn, "table", table), to_tensor(fn, "ids", ids),
                    to_tensor(fn, "out", out), options);
@@ -427,6 +448,29 @@ void embrope_embed_backward_options_init(embrope_embed_backward_options_t* optio
   options->mode = EMBROPE_BACKWARD_DETERMINISTIC;
   options->workspace = nullptr;
   options->workspace_bytes = 0;
+  options->deferred = nullptr;
+}
+
+embrope_status_t embrope_deferred_status_create(DLDevice device,
+                                                embrope_deferred_status_t** status) {
+  constexpr const char* fn = "embrope_deferred_status_create";
+  return guarded([&] {
+    if (status == nullptr) fail(fn, "status (the output handle) is null");
+    *status = nullptr;
+    *status = new embrope_deferred_status(to_device(fn, "device", device));
+  });
+}
+
+embrope_status_t embrope_deferred_status_destroy(embrope_deferred_status_t* status) {
+  return guarded([&] { delete status; });
+}
+
+embrope_status_t embrope_deferred_status_check(embrope_deferred_status_t* status, void* stream) {
+  constexpr const char* fn = "embrope_deferred_status_check";
+  return guarded([&] {
+    if (status == nullptr) fail(fn, "status is null");
+    status->status.check(embrope::Stream{stream});
+  });
 }
 
 }  // extern "C"
@@ -465,6 +509,7 @@ embrope::EmbedBackwardOptions embed_backward_options(const char* fn,
   }
   options.workspace = o->workspace;
   options.workspace_bytes = o->workspace_bytes;
+  if (o->deferred != nullptr) options.deferred = &o->deferred->status;
   return options;
 }
 

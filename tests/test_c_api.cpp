@@ -133,6 +133,7 @@ TEST_CASE("the options init functions set the documented defaults", "[c_api]") {
   CHECK(ro.mrope_section[0] == 0);
   CHECK(ro.mrope_section[1] == 0);
   CHECK(ro.mrope_section[2] == 0);
+  CHECK(ro.deferred == nullptr);
 
   embrope_embed_options_t eo;
   std::memset(&eo, 0x5a, sizeof eo);
@@ -148,6 +149,7 @@ TEST_CASE("the options init functions set the documented defaults", "[c_api]") {
   CHECK(eo.position_offsets == nullptr);
   CHECK(eo.type_table == nullptr);
   CHECK(eo.type_ids == nullptr);
+  CHECK(eo.deferred == nullptr);
 }
 
 // ------------------------------------------------------------------ caches ---------------
@@ -887,4 +889,56 @@ TEST_CASE("C apply_rope_backward undoes apply_rope, with the cache and with cos/
         EMBROPE_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(last_error(), Catch::Contains("embrope_apply_rope_backward"));
   CHECK(embrope_rope_cache_destroy(cache) == EMBROPE_OK);
+}
+
+TEST_CASE("C deferred status: ops record bad rows instead of failing, check reports and clears",
+          "[c_api][deferred]") {
+  embrope_deferred_status_t* status = nullptr;
+  REQUIRE(embrope_deferred_status_create(DLDevice{kDLCPU, 0}, &status) == EMBROPE_OK);
+  REQUIRE(status != nullptr);
+  CHECK(embrope_deferred_status_check(status, nullptr) == EMBROPE_OK);
+
+  // RoPE with position 40 outside a 32-row cache.
+  embrope_rope_config_t c;
+  embrope_rope_config_init(&c);
+  c.rotary_dim = 16;
+  c.max_positions = 32;
+  embrope_rope_cache_t* cache = nullptr;
+  REQUIRE(embrope_rope_cache_create(&c, DLDevice{kDLCPU, 0}, nullptr, &cache) == EMBROPE_OK);
+  std::vector<float> q(3 * 2 * 16, 0.5f);
+  std::vector<std::int64_t> pos = {1, 40, 2};
+  std::int64_t q_shape[] = {3, 2, 16}, p_shape[] = {3};
+  DLTensor qt{q.data(), DLDevice{kDLCPU, 0}, 3, {kDLFloat, 32, 1}, q_shape, nullptr, 0};
+  DLTensor pt{pos.data(), DLDevice{kDLCPU, 0}, 1, {kDLInt, 64, 1}, p_shape, nullptr, 0};
+  embrope_rope_options_t o;
+  embrope_rope_options_init(&o);
+  o.deferred = status;
+  CHECK(embrope_apply_rope(&qt, nullptr, &pt, cache, &o, nullptr) == EMBROPE_OK);
+  for (int e = 0; e < 32; ++e) CHECK(q[32 + e] == 0.0f);  // token 1 zero-filled
+  CHECK(embrope_deferred_status_check(status, nullptr) == EMBROPE_ERROR_INDEX_OUT_OF_RANGE);
+  CHECK(ref::mentions(embrope_last_error(), "positions[1]"));
+  CHECK(ref::mentions(embrope_last_error(), "40"));
+  CHECK(embrope_deferred_status_check(status, nullptr) == EMBROPE_OK);  // cleared
+
+  // embed with id 9 outside a 4-row table.
+  std::vector<float> table(4 * 8, 1.0f), out(2 * 8, -1.0f);
+  std::vector<std::int64_t> ids = {3, 9};
+  std::int64_t t_shape[] = {4, 8}, i_shape[] = {2}, o_shape[] = {2, 8};
+  DLTensor tt{table.data(), DLDevice{kDLCPU, 0}, 2, {kDLFloat, 32, 1}, t_shape, nullptr, 0};
+  DLTensor it{ids.data(), DLDevice{kDLCPU, 0}, 1, {kDLInt, 64, 1}, i_shape, nullptr, 0};
+  DLTensor ot{out.data(), DLDevice{kDLCPU, 0}, 2, {kDLFloat, 32, 1}, o_shape, nullptr, 0};
+  embrope_embed_options_t eo;
+  embrope_embed_options_init(&eo);
+  eo.deferred = status;
+  CHECK(embrope_embed(&tt, &it, &ot, &eo, nullptr) == EMBROPE_OK);
+  CHECK(out[8] == 0.0f);
+  CHECK(embrope_deferred_status_check(status, nullptr) == EMBROPE_ERROR_INDEX_OUT_OF_RANGE);
+  CHECK(ref::mentions(embrope_last_error(), "ids[1]"));
+
+  CHECK(embrope_deferred_status_check(nullptr, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK(embrope_deferred_status_create(DLDevice{kDLCPU, 0}, nullptr) ==
+        EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK(embrope_deferred_status_destroy(nullptr) == EMBROPE_OK);
+  CHECK(embrope_deferred_status_destroy(status) == EMBROPE_OK);
+  embrope_rope_cache_destroy(cache);
 }

@@ -211,12 +211,20 @@ TEST_CASE("embrope_packed_positions through the C API", "[packed_positions][c_ap
   DLTensor cu_t{cu, cpu, 1, {kDLInt, 64, 1}, cu_shape, nullptr, 0};
   DLTensor start_t{starts, cpu, 1, {kDLInt, 64, 1}, start_shape, nullptr, 0};
   DLTensor pos_t{pos, cpu, 1, {kDLInt, 32, 1}, pos_shape, nullptr, 0};
-  REQUIRE(embrope_packed_positions(&cu_t, &start_t, &pos_t, nullptr) == EMBROPE_OK);
+  REQUIRE(embrope_packed_positions(&cu_t, &start_t, &pos_t, nullptr, nullptr) == EMBROPE_OK);
   CHECK(std::vector<std::int32_t>(pos, pos + 5) == std::vector<std::int32_t>{10, 11, 3, 4, 5});
   cu[3] = 4;
-  CHECK(embrope_packed_positions(&cu_t, nullptr, &pos_t, nullptr) ==
+  CHECK(embrope_packed_positions(&cu_t, nullptr, &pos_t, nullptr, nullptr) ==
         EMBROPE_ERROR_INDEX_OUT_OF_RANGE);
   CHECK(ref::mentions(embrope_last_error(), "cu_seqlens[3]"));
-  CHECK(embrope_packed_positions(nullptr, nullptr, &pos_t, nullptr) ==
+  CHECK(embrope_packed_positions(nullptr, nullptr, &pos_t, nullptr, nullptr) ==
         EMBROPE_ERROR_INVALID_ARGUMENT);
+  // Deferred: the call succeeds, the check reports the entry.
+  embrope_deferred_status_t* status = nullptr;
+  REQUIRE(embrope_deferred_status_create(DLDevice{kDLCPU, 0}, &status) == EMBROPE_OK);
+  CHECK(embrope_packed_positions(&cu_t, nullptr, &pos_t, status, nullptr) == EMBROPE_OK);
+  CHECK(embrope_deferred_status_check(status, nullptr) == EMBROPE_ERROR_INDEX_OUT_OF_RANGE);
+  CHECK(ref::mentions(embrope_last_error(), "cu_seqlens[3]"));
+  CHECK(embrope_deferred_status_check(status, nullptr) == EMBROPE_OK);
+  CHECK(embrope_deferred_status_destroy(status) == EMBROPE_OK);
 }

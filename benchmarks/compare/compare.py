@@ -140,6 +140,7 @@ class RopeOptions(ctypes.Structure):
         ("q_out", ctypes.POINTER(DLTensor)),
         ("k_out", ctypes.POINTER(DLTensor)),
         ("mrope_section", ctypes.c_int64 * 3),
+        ("deferred", ctypes.c_void_p),
     ]
 
 
@@ -156,6 +157,7 @@ class EmbedOptions(ctypes.Structure):
         ("position_offsets", ctypes.POINTER(DLTensor)),
         ("type_table", ctypes.POINTER(DLTensor)),
         ("type_ids", ctypes.POINTER(DLTensor)),
+        ("deferred", ctypes.c_void_p),
     ]
 
 
@@ -197,6 +199,13 @@ class Embrope:
         lib.embrope_embed.restype = ctypes.c_int
         lib.embrope_embed.argtypes = [P(DLTensor), P(DLTensor), P(DLTensor), P(EmbedOptions),
                                       ctypes.c_void_p]
+        lib.embrope_deferred_status_create.restype = ctypes.c_int
+        lib.embrope_deferred_status_create.argtypes = [DLDevice, P(ctypes.c_void_p)]
+        lib.embrope_deferred_status_destroy.restype = ctypes.c_int
+        lib.embrope_deferred_status_destroy.argtypes = [ctypes.c_void_p]
+        lib.embrope_deferred_status_check.restype = ctypes.c_int
+        lib.embrope_deferred_status_check.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        self._deferred = {}
         self.version = lib.embrope_version().decode()
         self._check_struct_layouts()
 
@@ -230,15 +239,38 @@ class Embrope:
         o = poisoned(RopeOptions)
         self.lib.embrope_rope_options_init(ctypes.byref(o))
         if (o.layout, o.inverse, o.rotary_dim, bool(o.q_out), bool(o.k_out),
-                tuple(o.mrope_section)) != (0, 0, 0, False, False, (0, 0, 0)):
+                tuple(o.mrope_section), bool(o.deferred)) != (0, 0, 0, False, False, (0, 0, 0),
+                                                              False):
             raise RuntimeError("embrope_rope_options_t mirror does not match the library")
         e = poisoned(EmbedOptions)
         self.lib.embrope_embed_options_init(ctypes.byref(e))
         pointers = [bool(getattr(e, f)) for f in ("position_table", "position_ids",
-                                                  "position_offsets", "type_table", "type_ids")]
+                                                  "position_offsets", "type_table", "type_ids",
+                                                  "deferred")]
         if (e.scale, e.vocab_start, e.vocab_shard, e.positions, e.sinusoid_base,
                 e.sinusoid_layout, any(pointers)) != (1.0, 0, 0, 0, 10000.0, 0, False):
             raise RuntimeError("embrope_embed_options_t mirror does not match the library")
+
+    # -- deferred bad-index status: embrope's calls then only enqueue kernels (no per-call
+    # synchronisation, capturable into CUDA graphs); checked after each measurement.
+    def deferred_status(self, device):
+        key = str(device)
+        if key not in self._deferred:
+            if device.type == "cuda":
+                dev = DLDevice(KDL_CUDA, device.index if device.index is not None else 0)
+            else:
+                dev = DLDevice(KDL_CPU, 0)
+            handle = ctypes.c_void_p()
+            self.check("embrope_deferred_status_create",
+                       self.lib.embrope_deferred_status_create(dev, ctypes.byref(handle)))
+            self._deferred[key] = handle
+        return self._deferred[key]
+
+    def check_deferred(self, device):
+        if str(device) in self._deferred:
+            self.check("embrope_deferred_status_check",
+                       self.lib.embrope_deferred_status_check(self._deferred[str(device)],
+                                                              stream_handle(device)))
 
     # -- cache
     def rope_cache(self, rotary_dim, max_positions, base, device, stream):
@@ -524,6 +556,7 @@ def run_rope(args, lib, device, timer, results, peers, failures):
     opts = RopeOptions()
     lib.lib.embrope_rope_options_init(ctypes.byref(opts))
     opts.layout = EMBROPE_ROPE_NEOX
+    opts.deferred = lib.deferred_status(device)
 
     liger_fn, liger_reason = peers["liger"]
     flashinfer_fn, flashinfer_reason = peers["flashinfer"]
@@ -629,6 +662,7 @@ def run_rope(args, lib, device, timer, results, peers, failures):
                     call()
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
+                    lib.check_deferred(device)
                 except Unavailable as exc:
                     results.add(**row, status=f"unavailable: {exc}")
                     continue
@@ -645,6 +679,7 @@ def run_rope(args, lib, device, timer, results, peers, failures):
                     failures.append(f"rope {dname} T={tokens} {name}: {err:.3g} ulp")
                     continue
                 ms, iters, all_ms = timer.measure(call)
+                lib.check_deferred(device)  # no bad position was recorded while timing
                 results.add(**row, status="ok", median_ms=ms, iters=iters, reps_ms=all_ms,
                             gbps=nbytes / ms / 1e6, max_ulp=err)
             # the ceiling: a device copy moving the same bytes (read + write)
@@ -683,10 +718,10 @@ def run_rope(args, lib, device, timer, results, peers, failures):
 
 
 def embrope_graphs(args, lib, device, timer, results, cache, opts, cases):
-    """embrope under CUDA-graph capture, run last of all: its C API reports bad positions by
-    copying a status record to the host and synchronising, which a capture cannot contain. A
-    failed capture may leave state behind in torch (the capture stream's allocator pool), so
-    it is attempted once, after every other measurement, and its reason stands for all sizes."""
+    """embrope under CUDA-graph capture, run last of all. With a deferred status in its options
+    a call only enqueues kernels, so it can be captured; a failed capture may still leave state
+    behind in torch (the capture stream's allocator pool), so it is attempted after every other
+    measurement, and a failure's reason stands for all sizes."""
     reason = None
     for case in cases:
         row = dict(op="rope", dtype=case["dname"], tokens=case["tokens"],
@@ -738,6 +773,7 @@ def run_embed(args, lib, device, timer, results, failures):
                     lib.lib.embrope_embed_options_init(ctypes.byref(o))
                     o.positions = EMBROPE_POSITIONS_LEARNED
                     o.position_table = pv.ptr
+                    o.deferred = lib.deferred_status(device)
                     keep = [tv, iv, ov, pv, o]
                     if mode == "explicit":
                         posv = DLView(pos)
@@ -801,6 +837,7 @@ def run_embed(args, lib, device, timer, results, failures):
                         failures.append(f"embed T={tokens} {mode} {name}: {err:.3g} ulp")
                         continue
                     ms, iters, all_ms = timer.measure(call)
+                    lib.check_deferred(device)  # no bad position was recorded while timing
                     results.add(**row, status="ok", median_ms=ms, iters=iters, reps_ms=all_ms,
                                 gbps=nbytes / ms / 1e6, max_ulp=err)
             src = torch.empty(nbytes // 2 // 2, dtype=stream_dtype, device=device).normal_()

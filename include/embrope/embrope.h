@@ -37,12 +37,13 @@ extern "C" {
 
 typedef enum embrope_status_t {
   EMBROPE_OK = 0,
-  EMBROPE_ERROR_INVALID_ARGUMENT = 1,   /* a shape, stride, dtype, device or option is wrong */
-  EMBROPE_ERROR_INDEX_OUT_OF_RANGE = 2, /* an id, position, type id or cu_seqlens entry outside its range */
-  EMBROPE_ERROR_NOT_IMPLEMENTED = 3,    /* e.g. CUDA tensors in a build without CUDA */
-  EMBROPE_ERROR_CUDA = 4,               /* the CUDA runtime reported an error */
-  EMBROPE_ERROR_OUT_OF_MEMORY = 5,      /* an allocation failed */
-  EMBROPE_ERROR_INTERNAL = 6            /* a bug in embrope */
+  EMBROPE_ERROR_INVALID_ARGUMENT = 1, /* a shape, stride, dtype, device or option is wrong */
+  EMBROPE_ERROR_INDEX_OUT_OF_RANGE =
+      2, /* an id, position, type id or cu_seqlens entry outside its range */
+  EMBROPE_ERROR_NOT_IMPLEMENTED = 3, /* e.g. CUDA tensors in a build without CUDA */
+  EMBROPE_ERROR_CUDA = 4,            /* the CUDA runtime reported an error */
+  EMBROPE_ERROR_OUT_OF_MEMORY = 5,   /* an allocation failed */
+  EMBROPE_ERROR_INTERNAL = 6         /* a bug in embrope */
 } embrope_status_t;
 
 /* The library's version, "MAJOR.MINOR.PATCH". Never fails. */
@@ -124,6 +125,26 @@ EMBROPE_API embrope_status_t embrope_rope_cache_info(const embrope_rope_cache_t*
 EMBROPE_API embrope_status_t embrope_rope_cache_copy_to_host(const embrope_rope_cache_t* cache,
                                                              float* cos, float* sin);
 
+/* -------------------------------------------------------- deferred bad-index status ---- */
+
+/* By default an op that meets a bad id or position (or cu_seqlens entry) fails with
+ * INDEX_OUT_OF_RANGE, which on a GPU costs one synchronisation of the stream per call. A
+ * caller that cannot afford it (a decode loop, a CUDA graph capture) puts a deferred status in
+ * the op's options: the op then only enqueues kernels, which record the first bad row there,
+ * and the caller checks when it chooses. Lives on one device; give each thread or stream its
+ * own (it is not thread-safe). */
+typedef struct embrope_deferred_status embrope_deferred_status_t;
+
+EMBROPE_API embrope_status_t embrope_deferred_status_create(DLDevice device,
+                                                            embrope_deferred_status_t** status);
+/* A null handle is accepted and does nothing. */
+EMBROPE_API embrope_status_t embrope_deferred_status_destroy(embrope_deferred_status_t* status);
+/* OK when nothing was recorded since the last check; otherwise INDEX_OUT_OF_RANGE, with the
+ * first bad row described by embrope_last_error(). Clears the record either way. On a GPU,
+ * synchronises `stream` first. */
+EMBROPE_API embrope_status_t embrope_deferred_status_check(embrope_deferred_status_t* status,
+                                                           void* stream);
+
 /* ----------------------------------------------------------------------- RoPE ------ */
 
 typedef enum embrope_rope_layout_t {
@@ -141,6 +162,8 @@ typedef struct embrope_rope_options_t {
    * to rotary_dim / 2; positions are then [3, T] or [3, B, S] (temporal, height, width) and
    * frequency i takes its angle from the stream of the section holding i. */
   int64_t mrope_section[3];
+  /* NULL (default): a bad position fails the call. Otherwise it is recorded there. */
+  embrope_deferred_status_t* deferred;
 } embrope_rope_options_t;
 
 EMBROPE_API void embrope_rope_options_init(embrope_rope_options_t* options);
@@ -168,10 +191,13 @@ EMBROPE_API embrope_status_t embrope_apply_rope_cos_sin(const DLTensor* q, const
  * [cu_seqlens[b], cu_seqlens[b + 1]) of positions [T], and its token t gets
  * start_offsets[b] + (t - cu_seqlens[b]) (start_offsets [B] may be NULL: 0). cu_seqlens
  * [B + 1] must be non-decreasing from 0 to T; a violation fails with INDEX_OUT_OF_RANGE
- * naming the first bad entry (on a GPU this synchronises the stream) and positions are -1. */
+ * naming the first bad entry (on a GPU this synchronises the stream; deferred, if not NULL,
+ * records it instead) and positions are -1. */
 EMBROPE_API embrope_status_t embrope_packed_positions(const DLTensor* cu_seqlens,
                                                       const DLTensor* start_offsets,
-                                                      const DLTensor* positions, void* stream);
+                                                      const DLTensor* positions,
+                                                      embrope_deferred_status_t* deferred,
+                                                      void* stream);
 
 /* ------------------------------------------------------------------ embeddings ----- */
 
@@ -195,9 +221,10 @@ typedef struct embrope_embed_options_t {
   double sinusoid_base;                      /* default 10000 */
   embrope_sinusoid_layout_t sinusoid_layout; /* default INTERLEAVED */
   const DLTensor* position_ids;              /* explicit positions shaped like ids, or NULL */
-  const DLTensor* position_offsets; /* implicit offset_b + s: [B] for ids [B, S], or NULL */
-  const DLTensor* type_table;       /* [num_types, D], or NULL */
-  const DLTensor* type_ids;         /* shaped like ids, or NULL */
+  const DLTensor* position_offsets;    /* implicit offset_b + s: [B] for ids [B, S], or NULL */
+  const DLTensor* type_table;          /* [num_types, D], or NULL */
+  const DLTensor* type_ids;            /* shaped like ids, or NULL */
+  embrope_deferred_status_t* deferred; /* NULL (default): a bad row fails the call */
 } embrope_embed_options_t;
 
 EMBROPE_API void embrope_embed_options_init(embrope_embed_options_t* options);
@@ -235,6 +262,7 @@ typedef struct embrope_embed_backward_options_t {
   embrope_backward_mode_t mode;        /* default DETERMINISTIC */
   void* workspace;        /* GPU: NULL (default) allocates with cudaMallocAsync on the stream */
   size_t workspace_bytes; /* at least embrope_embed_backward_workspace_size() when given */
+  embrope_deferred_status_t* deferred; /* NULL (default): a bad row fails the call */
 } embrope_embed_backward_options_t;
 
 EMBROPE_API void embrope_embed_backward_options_init(embrope_embed_backward_options_t* options);
