@@ -3,7 +3,10 @@
 #   1. configure and build (Release, CUDA on, sm_90 unless CMAKE_CUDA_ARCHITECTURES is set);
 #   2. the CPU suite (ctest) and the GPU parity suite;
 #   3. the GPU suite again under compute-sanitizer memcheck and racecheck;
-#   4. the benchmark on the GPU (JSON).
+#   4. the benchmark on the GPU (JSON);
+#   5. when PyTorch is importable, the side-by-side comparison with the peers
+#      (benchmarks/compare/compare.py; wheels for Liger-Kernel and FlashInfer are installed
+#      from .whl/ when present, see benchmarks/compare/README.md). EMBROPE_COMPARE=0 skips it.
 # Logs and JSON go to the directory given as argument, or $OUT, or ./gpu-check-out.
 # Without network: unpack the dependencies first with shared/tools/offline-deps.sh into
 # .deps/ (git-ignored); this script uses .deps/root/usr when it exists.
@@ -62,11 +65,29 @@ step memcheck "$sanitizer" --tool memcheck --error-exitcode 1 --log-file "$out/m
   "$gpu_tests"
 step racecheck "$sanitizer" --tool racecheck --error-exitcode 1 --log-file "$out/racecheck.log" \
   "$gpu_tests" "~[sweep]"
+# One file for both tools' reports (fewer files to carry back).
+for tool in memcheck racecheck; do
+  echo "=== compute-sanitizer --tool $tool"
+  cat "$out/$tool.log" 2>/dev/null
+done >"$out/sanitizer.log"
+rm -f "$out/memcheck.log" "$out/racecheck.log"
 
 bench_args=(--device=gpu --benchmark_out="$out/bench.json" --benchmark_out_format=json
   --benchmark_repetitions=5 --benchmark_report_aggregates_only=true)
 [ "$quick" = "--quick" ] && bench_args+=(--quick)
 step benchmark "$build/benchmarks/embrope-bench" "${bench_args[@]}"
+
+if [ "${EMBROPE_COMPARE:-1}" != 0 ] && python3 -c "import torch" >/dev/null 2>&1; then
+  if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/embrope-site \
+      .whl/*.whl >>"$log" 2>&1 && export PYTHONPATH="/tmp/embrope-site:${PYTHONPATH:-}"
+  fi
+  compare_args=(--lib "$build/libembrope.so" --out "$out")
+  [ "$quick" = "--quick" ] && compare_args+=(--tokens 1,64,16384 --embed-tokens 16384 --skip compile)
+  step compare python3 benchmarks/compare/compare.py "${compare_args[@]}"
+else
+  say "compare: skipped (EMBROPE_COMPARE=0 or no PyTorch)"
+fi
 
 say "gpu-check: $([ $status -eq 0 ] && echo PASSED || echo FAILED)"
 exit $status
