@@ -2,7 +2,10 @@
 // codes and a per-thread message. Nothing thrown crosses this file's functions.
 #include <fmt/format.h>
 
+#include <cstdint>
+#include <cstring>
 #include <new>
+#include <type_traits>
 #include <string>
 
 #include "embrope/embrope.h"
@@ -65,13 +68,31 @@ Tensor to_tensor(const char* function, const char* name, const DLTensor* t) {
     fail(function, fmt::format("{} has byte_offset {}, not a multiple of its element size {}", name,
                                t->byte_offset, size));
   }
-  void* data = t->data == nullptr ? nullptr : static_cast<char*>(t->data) + t->byte_offset;
+  // Added as integers: a byte_offset that wraps the address space is an error, not a
+  // pointer overflow.
+  const auto base = reinterpret_cast<std::uintptr_t>(t->data);
+  if (t->data != nullptr && t->byte_offset > UINTPTR_MAX - base) {
+    fail(function, fmt::format("{} has byte_offset {}, which wraps past the end of the address "
+                               "space",
+                               name, t->byte_offset));
+  }
+  void* data = t->data == nullptr ? nullptr : reinterpret_cast<void*>(base + t->byte_offset);
   return Tensor(data, dtype, t->ndim, t->shape, t->strides, to_device(function, name, t->device));
 }
 
 std::optional<Tensor> to_optional(const char* function, const char* name, const DLTensor* t) {
   if (t == nullptr) return std::nullopt;
   return to_tensor(function, name, t);
+}
+
+// The value a C caller stored in an enum field. C lets any int live in an enum object; in
+// C++ loading a value outside the enum's range is undefined, so the bytes are read as the
+// underlying integer and compared against the enumerators.
+template <typename Enum>
+long long raw_enum(const Enum& field) {
+  std::underlying_type_t<Enum> value;
+  std::memcpy(&value, &field, sizeof value);
+  return static_cast<long long>(value);
 }
 
 embrope_status_t to_status(ErrorCode code) {
@@ -105,12 +126,12 @@ embrope::RopeOptions rope_options(const char* function, const embrope_rope_optio
   embrope::RopeOptions options;
   options.stream.handle = stream;
   if (o == nullptr) return options;
-  if (o->layout != EMBROPE_ROPE_NEOX && o->layout != EMBROPE_ROPE_INTERLEAVED) {
-    fail(function, fmt::format("layout {} is neither NEOX (0) nor INTERLEAVED (1)",
-                               static_cast<int>(o->layout)));
+  const long long layout = raw_enum(o->layout);
+  if (layout != EMBROPE_ROPE_NEOX && layout != EMBROPE_ROPE_INTERLEAVED) {
+    fail(function, fmt::format("layout {} is neither NEOX (0) nor INTERLEAVED (1)", layout));
   }
   options.layout =
-      o->layout == EMBROPE_ROPE_NEOX ? embrope::RopeLayout::neox : embrope::RopeLayout::interleaved;
+      layout == EMBROPE_ROPE_NEOX ? embrope::RopeLayout::neox : embrope::RopeLayout::interleaved;
   options.inverse = o->inverse != 0;
   options.rotary_dim = o->rotary_dim;
   options.q_out = to_optional(function, "q_out", o->q_out);
@@ -251,7 +272,7 @@ embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const
       options.scale = o->scale;
       options.vocab_start = o->vocab_start;
       options.vocab_shard = o->vocab_shard != 0;
-      switch (o->positions) {
+      switch (raw_enum(o->positions)) {
         case EMBROPE_POSITIONS_NONE:
           options.positions = embrope::PositionEncoding::none;
           break;
@@ -263,15 +284,16 @@ embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const
           break;
         default:
           fail(fn, fmt::format("positions {} is not an embrope_position_encoding_t",
-                               static_cast<int>(o->positions)));
+                               raw_enum(o->positions)));
       }
-      if (o->sinusoid_layout != EMBROPE_SINUSOID_INTERLEAVED &&
-          o->sinusoid_layout != EMBROPE_SINUSOID_SPLIT) {
+      const long long sinusoid_layout = raw_enum(o->sinusoid_layout);
+      if (sinusoid_layout != EMBROPE_SINUSOID_INTERLEAVED &&
+          sinusoid_layout != EMBROPE_SINUSOID_SPLIT) {
         fail(fn, fmt::format("sinusoid_layout {} is not an embrope_sinusoid_layout_t",
-                             static_cast<int>(o->sinusoid_layout)));
+                             sinusoid_layout));
       }
       options.sinusoid_base = o->sinusoid_base;
-      options.sinusoid_layout = o->sinusoid_layout == EMBROPE_SINUSOID_SPLIT
+      options.sinusoid_layout = sinusoid_layout == EMBROPE_SINUSOID_SPLIT
                                     ? embrope::SinusoidLayout::split
                                     : embrope::SinusoidLayout::interleaved;
       options.position_table = to_optional(fn, "position_table", o->position_table);
