@@ -99,24 +99,39 @@ embrope_status_t to_status(ErrorCode code) {
   return static_cast<embrope_status_t>(code);
 }
 
+// The message of a C function starts with that function's name: an error raised by the C++
+// op it wraps ("embed: ids[3] = -1 ...") has the op's name replaced by the function's.
+void set_last_error(const char* function, const char* op, const char* message) {
+  const std::string prefix = std::string(op) + ": ";
+  const std::size_t skip = std::strncmp(message, prefix.c_str(), prefix.size()) == 0
+                               ? prefix.size()
+                               : 0;
+  if (skip == 0 && std::strncmp(message, function, std::strlen(function)) == 0) {
+    last_error = message;
+    return;
+  }
+  last_error = std::string(function) + ": " + (message + skip);
+}
+
 // Runs body, translating every exception into a status and the thread's message.
+// `op` is the C++ op the function wraps.
 template <typename Body>
-embrope_status_t guarded(Body&& body) noexcept {
+embrope_status_t guarded(const char* function, const char* op, Body&& body) noexcept {
   try {
     body();
     last_error.clear();
     return EMBROPE_OK;
   } catch (const Error& e) {
-    last_error = e.what();
+    set_last_error(function, op, e.what());
     return to_status(e.code());
   } catch (const std::bad_alloc&) {
-    last_error = "embrope: out of host memory";
+    set_last_error(function, op, "out of host memory");
     return EMBROPE_ERROR_OUT_OF_MEMORY;
   } catch (const std::exception& e) {
-    last_error = std::string("embrope: internal error: ") + e.what();
+    set_last_error(function, op, (std::string("internal error: ") + e.what()).c_str());
     return EMBROPE_ERROR_INTERNAL;
   } catch (...) {
-    last_error = "embrope: internal error: unknown exception";
+    set_last_error(function, op, "internal error: unknown exception");
     return EMBROPE_ERROR_INTERNAL;
   }
 }
@@ -169,7 +184,7 @@ void embrope_rope_config_init(embrope_rope_config_t* config) {
 embrope_status_t embrope_rope_cache_create(const embrope_rope_config_t* config, DLDevice device,
                                            void* stream, embrope_rope_cache_t** cache) {
   constexpr const char* fn = "embrope_rope_cache_create";
-  return guarded([&] {
+  return guarded(fn, "RopeCache", [&] {
     if (cache == nullptr) fail(fn, "cache (the output handle) is null");
     *cache = nullptr;
     if (config == nullptr) fail(fn, "config is null");
@@ -183,13 +198,13 @@ embrope_status_t embrope_rope_cache_create(const embrope_rope_config_t* config, 
 }
 
 embrope_status_t embrope_rope_cache_destroy(embrope_rope_cache_t* cache) {
-  return guarded([&] { delete cache; });
+  return guarded("embrope_rope_cache_destroy", "RopeCache", [&] { delete cache; });
 }
 
 embrope_status_t embrope_rope_cache_info(const embrope_rope_cache_t* cache,
                                          embrope_rope_config_t* config, DLDevice* device) {
   constexpr const char* fn = "embrope_rope_cache_info";
-  return guarded([&] {
+  return guarded(fn, "RopeCache", [&] {
     if (cache == nullptr) fail(fn, "cache is null");
     if (config != nullptr) {
       config->rotary_dim = cache->cache.rotary_dim();
@@ -207,7 +222,7 @@ embrope_status_t embrope_rope_cache_info(const embrope_rope_cache_t* cache,
 embrope_status_t embrope_rope_cache_copy_to_host(const embrope_rope_cache_t* cache, float* cos,
                                                  float* sin) {
   constexpr const char* fn = "embrope_rope_cache_copy_to_host";
-  return guarded([&] {
+  return guarded(fn, "RopeCache", [&] {
     if (cache == nullptr) fail(fn, "cache is null");
     if (cos == nullptr || sin == nullptr) fail(fn, "cos and sin must not be null");
     cache->cache.copy_to_host(cos, sin);
@@ -227,7 +242,7 @@ embrope_status_t embrope_apply_rope(const DLTensor* q, const DLTensor* k, const 
                                     const embrope_rope_cache_t* cache,
                                     const embrope_rope_options_t* options, void* stream) {
   constexpr const char* fn = "embrope_apply_rope";
-  return guarded([&] {
+  return guarded(fn, "apply_rope", [&] {
     if (cache == nullptr) fail(fn, "cache is null");
     embrope::apply_rope(to_tensor(fn, "q", q), to_optional(fn, "k", k),
                         to_tensor(fn, "positions", positions), cache->cache,
@@ -240,7 +255,7 @@ embrope_status_t embrope_apply_rope_cos_sin(const DLTensor* q, const DLTensor* k
                                             const DLTensor* sin,
                                             const embrope_rope_options_t* options, void* stream) {
   constexpr const char* fn = "embrope_apply_rope_cos_sin";
-  return guarded([&] {
+  return guarded(fn, "apply_rope", [&] {
     embrope::apply_rope(to_tensor(fn, "q", q), to_optional(fn, "k", k),
                         to_tensor(fn, "positions", positions), to_tensor(fn, "cos", cos),
                         to_tensor(fn, "sin", sin), rope_options(fn, options, stream));
@@ -265,7 +280,7 @@ void embrope_embed_options_init(embrope_embed_options_t* options) {
 embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const DLTensor* out,
                                const embrope_embed_options_t* o, void* stream) {
   constexpr const char* fn = "embrope_embed";
-  return guarded([&] {
+  return guarded(fn, "embed", [&] {
     embrope::EmbedOptions options;
     options.stream.handle = stream;
     if (o != nullptr) {

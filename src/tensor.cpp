@@ -53,15 +53,23 @@ Tensor::Tensor(void* data, DType dtype, int ndim, const std::int64_t* shape,
 Tensor::Tensor(void* data, DType dtype, std::initializer_list<std::int64_t> shape, Device device)
     : Tensor(data, dtype, static_cast<int>(shape.size()), shape.begin(), nullptr, device) {}
 
-Tensor::Tensor(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
-               std::initializer_list<std::int64_t> strides, Device device)
-    : Tensor(data, dtype, static_cast<int>(shape.size()), shape.begin(), strides.begin(), device) {
+namespace {
+// Checked before the delegated constructor reads shape.size() strides from the list.
+const std::int64_t* strides_for(std::initializer_list<std::int64_t> shape,
+                                std::initializer_list<std::int64_t> strides) {
   if (strides.size() != shape.size()) {
     throw Error(ErrorCode::invalid_argument, "Tensor: " + std::to_string(strides.size()) +
                                                  " strides for " + std::to_string(shape.size()) +
                                                  " dimensions");
   }
+  return strides.begin();
 }
+}  // namespace
+
+Tensor::Tensor(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
+               std::initializer_list<std::int64_t> strides, Device device)
+    : Tensor(data, dtype, static_cast<int>(shape.size()), shape.begin(),
+             strides_for(shape, strides), device) {}
 
 std::int64_t Tensor::numel() const {
   for (int d = 0; d < ndim_; ++d) {
