@@ -46,6 +46,14 @@ RopeCache::RopeCache(const RopeConfig& config, Device device, Stream stream)
   check_config(config);
   validate::check_device_usable(kOp, device);
   const std::vector<double> f = inv_freqs(config);
+  // A finite base can still give infinite frequencies (a base near the smallest double):
+  // every angle would then be NaN.
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    if (!std::isfinite(f[i])) {
+      validate::fail(kOp, "base {} gives a non-finite frequency inv_freq_{} = {}", config.base, i,
+                     f[i]);
+    }
+  }
   const auto count = static_cast<std::size_t>(config.max_positions * config.rotary_dim);
   if (device.kind == DeviceKind::cpu) {
     data_ = new (std::nothrow) float[count];

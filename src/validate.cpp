@@ -38,6 +38,8 @@ void check_view(const char* op, const char* name, const Tensor& t, int min_ndim,
     const std::int64_t stride = t.stride(d);
     if (size < 0) fail(op, "{} has negative size {} in dimension {}", name, size, d);
     if (stride < 0) fail(op, "{} has negative stride {} in dimension {}", name, stride, d);
+    // Even in an empty view: sizes feed other arithmetic (rotary_dim = 2 * cos columns).
+    if (size > limit) fail(op, "{} has size {} in dimension {}, more than 2^60", name, size, d);
     if (size == 0) empty = true;
   }
   if (empty) return;

@@ -1489,6 +1489,21 @@ std::vector<RopeCase> rope_cases() {
       },
       kBoth, kCosSin);
   add(
+      "empty cos/sin tables with INT64_MAX columns", invalid({"cos", "2^60"}),
+      [](F& f) {
+        RopeArgs a = rope_args(f);
+        a.cos = Tensor(f.cos.data, f.q.dtype, {0, kI64Max});
+        a.sin = Tensor(f.sin.data, f.q.dtype, {0, kI64Max});
+        return a;
+      },
+      kBoth, kCosSin);
+  add("an empty q with a size past 2^60", invalid({"q", "2^60"}), [](F& f) {
+    RopeArgs a = rope_args(f);
+    a.q = Tensor(f.q.data, f.q.dtype, {0, kI64Max, F::D});
+    a.k.reset();
+    return a;
+  });
+  add(
       "sin shaped unlike cos", invalid({"sin", "cos", "shape"}),
       [](F& f) {
         RopeArgs a = rope_args(f);
