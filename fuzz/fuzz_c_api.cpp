@@ -214,9 +214,17 @@ class Call {
           bytes = e.empty ? 0 : static_cast<std::size_t>(e.elements) * es;
           break;
         }
-        for (std::size_t i = 0; i < dims; ++i) {  // too large to back: make it small
-          if (d->shape[i] > 5) d->shape[i] = d->shape[i] % 6;
-          if (d->strides[i] > 40) d->strides[i] = d->strides[i] % 40;
+        // Too large to back: make it small, one step at a time (sizes and strides of any
+        // size first, then sizes of 1), so that the loop ends.
+        bool changed = false;
+        for (std::size_t i = 0; i < dims; ++i) {
+          if (d->shape[i] > 5) d->shape[i] = d->shape[i] % 6, changed = true;
+          if (t.strides != nullptr && d->strides[i] > 40) {
+            d->strides[i] = d->strides[i] % 40, changed = true;
+          }
+        }
+        for (std::size_t i = 0; i < dims && !changed; ++i) {
+          if (d->shape[i] > 1) d->shape[i] = 1, changed = true;
         }
       }
     }

@@ -103,9 +103,8 @@ embrope_status_t to_status(ErrorCode code) {
 // op it wraps ("embed: ids[3] = -1 ...") has the op's name replaced by the function's.
 void set_last_error(const char* function, const char* op, const char* message) {
   const std::string prefix = std::string(op) + ": ";
-  const std::size_t skip = std::strncmp(message, prefix.c_str(), prefix.size()) == 0
-                               ? prefix.size()
-                               : 0;
+  const std::size_t skip =
+      std::strncmp(message, prefix.c_str(), prefix.size()) == 0 ? prefix.size() : 0;
   if (skip == 0 && std::strncmp(message, function, std::strlen(function)) == 0) {
     last_error = message;
     return;
