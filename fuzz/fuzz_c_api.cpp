@@ -26,6 +26,8 @@
 
 #include "embrope/embrope.h"
 
+static_assert(sizeof(DLDeviceType) == sizeof(int), "DLDeviceType is stored as an int");
+
 namespace {
 
 // Reads the input front to back; past its end every read is zero.
@@ -196,15 +198,19 @@ class Call {
     if (dims > 0 && in_.chance(2)) t.shape = nullptr, null_shape = true;
     t.device = DLDevice{kDLCPU, 0};
     if (in_.chance(4)) {
-      t.device = DLDevice{static_cast<DLDeviceType>(in_.u8() % 14),
-                          static_cast<std::int32_t>(in_.u8() % 3)};
+      // Any int, as a C caller may store it (not only DLDeviceType's enumerators).
+      const int type = in_.chance(32) ? static_cast<int>(in_.u64()) : in_.u8() % 14;
+      std::memcpy(&t.device.device_type, &type, sizeof type);
+      t.device.device_id = in_.u8() % 3;
     }
 
     // Does the library have to reject this view before touching memory? Then it gets a
     // small block. Otherwise it gets a block of exactly its extent, after shrinking any size
     // that would make the extent too large to allocate.
+    int device_type;
+    std::memcpy(&device_type, &t.device.device_type, sizeof device_type);
     const bool rejected_early = !known || ndim < 0 || ndim > 8 || null_shape ||
-                                t.device.device_type != kDLCPU || view_rejected(*d, t);
+                                device_type != kDLCPU || view_rejected(*d, t);
     std::size_t bytes = 16;
     if (!rejected_early) {
       for (;;) {
@@ -340,7 +346,10 @@ embrope_rope_cache_t* make_cache(Bytes& in, std::int64_t* rotary_dim, std::int64
   if (config.rotary_dim > 64 && config.rotary_dim < (std::int64_t{1} << 59)) config.rotary_dim = 64;
   config.base = in.chance(16) ? in.real() : 10000.0;
   DLDevice device{kDLCPU, 0};
-  if (in.chance(4)) device = DLDevice{static_cast<DLDeviceType>(in.u8() % 14), 0};
+  if (in.chance(4)) {
+    const int type = in.chance(32) ? static_cast<int>(in.u64()) : in.u8() % 14;
+    std::memcpy(&device.device_type, &type, sizeof type);
+  }
   embrope_rope_cache_t* cache = reinterpret_cast<embrope_rope_cache_t*>(&config);  // not a handle
   const embrope_status_t status =
       embrope_rope_cache_create(&config, device, nullptr, in.chance(2) ? nullptr : &cache);

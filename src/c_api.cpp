@@ -27,8 +27,19 @@ thread_local std::string last_error;
   throw Error(ErrorCode::invalid_argument, fmt::format("{}: {}", function, message));
 }
 
+// The value a C caller stored in an enum field. C lets any int live in an enum object; in
+// C++ loading a value outside the enum's range is undefined, so the bytes are read as the
+// underlying integer and compared against the enumerators.
+template <typename Enum>
+long long raw_enum(const Enum& field) {
+  std::underlying_type_t<Enum> value;
+  std::memcpy(&value, &field, sizeof value);
+  return static_cast<long long>(value);
+}
+
 embrope::Device to_device(const char* function, const char* name, DLDevice device) {
-  switch (device.device_type) {
+  const long long type = raw_enum(device.device_type);
+  switch (type) {
     case kDLCPU:
       return embrope::Device::cpu();
     case kDLCUDA:
@@ -36,8 +47,7 @@ embrope::Device to_device(const char* function, const char* name, DLDevice devic
     default:
       fail(function, fmt::format("{} has DLPack device type {}; only kDLCPU ({}) and kDLCUDA ({}) "
                                  "are supported",
-                                 name, static_cast<int>(device.device_type),
-                                 static_cast<int>(kDLCPU), static_cast<int>(kDLCUDA)));
+                                 name, type, static_cast<int>(kDLCPU), static_cast<int>(kDLCUDA)));
   }
 }
 
@@ -83,16 +93,6 @@ Tensor to_tensor(const char* function, const char* name, const DLTensor* t) {
 std::optional<Tensor> to_optional(const char* function, const char* name, const DLTensor* t) {
   if (t == nullptr) return std::nullopt;
   return to_tensor(function, name, t);
-}
-
-// The value a C caller stored in an enum field. C lets any int live in an enum object; in
-// C++ loading a value outside the enum's range is undefined, so the bytes are read as the
-// underlying integer and compared against the enumerators.
-template <typename Enum>
-long long raw_enum(const Enum& field) {
-  std::underlying_type_t<Enum> value;
-  std::memcpy(&value, &field, sizeof value);
-  return static_cast<long long>(value);
 }
 
 embrope_status_t to_status(ErrorCode code) {

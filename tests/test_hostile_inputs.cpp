@@ -635,8 +635,7 @@ std::vector<EmbedCase> embed_cases() {
         kC);
     for (DLDeviceType dev : {kDLCUDAHost, kDLCUDAManaged, kDLOpenCL, kDLROCM, kDLExtDev}) {
       add(
-          name + " has DLPack device type " + std::to_string(static_cast<int>(dev)),
-          invalid({name, "device"}),
+          name + " has DLPack device type " + std::to_string(dev), invalid({name, "device"}),
           [=](F& f) {
             EmbedArgs a = embed_args_full(f);
             a.patch = patch_of(name, [=](DLView& v) { v.t.device.device_type = dev; });
@@ -1894,20 +1893,23 @@ std::vector<MiscCase> misc_cases() {
                          embrope_rope_cache_create(nullptr, DLDevice{kDLCPU, 0}, nullptr, &cache));
                    },
                    Surface::c});
-  for (DLDeviceType dev : {kDLCUDAHost, kDLOpenCL, kDLVulkan, static_cast<DLDeviceType>(-5)}) {
-    cases.push_back(
-        {"embrope_rope_cache_create on DLPack device " + std::to_string(static_cast<int>(dev)),
-         "embrope_rope_cache_create", invalid({"device"}),
-         [=] {
-           embrope_rope_config_t config;
-           embrope_rope_config_init(&config);
-           config.rotary_dim = 8;
-           config.max_positions = 4;
-           embrope_rope_cache_t* cache = nullptr;
-           return from_status(
-               embrope_rope_cache_create(&config, DLDevice{dev, 0}, nullptr, &cache));
-         },
-         Surface::c});
+  // Device types as a C caller may store them: -5 is no enumerator of DLDeviceType.
+  for (int dev : {static_cast<int>(kDLCUDAHost), static_cast<int>(kDLOpenCL),
+                  static_cast<int>(kDLVulkan), -5}) {
+    cases.push_back({"embrope_rope_cache_create on DLPack device " + std::to_string(dev),
+                     "embrope_rope_cache_create", invalid({"device"}),
+                     [=] {
+                       embrope_rope_config_t config;
+                       embrope_rope_config_init(&config);
+                       config.rotary_dim = 8;
+                       config.max_positions = 4;
+                       embrope_rope_cache_t* cache = nullptr;
+                       DLDevice device{kDLCPU, 0};
+                       std::memcpy(&device.device_type, &dev, sizeof dev);
+                       return from_status(
+                           embrope_rope_cache_create(&config, device, nullptr, &cache));
+                     },
+                     Surface::c});
   }
   if (embrope_cuda_device_count() == 0) {
     cases.push_back({"embrope_rope_cache_create on CUDA without a GPU", "embrope_rope_cache_create",
