@@ -17,11 +17,16 @@ declare -A provides=(
   [libdlpack-dev]=/usr/include/dlpack/dlpack.h
   [nlohmann-json3-dev]=/usr/include/nlohmann/json.hpp
   [libbenchmark-dev]=/usr/include/benchmark/benchmark.h
+  # The fuzz build (fuzz/, .ci/run): clang with its libFuzzer and sanitizer runtimes, and
+  # LLVM's OpenMP runtime for clang's -fopenmp.
+  [clang]=/usr/bin/clang++
+  [libclang-rt-14-dev]='/usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a'
+  [libomp-14-dev]=/usr/lib/llvm-14/lib/libomp.so
 )
 
 missing=()
 for package in "${!provides[@]}"; do
-  [ -e "${provides[$package]}" ] || missing+=("$package")
+  compgen -G "${provides[$package]}" >/dev/null || missing+=("$package")
 done
 # OpenMP comes with GCC (libgomp); nothing to install separately.
 

@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <new>
+#include <type_traits>
 #include <utility>
 #include <string>
 
@@ -32,14 +34,14 @@ thread_local std::string last_error;
   throw Error(ErrorCode::invalid_argument, fmt::format("{}: {}", function, message));
 }
 
-// The int a C caller stored in an enum field. Loading a C++ enum value outside the range of
-// its enumerators is undefined, and C callers may store anything.
-template <typename E>
-int enum_value(const E& e) {
-  static_assert(sizeof(E) == sizeof(int), "C enums are int-sized here");
-  int v = 0;
-  std::memcpy(&v, &e, sizeof v);
-  return v;
+// The value a C caller stored in an enum field. C lets any int live in an enum object; in
+// C++ loading a value outside the enum's range is undefined, so the bytes are read as the
+// underlying integer and compared against the enumerators.
+template <typename Enum>
+long long raw_enum(const Enum& field) {
+  std::underlying_type_t<Enum> value;
+  std::memcpy(&value, &field, sizeof value);
+  return static_cast<long long>(value);
 }
 
 template <typename... Args>
@@ -48,7 +50,8 @@ template <typename... Args>
 }
 
 embrope::Device to_device(const char* function, const char* name, DLDevice device) {
-  switch (device.device_type) {
+  const long long type = raw_enum(device.device_type);
+  switch (type) {
     case kDLCPU:
       return embrope::Device::cpu();
     case kDLCUDA:
@@ -56,8 +59,7 @@ embrope::Device to_device(const char* function, const char* name, DLDevice devic
     default:
       fail(function, fmt::format("{} has DLPack device type {}; only kDLCPU ({}) and kDLCUDA ({}) "
                                  "are supported",
-                                 name, static_cast<int>(device.device_type),
-                                 static_cast<int>(kDLCPU), static_cast<int>(kDLCUDA)));
+                                 name, type, static_cast<int>(kDLCPU), static_cast<int>(kDLCUDA)));
   }
 }
 
@@ -88,7 +90,15 @@ Tensor to_tensor(const char* function, const char* name, const DLTensor* t) {
     fail(function, fmt::format("{} has byte_offset {}, not a multiple of its element size {}", name,
                                t->byte_offset, size));
   }
-  void* data = t->data == nullptr ? nullptr : static_cast<char*>(t->data) + t->byte_offset;
+  // Added as integers: a byte_offset that wraps the address space is an error, not a
+  // pointer overflow.
+  const auto base = reinterpret_cast<std::uintptr_t>(t->data);
+  if (t->data != nullptr && t->byte_offset > UINTPTR_MAX - base) {
+    fail(function, fmt::format("{} has byte_offset {}, which wraps past the end of the address "
+                               "space",
+                               name, t->byte_offset));
+  }
+  void* data = t->data == nullptr ? nullptr : reinterpret_cast<void*>(base + t->byte_offset);
   return Tensor(data, dtype, t->ndim, t->shape, t->strides, to_device(function, name, t->device));
 }
 
@@ -101,24 +111,38 @@ embrope_status_t to_status(ErrorCode code) {
   return static_cast<embrope_status_t>(code);
 }
 
+// The message of a C function starts with that function's name: an error raised by the C++
+// op it wraps ("embed: ids[3] = -1 ...") has the op's name replaced by the function's.
+void set_last_error(const char* function, const char* op, const char* message) {
+  const std::string prefix = std::string(op) + ": ";
+  const std::size_t skip =
+      std::strncmp(message, prefix.c_str(), prefix.size()) == 0 ? prefix.size() : 0;
+  if (skip == 0 && std::strncmp(message, function, std::strlen(function)) == 0) {
+    last_error = message;
+    return;
+  }
+  last_error = std::string(function) + ": " + (message + skip);
+}
+
 // Runs body, translating every exception into a status and the thread's message.
+// `op` is the C++ op the function wraps.
 template <typename Body>
-embrope_status_t guarded(Body&& body) noexcept {
+embrope_status_t guarded(const char* function, const char* op, Body&& body) noexcept {
   try {
     body();
     last_error.clear();
     return EMBROPE_OK;
   } catch (const Error& e) {
-    last_error = e.what();
+    set_last_error(function, op, e.what());
     return to_status(e.code());
   } catch (const std::bad_alloc&) {
-    last_error = "embrope: out of host memory";
+    set_last_error(function, op, "out of host memory");
     return EMBROPE_ERROR_OUT_OF_MEMORY;
   } catch (const std::exception& e) {
-    last_error = std::string("embrope: internal error: ") + e.what();
+    set_last_error(function, op, (std::string("internal error: ") + e.what()).c_str());
     return EMBROPE_ERROR_INTERNAL;
   } catch (...) {
-    last_error = "embrope: internal error: unknown exception";
+    set_last_error(function, op, "internal error: unknown exception");
     return EMBROPE_ERROR_INTERNAL;
   }
 }
@@ -128,7 +152,7 @@ embrope::RopeOptions rope_options(const char* function, const embrope_rope_optio
   embrope::RopeOptions options;
   options.stream.handle = stream;
   if (o == nullptr) return options;
-  const int layout = enum_value(o->layout);
+  const long long layout = raw_enum(o->layout);
   if (layout != EMBROPE_ROPE_NEOX && layout != EMBROPE_ROPE_INTERLEAVED) {
     fail(function, fmt::format("layout {} is neither NEOX (0) nor INTERLEAVED (1)", layout));
   }
@@ -193,7 +217,7 @@ embrope::RopeConfig to_rope_config(const char* fn, const embrope_rope_config_t& 
   c.rotary_dim = in.rotary_dim;
   c.base = in.base;
   c.max_positions = in.max_positions;
-  switch (enum_value(in.scaling)) {
+  switch (raw_enum(in.scaling)) {
     case EMBROPE_ROPE_SCALING_NONE:
       c.scaling = embrope::RopeScaling::none;
       break;
@@ -213,7 +237,7 @@ embrope::RopeConfig to_rope_config(const char* fn, const embrope_rope_config_t& 
       c.scaling = embrope::RopeScaling::longrope;
       break;
     default:
-      fail(fn, "config->scaling {} is not an embrope_rope_scaling_t value", enum_value(in.scaling));
+      fail(fn, "config->scaling {} is not an embrope_rope_scaling_t value", raw_enum(in.scaling));
   }
   c.factor = in.factor;
   c.original_max_positions = in.original_max_positions;
@@ -260,7 +284,7 @@ embrope_status_t embrope_rope_frequencies(const embrope_rope_config_t* config, d
 embrope_status_t embrope_rope_cache_create(const embrope_rope_config_t* config, DLDevice device,
                                            void* stream, embrope_rope_cache_t** cache) {
   constexpr const char* fn = "embrope_rope_cache_create";
-  return guarded([&] {
+  return guarded(fn, "RopeCache", [&] {
     if (cache == nullptr) fail(fn, "cache (the output handle) is null");
     *cache = nullptr;
     if (config == nullptr) fail(fn, "config is null");
@@ -270,13 +294,13 @@ embrope_status_t embrope_rope_cache_create(const embrope_rope_config_t* config, 
 }
 
 embrope_status_t embrope_rope_cache_destroy(embrope_rope_cache_t* cache) {
-  return guarded([&] { delete cache; });
+  return guarded("embrope_rope_cache_destroy", "RopeCache", [&] { delete cache; });
 }
 
 embrope_status_t embrope_rope_cache_info(const embrope_rope_cache_t* cache,
                                          embrope_rope_config_t* config, DLDevice* device) {
   constexpr const char* fn = "embrope_rope_cache_info";
-  return guarded([&] {
+  return guarded(fn, "RopeCache", [&] {
     if (cache == nullptr) fail(fn, "cache is null");
     if (config != nullptr) {
       const embrope::RopeConfig& c = cache->cache.config();
@@ -313,7 +337,7 @@ embrope_status_t embrope_rope_cache_info(const embrope_rope_cache_t* cache,
 embrope_status_t embrope_rope_cache_copy_to_host(const embrope_rope_cache_t* cache, float* cos,
                                                  float* sin) {
   constexpr const char* fn = "embrope_rope_cache_copy_to_host";
-  return guarded([&] {
+  return guarded(fn, "RopeCache", [&] {
     if (cache == nullptr) fail(fn, "cache is null");
     if (cos == nullptr || sin == nullptr) fail(fn, "cos and sin must not be null");
     cache->cache.copy_to_host(cos, sin);
@@ -335,7 +359,7 @@ embrope_status_t embrope_apply_rope(const DLTensor* q, const DLTensor* k, const 
                                     const embrope_rope_cache_t* cache,
                                     const embrope_rope_options_t* options, void* stream) {
   constexpr const char* fn = "embrope_apply_rope";
-  return guarded([&] {
+  return guarded(fn, "apply_rope", [&] {
     if (cache == nullptr) fail(fn, "cache is null");
     embrope::apply_rope(to_tensor(fn, "q", q), to_optional(fn, "k", k),
                         to_tensor(fn, "positions", positions), cache->cache,
@@ -348,7 +372,7 @@ embrope_status_t embrope_apply_rope_cos_sin(const DLTensor* q, const DLTensor* k
                                             const DLTensor* sin,
                                             const embrope_rope_options_t* options, void* stream) {
   constexpr const char* fn = "embrope_apply_rope_cos_sin";
-  return guarded([&] {
+  return guarded(fn, "apply_rope", [&] {
     embrope::apply_rope(to_tensor(fn, "q", q), to_optional(fn, "k", k),
                         to_tensor(fn, "positions", positions), to_tensor(fn, "cos", cos),
                         to_tensor(fn, "sin", sin), rope_options(fn, options, stream));
@@ -388,14 +412,14 @@ void embrope_embed_options_init(embrope_embed_options_t* options) {
 embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const DLTensor* out,
                                const embrope_embed_options_t* o, void* stream) {
   constexpr const char* fn = "embrope_embed";
-  return guarded([&] {
+  return guarded(fn, "embed", [&] {
     embrope::EmbedOptions options;
     options.stream.handle = stream;
     if (o != nullptr) {
       options.scale = o->scale;
       options.vocab_start = o->vocab_start;
       options.vocab_shard = o->vocab_shard != 0;
-      switch (enum_value(o->positions)) {
+      switch (raw_enum(o->positions)) {
         case EMBROPE_POSITIONS_NONE:
           options.positions = embrope::PositionEncoding::none;
           break;
@@ -407,9 +431,9 @@ embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const
           break;
         default:
           fail(fn, fmt::format("positions {} is not an embrope_position_encoding_t",
-                               enum_value(o->positions)));
+                               raw_enum(o->positions)));
       }
-      const int sinusoid_layout = enum_value(o->sinusoid_layout);
+      const long long sinusoid_layout = raw_enum(o->sinusoid_layout);
       if (sinusoid_layout != EMBROPE_SINUSOID_INTERLEAVED &&
           sinusoid_layout != EMBROPE_SINUSOID_SPLIT) {
         fail(fn, fmt::format("sinusoid_layout {} is not an embrope_sinusoid_layout_t",

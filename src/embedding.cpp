@@ -2,6 +2,7 @@
 #include "embrope/embedding.hpp"
 
 #include <cmath>
+#include <utility>
 
 #include "backend.hpp"
 #include "bad_index.hpp"
@@ -148,6 +149,21 @@ void embed(const Tensor& table, const Tensor& ids, const Tensor& out, const Embe
     for (int d = 0; d < ids.ndim(); ++d) {
       p.index.stride[detail::RowIndex::type_ids][d] = o.type_ids->stride(d);
     }
+  }
+
+  // The output shares no memory with itself or with any input (every input is read while
+  // other rows of out are written).
+  validate::check_no_self_overlap(kOp, "out", out);
+  validate::check_no_overlap(kOp, "out", out, "table", table);
+  validate::check_no_overlap(kOp, "out", out, "ids", ids);
+  const std::pair<const char*, const std::optional<Tensor>*> optional_inputs[] = {
+      {"position_table", &o.position_table},
+      {"position_ids", &o.position_ids},
+      {"position_offsets", &o.position_offsets},
+      {"type_table", &o.type_table},
+      {"type_ids", &o.type_ids}};
+  for (const auto& [name, input] : optional_inputs) {
+    if (*input) validate::check_no_overlap(kOp, "out", out, name, **input);
   }
 
   if (p.rows == 0 || dim == 0) return;

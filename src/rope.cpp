@@ -18,7 +18,8 @@ struct CosSinTable {
   DType dtype;
   std::int64_t cos_stride, sin_stride, rows, rotary_dim;
   Device device;
-  const char* name;  // for messages: "the cache" or "cos"
+  const char* name;           // for messages: "the cache" or "cos"
+  Tensor cos_view, sin_view;  // the memory read, for the overlap checks
 };
 
 void fill_heads(const Tensor& in, const Tensor& out, detail::RopeHeads& heads) {
@@ -136,6 +137,32 @@ void apply(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positi
     p.has_k = true;
   }
 
+  // Outputs share no memory with themselves, with each other or with any input; an output
+  // given for q (k) may be q (k) itself, the exact same view, which is the in-place case.
+  const char* q_out_name = options.q_out ? "q_out" : "q";
+  validate::check_no_self_overlap(kOp, q_out_name, q_out);
+  if (options.q_out) validate::check_no_overlap(kOp, "q_out", q_out, "q", q, true);
+  const Tensor* outputs[2] = {&q_out, nullptr};
+  const char* output_names[2] = {q_out_name, nullptr};
+  if (k) {
+    const Tensor& k_out = options.k_out ? *options.k_out : *k;
+    const char* k_out_name = options.k_out ? "k_out" : "k";
+    validate::check_no_self_overlap(kOp, k_out_name, k_out);
+    if (options.k_out) validate::check_no_overlap(kOp, "k_out", k_out, "k", *k, true);
+    validate::check_no_overlap(kOp, q_out_name, q_out, "k", *k);
+    validate::check_no_overlap(kOp, k_out_name, k_out, "q", q);
+    if (options.k_out) validate::check_no_overlap(kOp, q_out_name, q_out, "k_out", k_out);
+    outputs[1] = &k_out;
+    output_names[1] = k_out_name;
+  }
+  for (int i = 0; i < 2 && outputs[i] != nullptr; ++i) {
+    validate::check_no_overlap(kOp, output_names[i], *outputs[i], "positions", positions);
+    validate::check_no_overlap(kOp, output_names[i], *outputs[i], table.name, table.cos_view);
+    if (table.sin_view.data() != table.cos_view.data()) {
+      validate::check_no_overlap(kOp, output_names[i], *outputs[i], "sin", table.sin_view);
+    }
+  }
+
   if (batch * seq == 0) return;
   run_with_bad_index_policy(kOp, device, options.stream, options.deferred,
                             [&](detail::BadIndexRecord* record) {
@@ -154,9 +181,10 @@ void apply_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& p
                 const RopeCache& cache, const RopeOptions& options) {
   if (cache.data() == nullptr) fail(kOp, "the cache was moved from");
   const std::int64_t r = cache.rotary_dim();
+  const Tensor view = cache.table();
   const CosSinTable table{
-      cache.data(),   cache.data() + r / 2, DType::float32, r, r, cache.max_positions(), r,
-      cache.device(), "the cache"};
+      cache.data(),   cache.data() + r / 2, DType::float32, r,   r, cache.max_positions(), r,
+      cache.device(), "the cache",          view,           view};
   apply(q, k, positions, table, options);
 }
 
@@ -175,9 +203,10 @@ void apply_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& p
   }
   if (cos.shape(1) == 0)
     fail(kOp, "cos has shape {}: rotary_dim 0 must be positive", validate::shape_string(cos));
-  const CosSinTable table{cos.data(),       sin.data(),    cos.dtype(),
-                          cos.stride(0),    sin.stride(0), cos.shape(0),
-                          2 * cos.shape(1), cos.device(),  "cos"};
+  const CosSinTable table{
+      cos.data(),   sin.data(),       cos.dtype(),  cos.stride(0), sin.stride(0),
+      cos.shape(0), 2 * cos.shape(1), cos.device(), "cos",         cos,
+      sin};
   apply(q, k, positions, table, options);
 }
 

@@ -2,6 +2,10 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
 #include "backend.hpp"
 
 namespace embrope::validate {
@@ -12,7 +16,9 @@ std::string shape_string(const Tensor& t) {
 
 namespace {
 std::string device_string(Device d) {
-  return d.kind == DeviceKind::cpu ? "cpu" : fmt::format("cuda:{}", d.index);
+  if (d.kind == DeviceKind::cpu) return "cpu";
+  if (d.kind == DeviceKind::cuda) return fmt::format("cuda:{}", d.index);
+  return fmt::format("device kind {}", static_cast<int>(d.kind));
 }
 
 }  // namespace
@@ -32,6 +38,8 @@ void check_view(const char* op, const char* name, const Tensor& t, int min_ndim,
     const std::int64_t stride = t.stride(d);
     if (size < 0) fail(op, "{} has negative size {} in dimension {}", name, size, d);
     if (stride < 0) fail(op, "{} has negative stride {} in dimension {}", name, stride, d);
+    // Even in an empty view: sizes feed other arithmetic (rotary_dim = 2 * cos columns).
+    if (size > limit) fail(op, "{} has size {} in dimension {}, more than 2^60", name, size, d);
     if (size == 0) empty = true;
   }
   if (empty) return;
@@ -48,6 +56,12 @@ void check_view(const char* op, const char* name, const Tensor& t, int min_ndim,
     furthest += (size - 1) * stride;
   }
   if (t.data() == nullptr) fail(op, "{} has null data but {} elements", name, count);
+  const auto base = reinterpret_cast<std::uintptr_t>(t.data());
+  const auto bytes = static_cast<std::uintptr_t>(furthest + 1) *
+                     static_cast<std::uintptr_t>(dtype_size(t.dtype()));
+  if (bytes - 1 > UINTPTR_MAX - base) {
+    fail(op, "{} of shape {} reaches past the end of the address space", name, shape_string(t));
+  }
 }
 
 void check_value_dtype(const char* op, const char* name, const Tensor& t) {
@@ -96,6 +110,9 @@ void check_dim(const char* op, const char* name, const Tensor& t, int dim, std::
 
 void check_device_usable(const char* op, Device device) {
   if (device.kind == DeviceKind::cpu) return;
+  if (device.kind != DeviceKind::cuda) {
+    fail(op, "tensors are on {}, which is neither cpu nor cuda", device_string(device));
+  }
   const int count = cuda::device_count();
   if (count == 0) {
     throw Error(ErrorCode::not_implemented,
@@ -105,6 +122,169 @@ void check_device_usable(const char* op, Device device) {
   }
   if (device.index < 0 || device.index >= count) {
     fail(op, "tensors are on {} but only {} CUDA devices exist", device_string(device), count);
+  }
+}
+
+}  // namespace embrope::validate
+
+namespace embrope::validate {
+namespace {
+
+// Byte arithmetic in 128 bits: an address difference and a sum of two views' extents each
+// need up to 64 bits plus a sign.
+using Wide = __int128;
+
+// One term of the equation sum_j k_j * stride_j == delta, with k_j in [lo, hi].
+struct Term {
+  Wide stride, lo, hi;
+  bool is_element;  // a dimension of the view (not the bytes within one element)
+};
+
+Wide floor_div(Wide a, Wide b) {  // b > 0
+  Wide q = a / b;
+  if (a % b != 0 && a < 0) --q;
+  return q;
+}
+
+// Exhaustive search for a solution, pruned by the range the remaining terms can still
+// reach. Layouts in use (nested strides, views side by side in one buffer) leave at most a
+// few candidates per term; a pathological one that exhausts the budget counts as sharing.
+class LatticeSearch {
+ public:
+  LatticeSearch(std::vector<Term> terms, bool need_element) : need_element_(need_element) {
+    std::sort(terms.begin(), terms.end(),
+              [](const Term& x, const Term& y) { return x.stride > y.stride; });
+    terms_ = std::move(terms);
+    rest_lo_.assign(terms_.size() + 1, 0);
+    rest_hi_.assign(terms_.size() + 1, 0);
+    for (std::size_t j = terms_.size(); j-- > 0;) {
+      rest_lo_[j] = rest_lo_[j + 1] + terms_[j].lo * terms_[j].stride;
+      rest_hi_[j] = rest_hi_[j + 1] + terms_[j].hi * terms_[j].stride;
+    }
+  }
+  // True when a solution exists (or the budget ran out).
+  bool solvable(Wide delta) { return search(0, delta, false); }
+
+ private:
+  bool search(std::size_t j, Wide delta, bool element_moved) {
+    if (++visited_ > kBudget) return true;
+    if (delta < rest_lo_[j] || delta > rest_hi_[j]) return false;
+    if (j == terms_.size()) return delta == 0 && (element_moved || !need_element_);
+    const Term& t = terms_[j];
+    const Wide first = std::max(t.lo, -floor_div(-(delta - rest_hi_[j + 1]), t.stride));
+    const Wide last = std::min(t.hi, floor_div(delta - rest_lo_[j + 1], t.stride));
+    for (Wide k = first; k <= last; ++k) {
+      if (search(j + 1, delta - k * t.stride, element_moved || (t.is_element && k != 0))) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  static constexpr long kBudget = 1 << 16;
+  std::vector<Term> terms_;
+  std::vector<Wide> rest_lo_, rest_hi_;
+  bool need_element_;
+  long visited_ = 0;
+};
+
+bool is_empty(const Tensor& t) {
+  for (int d = 0; d < t.ndim(); ++d) {
+    if (t.shape(d) == 0) return true;
+  }
+  return false;
+}
+
+Wide address(const Tensor& t) {
+  return static_cast<Wide>(reinterpret_cast<std::uintptr_t>(t.data()));
+}
+
+// Adds the dimensions of t, each coefficient range scaled by `sign` (+1 or -1), merging
+// dimensions of equal byte stride (k1 s + k2 s ranges over (k1 + k2) s).
+void add_dims(std::vector<Term>& terms, const Tensor& t, int sign) {
+  const Wide size = dtype_size(t.dtype());
+  for (int d = 0; d < t.ndim(); ++d) {
+    if (t.shape(d) <= 1 || t.stride(d) == 0) continue;
+    const Wide stride = static_cast<Wide>(t.stride(d)) * size;
+    const Wide reach = t.shape(d) - 1;
+    const Wide lo = sign > 0 ? 0 : -reach;
+    const Wide hi = sign > 0 ? reach : 0;
+    auto same =
+        std::find_if(terms.begin(), terms.end(), [&](const Term& x) { return x.stride == stride; });
+    if (same != terms.end()) {
+      same->lo += lo;
+      same->hi += hi;
+    } else {
+      terms.push_back({stride, lo, hi, true});
+    }
+  }
+}
+
+bool same_view(const Tensor& a, const Tensor& b) {
+  if (a.data() != b.data() || a.dtype() != b.dtype() || a.ndim() != b.ndim()) return false;
+  for (int d = 0; d < a.ndim(); ++d) {
+    if (a.shape(d) != b.shape(d)) return false;
+    if (a.shape(d) > 1 && a.stride(d) != b.stride(d)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Overlap overlap(const Tensor& a, const Tensor& b) {
+  if (is_empty(a) || is_empty(b)) return Overlap::none;
+  if (same_view(a, b)) return Overlap::same_view;
+  // A byte of a at address(a) + sum i_d sa_d + x equals one of b at address(b) +
+  // sum j_d sb_d + y (x, y within an element) exactly when
+  // sum i_d sa_d - sum j_d sb_d + (x - y) == address(b) - address(a).
+  std::vector<Term> terms;
+  add_dims(terms, a, +1);
+  add_dims(terms, b, -1);
+  terms.push_back({1, -(dtype_size(b.dtype()) - 1), dtype_size(a.dtype()) - 1, false});
+  LatticeSearch search(std::move(terms), false);
+  return search.solvable(address(b) - address(a)) ? Overlap::partial : Overlap::none;
+}
+
+void check_no_overlap(const char* op, const char* out_name, const Tensor& out, const char* in_name,
+                      const Tensor& in, bool in_place) {
+  const Overlap o = overlap(out, in);
+  if (o == Overlap::none || (o == Overlap::same_view && in_place)) return;
+  if (in_place) {
+    fail(op,
+         "{} overlaps {} without being the same view; an in-place output must be exactly its "
+         "input (same data, shape and strides) or not share memory with it",
+         out_name, in_name);
+  }
+  fail(op, "{} overlaps {}; an output must not share memory with another input or output", out_name,
+       in_name);
+}
+
+void check_no_self_overlap(const char* op, const char* name, const Tensor& t) {
+  if (is_empty(t)) return;
+  std::vector<Term> terms;
+  for (int d = 0; d < t.ndim(); ++d) {
+    if (t.shape(d) <= 1) continue;
+    const Wide stride = static_cast<Wide>(t.stride(d)) * dtype_size(t.dtype());
+    const bool repeated =
+        std::any_of(terms.begin(), terms.end(), [&](const Term& x) { return x.stride == stride; });
+    if (stride == 0 || repeated) {
+      fail(op,
+           "{} overlaps itself (stride {} in dimension {}); an output needs one address per "
+           "element",
+           name, t.stride(d), d);
+    }
+    terms.push_back({stride, -(t.shape(d) - 1), t.shape(d) - 1, true});
+  }
+  const Wide size = dtype_size(t.dtype());
+  terms.push_back({1, -(size - 1), size - 1, false});
+  // Two distinct elements share a byte: a nonzero index difference lands within one
+  // element's bytes.
+  LatticeSearch search(std::move(terms), true);
+  if (search.solvable(0)) {
+    fail(op,
+         "{} of shape {} overlaps itself (its strides map two elements to one address); an "
+         "output needs one address per element",
+         name, shape_string(t));
   }
 }
 

@@ -38,4 +38,17 @@ void check_dim(const char* op, const char* name, const Tensor& t, int dim, std::
                const char* what);
 // A CUDA device index must name a device this build can use.
 void check_device_usable(const char* op, Device device);
+
+// Memory overlap between views (both already passed check_view). Each view is the set of
+// bytes its elements occupy; strides make that set a lattice, not an interval, so two views
+// can interleave without sharing a byte (q and k in a fused QKV buffer).
+enum class Overlap { none, same_view, partial };
+Overlap overlap(const Tensor& a, const Tensor& b);
+// An output shares no byte with `in`. When `in_place` (the output is the in-place partner
+// of `in`, e.g. q_out and q), the exact same view is allowed; any other sharing is an error.
+void check_no_overlap(const char* op, const char* out_name, const Tensor& out, const char* in_name,
+                      const Tensor& in, bool in_place = false);
+// No two elements of an output share a byte (a zero stride or interleaving strides would
+// make threads race on one element and leave its final value to chance).
+void check_no_self_overlap(const char* op, const char* name, const Tensor& t);
 }  // namespace embrope::validate

@@ -3,8 +3,13 @@
  *
  * Conventions
  * - Every function returns an embrope_status_t; EMBROPE_OK is 0. On failure,
- *   embrope_last_error() gives a message for the calling thread that names the function,
- *   the argument, the value and the rule. No C++ exception crosses this interface.
+ *   embrope_last_error() gives a message for the calling thread that starts with the
+ *   function's name and names the argument, the value and the rule; after a success it is
+ *   "". No C++ exception crosses this interface. A call that fails with INVALID_ARGUMENT or
+ *   NOT_IMPLEMENTED has written nothing. Options structs hold enum fields as a C caller
+ *   stores them: a value outside the enum is an INVALID_ARGUMENT error.
+ * - Outputs share no memory with inputs, with each other or with themselves, except that
+ *   q_out (k_out) may be exactly q (k) (in place); see embrope.hpp.
  * - Tensors are non-owning DLTensor views. A null `strides` means row-major contiguous;
  *   `byte_offset` is honoured. dtypes: float32, float16, bfloat16 values; int32, int64 ids
  *   and positions; lanes must be 1. Devices: kDLCPU, kDLCUDA (and kDLCUDAHost/
@@ -12,9 +17,11 @@
  *   tensors of one call live on one device.
  * - The last dimension of every value tensor has stride 1; other strides are free (>= 0).
  * - `stream` is a cudaStream_t (NULL: the default stream); ignored for CPU tensors.
- * - Thread safety: functions may be called concurrently from any threads. A cache handle
- *   is immutable after creation and may be shared by threads, streams and layers; destroy
- *   it only when no call that uses it is running or queued.
+ * - Thread safety: functions may be called concurrently from any threads, as long as no two
+ *   concurrent calls write the same tensor and none writes a tensor another one reads. Input
+ *   tensors may be shared. A cache handle is immutable after creation and may be shared by
+ *   threads, streams and layers; destroy it only when no call that uses it is running or
+ *   queued. embrope_last_error() is per thread: another thread's calls never change it.
  * - Options structs are initialised with their *_init function before fields are set, so
  *   that new fields get their defaults.
  */

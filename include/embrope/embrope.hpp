@@ -1,4 +1,27 @@
 // The C++ API of embrope. See README.md for an overview and DESIGN.md for the contract.
+//
+// Errors: every entry point validates all of its arguments before any kernel runs and throws
+// embrope::Error (error.hpp) with a message "<op>: <argument> <value> <rule>". A call that
+// throws invalid_argument or not_implemented has written nothing. Bad ids and positions are
+// found by the kernels: their rows are zero-filled, other rows are written, and the first
+// offending row is reported (status.hpp). NaN and infinity in values are not errors: they
+// propagate into the outputs as IEEE arithmetic says.
+//
+// Memory: an output shares no byte with any input, with another output or with itself
+// (two of its elements at one address); the one exception is in-place RoPE, where q_out
+// (k_out) may be exactly q (k): the same data, shape and strides. Views that interleave in
+// one buffer without sharing a byte (q and k of a fused QKV buffer) are fine. Breaking the
+// rule is an invalid_argument error, found from the views' numbers alone.
+//
+// Threads: every function may be called from any number of threads at once, as long as no
+// two concurrent calls write the same memory and no call writes memory another concurrent
+// call reads. What may be shared between concurrent calls: input tensors (table, ids,
+// positions, q and k of out-of-place calls, cos/sin tables) and a RopeCache, which is
+// immutable after construction (do not move-assign or destroy it while a call that uses it
+// runs or is queued). What may not: output tensors (out, q and k when rotated in place,
+// q_out, k_out), and a DeferredStatus, whose record is read and written without
+// synchronisation (status.hpp). Errors carry their own message (an exception); the C API
+// keeps its last error per thread.
 #pragma once
 
 #include "embrope/detail/export.hpp"

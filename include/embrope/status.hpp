@@ -17,8 +17,12 @@
 
 namespace embrope {
 
-// Collects bad-index reports of any number of ops until check(). Not thread-safe: give each
-// thread (or stream) its own. Lives on the device of the ops that report to it.
+// Collects bad-index reports of any number of ops until check(). Not thread-safe: on the CPU
+// a call updates the record after its kernel with plain loads and stores, and check() reads
+// and clears it the same way, so two threads sharing one race; on a GPU the record also holds
+// the counter by which a kernel's last block finds the first bad row, so kernels on different
+// streams must not share one either. Give each thread (and each stream) its own, or order the
+// calls that use it. Lives on the device of the ops that report to it.
 class EMBROPE_EXPORT DeferredStatus {
  public:
   explicit DeferredStatus(Device device = Device::cpu());

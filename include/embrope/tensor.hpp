@@ -67,7 +67,8 @@ class EMBROPE_EXPORT Tensor {
   std::int64_t stride(int dim) const { return strides_[dim]; }
   const std::int64_t* shape() const { return shape_; }
   const std::int64_t* strides() const { return strides_; }
-  // Product of the shape (0 for a tensor with a zero dimension; 1 for a scalar).
+  // Product of the shape (0 for a tensor with a zero dimension; 1 for a scalar; INT64_MAX
+  // when the product overflows int64, which every op rejects).
   std::int64_t numel() const;
 
  private:

@@ -1,0 +1,463 @@
+// A libFuzzer target for the C API on the CPU: the input bytes are decoded into one call of
+// embrope_embed, embrope_apply_rope, embrope_apply_rope_cos_sin or the cos/sin cache
+// functions, with arbitrary shapes, strides, dtypes, byte offsets, devices, options and
+// contents (NaN, infinity, ids and positions at the int32/int64 limits), and tensors that may
+// alias one another.
+//
+// Every tensor lies inside a heap block allocated with exactly the extent the tensor
+// describes (or, for a view the library must reject before touching memory, a small block),
+// so AddressSanitizer reports any read or write the library makes outside a tensor. After the
+// call the target checks the error model (embrope.h): the status is a known one and never
+// INTERNAL or OUT_OF_MEMORY (no input here asks for much memory); on failure the message is
+// non-empty and starts with the function's name, on success it is empty; and a call rejected
+// as an invalid argument (or not implemented) wrote nothing.
+//
+// Built with -fsanitize=fuzzer (EMBROPE_BUILD_FUZZERS) it is the fuzzer; linked with
+// replay_main.cpp it replays saved inputs (fuzz/regressions, fuzz/corpus) in every build.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "embrope/embrope.h"
+
+static_assert(sizeof(DLDeviceType) == sizeof(int), "DLDeviceType is stored as an int");
+
+namespace {
+
+// Reads the input front to back; past its end every read is zero.
+class Bytes {
+ public:
+  Bytes(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
+  std::uint8_t u8() { return at_ < size_ ? data_[at_++] : 0; }
+  std::uint64_t u64() {
+    std::uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(u8()) << (8 * i);
+    return v;
+  }
+  bool chance(int in_256) { return u8() < in_256; }
+  // One of a few interesting 64-bit values, or raw bytes.
+  std::int64_t extreme() {
+    constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+    const std::int64_t picks[] = {0,
+                                  -1,
+                                  1,
+                                  kMin,
+                                  kMax,
+                                  std::numeric_limits<std::int32_t>::min(),
+                                  std::numeric_limits<std::int32_t>::max(),
+                                  std::int64_t{1} << 31,
+                                  std::int64_t{1} << 32,
+                                  kMax / 8,
+                                  kMax / 2 + 1};
+    const std::uint8_t k = u8();
+    if (k < sizeof picks / sizeof picks[0]) return picks[k];
+    return static_cast<std::int64_t>(u64());
+  }
+  double real() {
+    const double picks[] = {10000.0,
+                            0.0,
+                            -1.0,
+                            1e-300,
+                            1e300,
+                            std::numeric_limits<double>::quiet_NaN(),
+                            std::numeric_limits<double>::infinity(),
+                            -std::numeric_limits<double>::infinity(),
+                            500000.0,
+                            1.0};
+    const std::uint8_t k = u8();
+    if (k < sizeof picks / sizeof picks[0]) return picks[k];
+    const std::uint64_t bits = u64();
+    double d;
+    std::memcpy(&d, &bits, sizeof d);
+    return d;
+  }
+
+ private:
+  const std::uint8_t* data_;
+  std::size_t size_;
+  std::size_t at_ = 0;
+};
+
+// A heap block of exactly the bytes a tensor spans.
+struct Block {
+  std::unique_ptr<unsigned char[]> bytes;
+  std::size_t size = 0;
+};
+
+constexpr std::size_t kMaxBytes = 1 << 20;  // a valid view never spans more than this
+
+struct Described {
+  std::vector<std::int64_t> shape, strides;
+  DLTensor t{};
+  bool null_tensor = false;  // passed as a NULL DLTensor*
+};
+
+// The furthest element of a view and its element count, exactly (128-bit).
+struct Extent {
+  bool empty = false;
+  std::int64_t elements = 0;  // furthest offset + 1, when not empty
+};
+
+// Row-major strides where the tensor has none (as DLPack says), saturated like the library.
+void fill_contiguous(Described& d, const DLTensor& t) {
+  if (t.strides != nullptr) return;
+  std::int64_t stride = 1;
+  for (std::size_t i = d.shape.size(); i-- > 0;) {
+    d.strides[i] = stride;
+    const std::int64_t n = d.shape[i] > 0 ? d.shape[i] : 1;
+    stride = stride > INT64_MAX / n ? INT64_MAX : stride * n;
+  }
+}
+
+Extent extent(const Described& d) {
+  Extent e;
+  __int128 furthest = 0;
+  for (std::size_t i = 0; i < d.shape.size(); ++i) {
+    if (d.shape[i] == 0) e.empty = true;
+    furthest += static_cast<__int128>(d.shape[i] - 1) * d.strides[i];
+  }
+  const __int128 cap = static_cast<__int128>(1) << 62;
+  e.elements = static_cast<std::int64_t>(furthest + 1 > cap ? cap : furthest + 1);
+  return e;
+}
+
+// Views the library rejects from their numbers alone: a negative size or stride, more than
+// 2^61 elements, or elements past 2^61 (the library's limit is 2^60; the margin keeps this
+// decision clear of the boundary).
+bool view_rejected(Described& d, const DLTensor& t) {
+  for (std::size_t i = 0; i < d.shape.size(); ++i) {
+    if (d.shape[i] < 0) return true;
+    if (t.strides != nullptr && d.strides[i] < 0) return true;
+  }
+  for (std::int64_t n : d.shape) {
+    if (n == 0) return false;  // empty: never touched, any strides accepted
+  }
+  fill_contiguous(d, t);
+  __int128 count = 1;
+  for (std::int64_t n : d.shape) {
+    count *= n;
+    if (count > (static_cast<__int128>(1) << 61)) return true;
+  }
+  const Extent e = extent(d);
+  return e.elements > (std::int64_t{1} << 61);
+}
+
+// All tensors and blocks of one call.
+class Call {
+ public:
+  explicit Call(Bytes& in) : in_(in) {}
+
+  // A tensor of `ndim` dimensions (hostile variations decoded from the input). `value`
+  // chooses the usual dtype family; contents come from the input.
+  DLTensor* tensor(int ndim, bool value, std::int64_t index_limit) {
+    auto d = std::make_unique<Described>();
+    DLTensor& t = d->t;
+    // dtype
+    const std::uint8_t dt = in_.u8();
+    const DLDataType valid[] = {
+        {kDLFloat, 32, 1}, {kDLFloat, 16, 1}, {kDLBfloat, 16, 1}, {kDLInt, 32, 1}, {kDLInt, 64, 1}};
+    if (dt < 232) {
+      t.dtype = value ? valid[dt % 3] : valid[3 + dt % 2];
+    } else if (dt < 240) {
+      t.dtype = valid[dt % 5];
+    } else {
+      t.dtype = DLDataType{static_cast<std::uint8_t>(in_.u8() % 8), in_.u8(),
+                           static_cast<std::uint16_t>(in_.u8() % 4)};
+    }
+    const bool known = t.dtype.lanes == 1 &&
+                       ((t.dtype.code == kDLFloat && (t.dtype.bits == 32 || t.dtype.bits == 16)) ||
+                        (t.dtype.code == kDLBfloat && t.dtype.bits == 16) ||
+                        (t.dtype.code == kDLInt && (t.dtype.bits == 32 || t.dtype.bits == 64)));
+    const std::size_t es = known ? t.dtype.bits / 8 : 1;
+    // rank
+    if (in_.chance(4)) ndim = static_cast<int>(in_.u8() % 11) - 1;  // -1 .. 9
+    t.ndim = ndim;
+    const std::size_t dims = ndim > 0 && ndim <= 8 ? static_cast<std::size_t>(ndim) : 0;
+    d->shape.resize(dims);
+    d->strides.resize(dims);
+    for (std::size_t i = 0; i < dims; ++i) {
+      d->shape[i] = in_.chance(3) ? in_.extreme() : in_.u8() % 6;
+    }
+    const std::uint8_t layout = in_.u8();
+    const bool explicit_strides = layout >= 96;
+    for (std::size_t i = 0; i < dims; ++i) {
+      // The last stride is 1 unless the input says otherwise.
+      d->strides[i] = i + 1 == dims && layout < 224 ? 1 : in_.u8() % 40;
+      if (in_.chance(3)) d->strides[i] = in_.extreme();
+    }
+    t.shape = dims > 0 ? d->shape.data() : nullptr;
+    t.strides = explicit_strides && dims > 0 ? d->strides.data() : nullptr;
+    bool null_shape = false;
+    if (dims > 0 && in_.chance(2)) t.shape = nullptr, null_shape = true;
+    t.device = DLDevice{kDLCPU, 0};
+    if (in_.chance(4)) {
+      // Any int, as a C caller may store it (not only DLDeviceType's enumerators).
+      const int type = in_.chance(32) ? static_cast<int>(in_.u64()) : in_.u8() % 14;
+      std::memcpy(&t.device.device_type, &type, sizeof type);
+      t.device.device_id = in_.u8() % 3;
+    }
+
+    // Does the library have to reject this view before touching memory? Then it gets a
+    // small block. Otherwise it gets a block of exactly its extent, after shrinking any size
+    // that would make the extent too large to allocate.
+    int device_type;
+    std::memcpy(&device_type, &t.device.device_type, sizeof device_type);
+    const bool rejected_early = !known || ndim < 0 || ndim > 8 || null_shape ||
+                                device_type != kDLCPU || view_rejected(*d, t);
+    std::size_t bytes = 16;
+    if (!rejected_early) {
+      for (;;) {
+        fill_contiguous(*d, t);
+        const Extent e = extent(*d);
+        if (e.empty || e.elements * es <= kMaxBytes) {
+          bytes = e.empty ? 0 : static_cast<std::size_t>(e.elements) * es;
+          break;
+        }
+        // Too large to back: make it small, one step at a time (sizes and strides of any
+        // size first, then sizes of 1), so that the loop ends.
+        bool changed = false;
+        for (std::size_t i = 0; i < dims; ++i) {
+          if (d->shape[i] > 5) d->shape[i] = d->shape[i] % 6, changed = true;
+          if (t.strides != nullptr && d->strides[i] > 40) {
+            d->strides[i] = d->strides[i] % 40, changed = true;
+          }
+        }
+        for (std::size_t i = 0; i < dims && !changed; ++i) {
+          if (d->shape[i] > 1) d->shape[i] = 1, changed = true;
+        }
+      }
+    }
+    const std::size_t offset_elements = in_.chance(32) ? in_.u8() % 4 : 0;
+    if (!rejected_early) bytes += offset_elements * es;
+
+    // Data: an alias into an earlier block (when the view fits there), its own block, or null.
+    const std::uint8_t where = in_.u8();
+    unsigned char* base = nullptr;
+    if (where < 40 && !blocks_.empty() && !rejected_early) {
+      Block& other = *blocks_[in_.u8() % blocks_.size()];
+      const std::size_t shift = es * (in_.u8() % 8);
+      if (shift + bytes <= other.size) base = other.bytes.get() + shift;
+    }
+    if (base == nullptr && where >= 8) {
+      blocks_.push_back(std::make_unique<Block>());
+      Block& own = *blocks_.back();
+      own.size = bytes;
+      own.bytes.reset(new unsigned char[bytes]);
+      base = own.bytes.get();
+      fill(base, bytes, t.dtype, es, known && t.dtype.code == kDLInt, index_limit);
+    }
+    t.data = base;
+    t.byte_offset = offset_elements * es;
+    if (in_.chance(3)) {
+      // Only offsets the library must refuse: misaligned, or wrapping the address space.
+      const std::uint64_t wild = in_.chance(128) ? 1 : ~std::uint64_t{0} - in_.u8();
+      const auto at = reinterpret_cast<std::uintptr_t>(base);
+      if (wild % es != 0 || base == nullptr || wild > UINTPTR_MAX - at) t.byte_offset = wild;
+    }
+    if (in_.chance(3)) d->null_tensor = true;
+    described_.push_back(std::move(d));
+    return described_.back()->null_tensor ? nullptr : &described_.back()->t;
+  }
+
+  // Everything the call may legitimately change, to compare after a rejected call.
+  std::vector<unsigned char> snapshot() const {
+    std::vector<unsigned char> all;
+    for (const auto& b : blocks_) all.insert(all.end(), b->bytes.get(), b->bytes.get() + b->size);
+    return all;
+  }
+
+ private:
+  // Contents: indices mostly inside [0, index_limit), sometimes anything; values raw bytes
+  // (NaN, infinity and subnormals included).
+  void fill(unsigned char* p, std::size_t bytes, DLDataType dtype, std::size_t es, bool index,
+            std::int64_t index_limit) {
+    if (!index || es < 4) {
+      for (std::size_t i = 0; i < bytes; ++i) p[i] = in_.u8();
+      return;
+    }
+    for (std::size_t i = 0; i + es <= bytes; i += es) {
+      std::int64_t v =
+          in_.chance(16) ? in_.extreme() : static_cast<std::int64_t>(in_.u8()) % (index_limit + 1);
+      if (dtype.bits == 32) {
+        const auto v32 = static_cast<std::int32_t>(v);
+        std::memcpy(p + i, &v32, 4);
+      } else {
+        std::memcpy(p + i, &v, 8);
+      }
+    }
+  }
+
+  Bytes& in_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::vector<std::unique_ptr<Described>> described_;
+};
+
+[[noreturn]] void broken(const char* function, const char* what, int status) {
+  std::fprintf(stderr, "fuzz invariant broken: %s: %s (status %d, message \"%s\")\n", function,
+               what, status, embrope_last_error());
+  std::abort();
+}
+
+// The error model of embrope.h, after one call.
+void check(const char* function, embrope_status_t status, const std::vector<unsigned char>& before,
+           const Call& call) {
+  const int s = static_cast<int>(status);
+  const std::string message = embrope_last_error();
+  if (s < EMBROPE_OK || s > EMBROPE_ERROR_INTERNAL) broken(function, "unknown status", s);
+  if (status == EMBROPE_ERROR_INTERNAL) broken(function, "internal error", s);
+  if (status == EMBROPE_ERROR_OUT_OF_MEMORY) broken(function, "out of memory", s);
+  if (status == EMBROPE_OK) {
+    if (!message.empty()) broken(function, "a message after success", s);
+    return;
+  }
+  if (message.rfind(std::string(function) + ": ", 0) != 0) {
+    broken(function, "the message does not start with the function's name", s);
+  }
+  if ((status == EMBROPE_ERROR_INVALID_ARGUMENT || status == EMBROPE_ERROR_NOT_IMPLEMENTED) &&
+      call.snapshot() != before) {
+    broken(function, "a rejected call wrote to a tensor", s);
+  }
+}
+
+// Stores a C enum field as the raw integer a C caller may put there.
+template <typename Enum>
+void set_enum(Enum& field, int value) {
+  std::memcpy(&field, &value, sizeof value < sizeof field ? sizeof value : sizeof field);
+}
+
+embrope_rope_cache_t* make_cache(Bytes& in, std::int64_t* rotary_dim, std::int64_t* positions) {
+  embrope_rope_config_t config;
+  embrope_rope_config_init(&config);
+  config.rotary_dim = 2 * (in.u8() % 17);
+  if (in.chance(16)) config.rotary_dim = in.chance(128) ? in.u8() % 40 : in.extreme();
+  config.max_positions = in.u8() % 64;
+  // Large only where the library must refuse (negative, or a table size past int64).
+  if (in.chance(8)) config.max_positions = in.chance(128) ? -in.u8() : in.extreme();
+  if (config.max_positions > 4096 && config.max_positions < (std::int64_t{1} << 59)) {
+    config.max_positions = 4096;
+  }
+  if (config.rotary_dim > 64 && config.rotary_dim < (std::int64_t{1} << 59)) config.rotary_dim = 64;
+  config.base = in.chance(16) ? in.real() : 10000.0;
+  DLDevice device{kDLCPU, 0};
+  if (in.chance(4)) {
+    const int type = in.chance(32) ? static_cast<int>(in.u64()) : in.u8() % 14;
+    std::memcpy(&device.device_type, &type, sizeof type);
+  }
+  embrope_rope_cache_t* cache = reinterpret_cast<embrope_rope_cache_t*>(&config);  // not a handle
+  const embrope_status_t status =
+      embrope_rope_cache_create(&config, device, nullptr, in.chance(2) ? nullptr : &cache);
+  Bytes none(nullptr, 0);
+  Call empty(none);
+  check("embrope_rope_cache_create", status, empty.snapshot(), empty);
+  if (status != EMBROPE_OK) {
+    if (cache != reinterpret_cast<embrope_rope_cache_t*>(&config) && cache != nullptr) {
+      broken("embrope_rope_cache_create", "a handle after failure", status);
+    }
+    return nullptr;
+  }
+  *rotary_dim = config.rotary_dim;
+  *positions = config.max_positions;
+  // info and copy_to_host agree with the configuration.
+  embrope_rope_config_t info;
+  DLDevice where;
+  if (embrope_rope_cache_info(cache, &info, &where) != EMBROPE_OK ||
+      info.rotary_dim != config.rotary_dim || info.max_positions != config.max_positions ||
+      where.device_type != kDLCPU) {
+    broken("embrope_rope_cache_info", "disagrees with the configuration", 0);
+  }
+  const auto half = static_cast<std::size_t>(config.rotary_dim / 2 * config.max_positions);
+  std::unique_ptr<float[]> c(new float[half]), s(new float[half]);
+  const embrope_status_t copied =
+      embrope_rope_cache_copy_to_host(cache, in.chance(4) ? nullptr : c.get(), s.get());
+  check("embrope_rope_cache_copy_to_host", copied, empty.snapshot(), empty);
+  if (copied == EMBROPE_OK && std::isfinite(config.base) && config.base > 0) {
+    for (std::size_t i = 0; i < half; ++i) {
+      // cos^2 + sin^2 = 1 (attention factor 1), up to float32 rounding.
+      const double r = static_cast<double>(c[i]) * c[i] + static_cast<double>(s[i]) * s[i];
+      if (!(std::fabs(r - 1.0) < 1e-6)) broken("embrope_rope_cache_copy_to_host", "cos^2+sin^2", 0);
+    }
+  }
+  return cache;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  Bytes in(data, size);
+  const std::uint8_t op = in.u8() % 4;
+  Call call(in);
+
+  if (op == 0) {
+    const int ids_rank = in.u8() % 4;
+    const std::int64_t vocab_hint = 8;
+    const DLTensor* table = call.tensor(2, true, 0);
+    const DLTensor* ids = call.tensor(ids_rank, false, vocab_hint);
+    const DLTensor* out = call.tensor(ids_rank + 1, true, 0);
+    embrope_embed_options_t o;
+    embrope_embed_options_init(&o);
+    const bool with_options = !in.chance(16);
+    if (in.chance(64)) {
+      std::uint32_t bits = static_cast<std::uint32_t>(in.u64());
+      std::memcpy(&o.scale, &bits, 4);
+    }
+    if (in.chance(32)) o.vocab_start = in.chance(128) ? in.u8() % 8 : in.extreme();
+    o.vocab_shard = in.chance(64) ? 1 : 0;
+    set_enum(o.positions, in.chance(8) ? static_cast<int>(in.u64()) : in.u8() % 3);
+    if (in.chance(128)) o.position_table = call.tensor(2, true, 0);
+    if (in.chance(32)) o.sinusoid_base = in.real();
+    set_enum(o.sinusoid_layout, in.chance(8) ? static_cast<int>(in.u64()) : in.u8() % 2);
+    const std::uint8_t positions = in.u8();
+    if (positions < 80) o.position_ids = call.tensor(ids_rank, false, 16);
+    if (positions >= 80 && positions < 160) o.position_offsets = call.tensor(1, false, 8);
+    if (in.chance(64)) {
+      o.type_table = call.tensor(2, true, 0);
+      o.type_ids = call.tensor(ids_rank, false, 3);
+    }
+    const std::vector<unsigned char> before = call.snapshot();
+    const embrope_status_t s = embrope_embed(table, ids, out, with_options ? &o : nullptr, nullptr);
+    check("embrope_embed", s, before, call);
+    return 0;
+  }
+
+  if (op == 1 || op == 2) {
+    std::int64_t rotary_dim = 0, max_positions = 0;
+    embrope_rope_cache_t* cache = op == 1 ? make_cache(in, &rotary_dim, &max_positions) : nullptr;
+    const int rank = 3 + in.u8() % 2;
+    const DLTensor* q = call.tensor(rank, true, 0);
+    const DLTensor* k = in.chance(200) ? call.tensor(rank, true, 0) : nullptr;
+    const DLTensor* positions = call.tensor(rank - 2, false, max_positions > 0 ? max_positions : 8);
+    const DLTensor* cos = op == 2 ? call.tensor(2, true, 0) : nullptr;
+    const DLTensor* sin = op == 2 ? (in.chance(16) ? cos : call.tensor(2, true, 0)) : nullptr;
+    embrope_rope_options_t o;
+    embrope_rope_options_init(&o);
+    const bool with_options = !in.chance(16);
+    set_enum(o.layout, in.chance(8) ? static_cast<int>(in.u64()) : in.u8() % 2);
+    o.inverse = in.u8() % 2;
+    if (in.chance(32)) o.rotary_dim = in.chance(128) ? in.u8() % 40 : in.extreme();
+    const std::uint8_t outputs = in.u8();
+    // Out of place, in place by passing q itself, or in place by omission.
+    if (outputs < 64) o.q_out = call.tensor(rank, true, 0);
+    if (outputs >= 64 && outputs < 96) o.q_out = const_cast<DLTensor*>(q);
+    if (in.chance(64)) o.k_out = call.tensor(rank, true, 0);
+    const std::vector<unsigned char> before = call.snapshot();
+    const embrope_status_t s =
+        op == 1 ? embrope_apply_rope(q, k, positions, in.chance(4) ? nullptr : cache,
+                                     with_options ? &o : nullptr, nullptr)
+                : embrope_apply_rope_cos_sin(q, k, positions, cos, sin, with_options ? &o : nullptr,
+                                             nullptr);
+    check(op == 1 ? "embrope_apply_rope" : "embrope_apply_rope_cos_sin", s, before, call);
+    embrope_rope_cache_destroy(cache);
+    return 0;
+  }
+
+  std::int64_t rotary_dim = 0, max_positions = 0;
+  embrope_rope_cache_destroy(make_cache(in, &rotary_dim, &max_positions));
+  return 0;
+}
