@@ -269,7 +269,7 @@ embrope::RopeConfig to_rope_config(const char* fn, const embrope_rope_config_t& 
 embrope_status_t embrope_rope_frequencies(const embrope_rope_config_t* config, double* inv_freq,
                                           int64_t capacity, double* attention_factor) {
   constexpr const char* fn = "embrope_rope_frequencies";
-  return guarded([&] {
+  return guarded("embrope_rope_frequencies", "RopeCache", [&] {
     if (config == nullptr) fail(fn, "config is null");
     const embrope::RopeFrequencies f = embrope::rope_frequencies(to_rope_config(fn, *config));
     const auto count = static_cast<int64_t>(f.inv_freq.size());
@@ -383,7 +383,7 @@ embrope_status_t embrope_packed_positions(const DLTensor* cu_seqlens, const DLTe
                                           const DLTensor* positions,
                                           embrope_deferred_status_t* deferred, void* stream) {
   constexpr const char* fn = "embrope_packed_positions";
-  return guarded([&] {
+  return guarded("embrope_packed_positions", "packed_positions", [&] {
     embrope::PackedPositionsOptions options;
     if (deferred != nullptr) options.deferred = &deferred->status;
     options.start_offsets = to_optional(fn, "start_offsets", start_offsets);
@@ -478,7 +478,7 @@ void embrope_embed_backward_options_init(embrope_embed_backward_options_t* optio
 embrope_status_t embrope_deferred_status_create(DLDevice device,
                                                 embrope_deferred_status_t** status) {
   constexpr const char* fn = "embrope_deferred_status_create";
-  return guarded([&] {
+  return guarded("embrope_deferred_status_create", "DeferredStatus", [&] {
     if (status == nullptr) fail(fn, "status (the output handle) is null");
     *status = nullptr;
     *status = new embrope_deferred_status(to_device(fn, "device", device));
@@ -486,12 +486,12 @@ embrope_status_t embrope_deferred_status_create(DLDevice device,
 }
 
 embrope_status_t embrope_deferred_status_destroy(embrope_deferred_status_t* status) {
-  return guarded([&] { delete status; });
+  return guarded("embrope_deferred_status_destroy", "DeferredStatus", [&] { delete status; });
 }
 
 embrope_status_t embrope_deferred_status_check(embrope_deferred_status_t* status, void* stream) {
   constexpr const char* fn = "embrope_deferred_status_check";
-  return guarded([&] {
+  return guarded("embrope_deferred_status_check", "DeferredStatus", [&] {
     if (status == nullptr) fail(fn, "status is null");
     status->status.check(embrope::Stream{stream});
   });
@@ -546,7 +546,7 @@ embrope_status_t embrope_embed_backward(const DLTensor* grad_out, const DLTensor
                                         const embrope_embed_backward_options_t* options,
                                         void* stream) {
   constexpr const char* fn = "embrope_embed_backward";
-  return guarded([&] {
+  return guarded("embrope_embed_backward", "embed_backward", [&] {
     embrope::embed_backward(to_tensor(fn, "grad_out", grad_out), to_tensor(fn, "ids", ids),
                             to_optional(fn, "grad_table", grad_table),
                             embed_backward_options(fn, options, stream));
@@ -557,7 +557,7 @@ embrope_status_t embrope_embed_backward_workspace_size(
     const DLTensor* grad_out, const DLTensor* ids, const DLTensor* grad_table,
     const embrope_embed_backward_options_t* options, size_t* bytes) {
   constexpr const char* fn = "embrope_embed_backward_workspace_size";
-  return guarded([&] {
+  return guarded("embrope_embed_backward_workspace_size", "embed_backward", [&] {
     if (bytes == nullptr) fail(fn, "bytes (the result pointer) is null");
     *bytes = embrope::embed_backward_workspace_size(
         to_tensor(fn, "grad_out", grad_out), to_tensor(fn, "ids", ids),
@@ -570,7 +570,7 @@ embrope_status_t embrope_apply_rope_backward(const DLTensor* dq, const DLTensor*
                                              const embrope_rope_cache_t* cache,
                                              const embrope_rope_options_t* options, void* stream) {
   constexpr const char* fn = "embrope_apply_rope_backward";
-  return guarded([&] {
+  return guarded("embrope_apply_rope_backward", "apply_rope_backward", [&] {
     if (cache == nullptr) fail(fn, "cache is null");
     embrope::apply_rope_backward(to_tensor(fn, "dq", dq), to_optional(fn, "dk", dk),
                                  to_tensor(fn, "positions", positions), cache->cache,
@@ -584,7 +584,7 @@ embrope_status_t embrope_apply_rope_backward_cos_sin(const DLTensor* dq, const D
                                                      const embrope_rope_options_t* options,
                                                      void* stream) {
   constexpr const char* fn = "embrope_apply_rope_backward_cos_sin";
-  return guarded([&] {
+  return guarded("embrope_apply_rope_backward_cos_sin", "apply_rope_backward", [&] {
     embrope::apply_rope_backward(to_tensor(fn, "dq", dq), to_optional(fn, "dk", dk),
                                  to_tensor(fn, "positions", positions), to_tensor(fn, "cos", cos),
                                  to_tensor(fn, "sin", sin), rope_options(fn, options, stream));
