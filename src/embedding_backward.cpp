@@ -1,6 +1,8 @@
 // embed_backward: validate once, fill EmbedBackwardParams, dispatch to the CPU or CUDA kernel.
 #include "embrope/embedding_backward.hpp"
 
+#include <utility>
+
 #include <cmath>
 
 #include "backend.hpp"
@@ -156,6 +158,32 @@ Params prepare(const Tensor& grad_out, const Tensor& ids, const std::optional<Te
   }
   if (!grad_table && !o.grad_position_table && !o.grad_type_table) {
     fail(kOp, "no gradient is given: pass grad_table, grad_position_table or grad_type_table");
+  }
+
+  // The gradients are written (accumulated into): none may share memory with an input, with
+  // another gradient or with itself.
+  const std::pair<const char*, const std::optional<Tensor>*> grads[] = {
+      {"grad_table", &grad_table},
+      {"grad_position_table", &o.grad_position_table},
+      {"grad_type_table", &o.grad_type_table}};
+  const std::pair<const char*, const std::optional<Tensor>*> inputs[] = {
+      {"position_ids", &o.position_ids},
+      {"position_offsets", &o.position_offsets},
+      {"type_ids", &o.type_ids}};
+  for (std::size_t i = 0; i < 3; ++i) {
+    if (!*grads[i].second) continue;
+    const Tensor& g = **grads[i].second;
+    validate::check_no_self_overlap(kOp, grads[i].first, g);
+    validate::check_no_overlap(kOp, grads[i].first, g, "grad_out", grad_out);
+    validate::check_no_overlap(kOp, grads[i].first, g, "ids", ids);
+    for (const auto& [name, input] : inputs) {
+      if (*input) validate::check_no_overlap(kOp, grads[i].first, g, name, **input);
+    }
+    for (std::size_t j = i + 1; j < 3; ++j) {
+      if (*grads[j].second) {
+        validate::check_no_overlap(kOp, grads[i].first, g, grads[j].first, **grads[j].second);
+      }
+    }
   }
 
   p.mode = o.mode;

@@ -101,6 +101,7 @@ void read_rope(const json& j, ModelConfig& m) {
   m.num_kv_heads = integer(j, "num_key_value_heads", "").value_or(m.num_heads);
   if (auto head_dim = integer(j, "head_dim", "")) {
     m.head_dim = *head_dim;
+    if (m.head_dim <= 0) fail(kOp, "head_dim {} must be positive", m.head_dim);
   } else {
     if (m.hidden_size % m.num_heads != 0) {
       fail(kOp, "hidden_size {} is not a multiple of num_attention_heads {} and head_dim is absent",
@@ -138,6 +139,10 @@ void read_rope(const json& j, ModelConfig& m) {
     const double fraction = number(p, "partial_rotary_factor", where)
                                 .value_or(number(j, "partial_rotary_factor", "")
                                               .value_or(number(j, "rotary_pct", "").value_or(1.0)));
+    if (!(fraction > 0.0 && fraction <= 1.0)) {
+      fail(kOp, "the rotary fraction (partial_rotary_factor or rotary_pct) {} must be in (0, 1]",
+           fraction);
+    }
     c.rotary_dim = static_cast<std::int64_t>(static_cast<double>(m.head_dim) * fraction);
   }
   if (c.rotary_dim <= 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > m.head_dim) {

@@ -49,6 +49,12 @@ void packed_positions(const Tensor& cu_seqlens, const Tensor& positions,
     p.start_dtype = s.dtype();
     p.start_stride = s.stride(0);
   }
+  validate::check_no_self_overlap(kOp, "positions", positions);
+  validate::check_no_overlap(kOp, "positions", positions, "cu_seqlens", cu_seqlens);
+  if (options.start_offsets) {
+    validate::check_no_overlap(kOp, "positions", positions, "start_offsets",
+                               *options.start_offsets);
+  }
   run_with_bad_index_policy(kOp, device, options.stream, options.deferred,
                             [&](detail::BadIndexRecord* record) {
                               p.bad = record;

@@ -20,8 +20,33 @@ RopeOptions transposed(const RopeOptions& options) {
   return o;
 }
 
+bool identifier_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+// The forward's argument names as this op's: q, k, q_out, k_out (whole words) become dq, dk,
+// dq_out, dk_out.
+std::string backward_names(const std::string& text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size();) {
+    const bool starts_word = i == 0 || !identifier_char(text[i - 1]);
+    if (starts_word && (text[i] == 'q' || text[i] == 'k')) {
+      std::size_t end = i + 1;
+      while (end < text.size() && identifier_char(text[end])) ++end;
+      const std::string word = text.substr(i, end - i);
+      if (word == "q" || word == "k" || word == "q_out" || word == "k_out") {
+        out += "d" + word;
+        i = end;
+        continue;
+      }
+    }
+    out += text[i++];
+  }
+  return out;
+}
+
 // Runs the forward and words its errors as this op's: "apply_rope: q has ..." becomes
-// "apply_rope_backward: q has ...".
+// "apply_rope_backward: dq has ...".
 template <typename Call>
 void as_backward(Call&& call) {
   try {
@@ -29,7 +54,8 @@ void as_backward(Call&& call) {
   } catch (const Error& e) {
     const char* what = e.what();
     if (std::strncmp(what, kForwardPrefix, std::strlen(kForwardPrefix)) != 0) throw;
-    throw Error(e.code(), std::string(kOp) + ":" + (what + std::strlen(kForwardPrefix)));
+    throw Error(e.code(),
+                std::string(kOp) + ":" + backward_names(what + std::strlen(kForwardPrefix)));
   }
 }
 

@@ -1969,7 +1969,541 @@ std::vector<MiscCase> misc_cases() {
   return cases;
 }
 
+// ------------------------------------------- packed_positions, backward passes, configs ----
+
+// A case of the newer entry points: it builds its own guarded tensors in `arena` (sealed before
+// the call by the case) and returns what the call did.
+struct NewCase {
+  std::string name;
+  std::string op;
+  Expect expect;
+  Surface surface;
+  std::function<Outcome(Arena&)> run;
+};
+
+Tensor view_of(const Region& r, std::vector<std::int64_t> shape,
+               std::vector<std::int64_t> strides = {}) {
+  return Tensor(r.data, r.dtype, static_cast<int>(shape.size()), shape.data(),
+                strides.empty() ? nullptr : strides.data());
+}
+
+std::vector<NewCase> new_op_cases() {
+  std::vector<NewCase> cases;
+  // ---- packed_positions: cu_seqlens [B + 1], positions [T], start_offsets [B].
+  struct Packed {
+    std::string name;
+    std::vector<std::int64_t> cu;
+    std::vector<std::int64_t> starts;  // empty: absent
+    std::int64_t tokens;
+    DType cu_dtype, pos_dtype;
+    int layout;  // 0 plain, 1 cu 2-D, 2 positions alias cu_seqlens, 3 positions zero stride
+    Expect expect;
+  };
+  const DType i64 = DType::int64, i32 = DType::int32, f32 = DType::float32;
+  const std::vector<Packed> packed = {
+      {"valid", {0, 2, 2, 5}, {0, 7, 1}, 5, i64, i32, 0, ok()},
+      {"cu_seqlens float32", {0, 2, 5}, {}, 5, f32, i64, 0, invalid({"cu_seqlens", "int32"})},
+      {"positions float32", {0, 2, 5}, {}, 5, i64, f32, 0, invalid({"positions", "int32"})},
+      {"cu_seqlens 2-D", {0, 2, 5, 5}, {}, 5, i64, i64, 1, invalid({"cu_seqlens"})},
+      {"cu_seqlens empty", {}, {}, 0, i64, i64, 0, invalid({"cu_seqlens", "B + 1"})},
+      {"start_offsets of the wrong length",
+       {0, 2, 5},
+       {0, 0, 0},
+       5,
+       i64,
+       i64,
+       0,
+       invalid({"start_offsets"})},
+      {"positions aliasing cu_seqlens",
+       {0, 1, 2, 3},
+       {},
+       3,
+       i64,
+       i64,
+       2,
+       invalid({"positions", "cu_seqlens"})},
+      {"positions with stride 0", {0, 4}, {}, 4, i64, i64, 3, invalid({"positions"})},
+      {"cu_seqlens decreasing", {0, 4, 2, 6}, {}, 6, i64, i64, 0, bad_index({"cu_seqlens[2]"})},
+      {"cu_seqlens INT64_MIN", {0, kI64Min, 6}, {}, 6, i64, i64, 0, bad_index({"cu_seqlens[1]"})},
+      {"cu_seqlens ends at INT64_MAX",
+       {0, 3, kI64Max},
+       {},
+       6,
+       i64,
+       i64,
+       0,
+       bad_index({"cu_seqlens[2]"})},
+      {"cu_seqlens INT32_MIN (int32)",
+       {0, kI32Min, 6},
+       {},
+       6,
+       i32,
+       i64,
+       0,
+       bad_index({"cu_seqlens[1]"})},
+      {"cu_seqlens first entry 1", {1, 3, 6}, {}, 6, i64, i64, 0, bad_index({"cu_seqlens[0]"})},
+      {"start_offsets INT64_MAX",
+       {0, 3, 6},
+       {kI64Max, 0},
+       6,
+       i64,
+       i64,
+       0,
+       bad_index({"start_offsets[0]"})},
+      {"start_offsets INT64_MIN",
+       {0, 3, 6},
+       {0, kI64Min},
+       6,
+       i64,
+       i64,
+       0,
+       bad_index({"start_offsets[1]"})},
+      {"start_offsets past INT32_MAX for int32 positions",
+       {0, 3, 6},
+       {0, kI32Max - 1},
+       6,
+       i64,
+       i32,
+       0,
+       bad_index({"start_offsets[1]"})},
+  };
+  for (const Packed& k : packed) {
+    for (const Surface surface : {Surface::cpp, Surface::c}) {
+      const bool cpp = surface == Surface::cpp;
+      cases.push_back({(cpp ? "packed_positions " : "embrope_packed_positions ") + k.name,
+                       cpp ? "packed_positions" : "embrope_packed_positions", k.expect, surface,
+                       [k, cpp](Arena& arena) {
+                         const auto n_cu = static_cast<std::int64_t>(k.cu.size());
+                         Region cu = arena.region(k.cu_dtype, std::max<std::int64_t>(n_cu, 1));
+                         for (std::int64_t i = 0; i < n_cu; ++i) {
+                           if (k.cu_dtype == DType::float32) {
+                             cu.set(i, static_cast<double>(k.cu[static_cast<std::size_t>(i)]));
+                           } else {
+                             cu.set_index(i, k.cu[static_cast<std::size_t>(i)]);
+                           }
+                         }
+                         Region pos =
+                             arena.region(k.pos_dtype, std::max<std::int64_t>(k.tokens, 1));
+                         Region start =
+                             arena.region(DType::int64, std::max<std::size_t>(k.starts.size(), 1));
+                         for (std::size_t i = 0; i < k.starts.size(); ++i) {
+                           start.set_index(static_cast<std::int64_t>(i), k.starts[i]);
+                         }
+                         Tensor cu_t = k.layout == 1 ? view_of(cu, {2, 2}) : view_of(cu, {n_cu});
+                         Tensor pos_t = view_of(pos, {k.tokens});
+                         if (k.layout == 2) pos_t = view_of(cu, {k.tokens});
+                         if (k.layout == 3) pos_t = view_of(pos, {k.tokens}, {0});
+                         std::optional<Tensor> start_t;
+                         if (!k.starts.empty()) {
+                           start_t = view_of(start, {static_cast<std::int64_t>(k.starts.size())});
+                         }
+                         arena.seal();
+                         if (cpp) {
+                           return run_cpp([&] {
+                             embrope::PackedPositionsOptions o;
+                             o.start_offsets = start_t;
+                             embrope::packed_positions(cu_t, pos_t, o);
+                           });
+                         }
+                         DLView cv(cu_t), pv(pos_t);
+                         std::optional<DLView> sv;
+                         if (start_t) sv.emplace(*start_t);
+                         return from_status(embrope_packed_positions(
+                             cv.get(), sv ? sv->get() : nullptr, pv.get(), nullptr, nullptr));
+                       }});
+    }
+  }
+  cases.push_back({"embrope_packed_positions NULL cu_seqlens", "embrope_packed_positions",
+                   invalid({"cu_seqlens", "null"}), Surface::c, [](Arena& arena) {
+                     Region pos = arena.region(DType::int64, 4);
+                     arena.seal();
+                     DLView pv(view_of(pos, {4}));
+                     return from_status(
+                         embrope_packed_positions(nullptr, nullptr, pv.get(), nullptr, nullptr));
+                   }});
+
+  // ---- embed_backward: grad_out [N, D], ids [N], grad_table [V, D].
+  struct Backward {
+    std::string name;
+    int variant;
+    Expect expect;
+  };
+  const std::vector<Backward> backward = {
+      {"valid", 0, ok()},
+      {"grad_out int32", 1, invalid({"grad_out"})},
+      {"grad_table of another D", 2, invalid({"grad_table"})},
+      {"ids of another length", 3, invalid({"grad_out"})},
+      {"grad_table aliasing grad_out", 4, invalid({"grad_table", "grad_out"})},
+      {"grad_table with row stride 0", 5, invalid({"grad_table"})},
+      {"an id of INT64_MIN", 6, bad_index({"ids[1]"})},
+      {"an id equal to V", 7, bad_index({"ids[2]"})},
+      {"scale NaN", 8, invalid({"scale", "finite"})},
+      {"no gradient at all", 9, invalid({"no gradient"})},
+      {"grad_position_table aliasing grad_table", 10,
+       invalid({"grad_table", "grad_position_table"})},
+  };
+  for (const Backward& k : backward) {
+    for (const Surface surface : {Surface::cpp, Surface::c}) {
+      const bool cpp = surface == Surface::cpp;
+      cases.push_back({(cpp ? "embed_backward " : "embrope_embed_backward ") + k.name,
+                       cpp ? "embed_backward" : "embrope_embed_backward", k.expect, surface,
+                       [k, cpp](Arena& arena) {
+                         const std::int64_t n = 4, d = 8, v = 6, p = 8;
+                         Region grad_out =
+                             arena.region(k.variant == 1 ? DType::int32 : DType::float32, n * d);
+                         Region ids = arena.region(DType::int64, n);
+                         Region grad = arena.region(DType::float32, v * (d + 4));
+                         for (std::int64_t i = 0; i < n * d; ++i)
+                           grad_out.set(i, 0.25 * (i % 7) - 0.5);
+                         for (std::int64_t i = 0; i < n; ++i) ids.set_index(i, i % v);
+                         if (k.variant == 6) ids.set_index(1, kI64Min);
+                         if (k.variant == 7) ids.set_index(2, v);
+                         Tensor go = view_of(grad_out, {n, d});
+                         Tensor id = view_of(ids, {k.variant == 3 ? n - 1 : n});
+                         std::optional<Tensor> gt = view_of(grad, {v, k.variant == 2 ? d + 1 : d});
+                         if (k.variant == 4) gt = view_of(grad_out, {n, d});
+                         if (k.variant == 5) gt = view_of(grad, {v, d}, {0, 1});
+                         if (k.variant == 9) gt.reset();
+                         embrope::EmbedBackwardOptions o;
+                         if (k.variant == 8) o.scale = std::nanf("");
+                         if (k.variant == 10) {
+                           o.grad_position_table = view_of(grad, {p / 2, d});
+                         }
+                         arena.seal();
+                         if (cpp) return run_cpp([&] { embrope::embed_backward(go, id, gt, o); });
+                         DLView gov(go), idv(id);
+                         std::optional<DLView> gtv, gpv;
+                         if (gt) gtv.emplace(*gt);
+                         embrope_embed_backward_options_t co;
+                         embrope_embed_backward_options_init(&co);
+                         co.scale = o.scale;
+                         if (o.grad_position_table) {
+                           gpv.emplace(*o.grad_position_table);
+                           co.grad_position_table = gpv->get();
+                         }
+                         return from_status(embrope_embed_backward(
+                             gov.get(), idv.get(), gtv ? gtv->get() : nullptr, &co, nullptr));
+                       }});
+    }
+  }
+  cases.push_back(
+      {"embrope_embed_backward mode 7", "embrope_embed_backward", invalid({"mode", "7"}),
+       Surface::c, [](Arena& arena) {
+         Region go = arena.region(DType::float32, 8), ids = arena.region(DType::int64, 1),
+                gt = arena.region(DType::float32, 16);
+         ids.set_index(0, 0);
+         arena.seal();
+         DLView gov(view_of(go, {1, 8})), idv(view_of(ids, {1})), gtv(view_of(gt, {2, 8}));
+         embrope_embed_backward_options_t co;
+         embrope_embed_backward_options_init(&co);
+         const int seven = 7;
+         std::memcpy(&co.mode, &seven, sizeof seven);
+         return from_status(embrope_embed_backward(gov.get(), idv.get(), gtv.get(), &co, nullptr));
+       }});
+
+  // ---- apply_rope_backward: the forward's checks under the backward's name.
+  for (const Surface surface : {Surface::cpp, Surface::c}) {
+    const bool cpp = surface == Surface::cpp;
+    for (int variant = 0; variant < 3; ++variant) {
+      const char* what[] = {"valid", "a position of INT64_MIN", "dq of dtype int64"};
+      cases.push_back(
+          {std::string(cpp ? "apply_rope_backward " : "embrope_apply_rope_backward ") +
+               what[variant],
+           cpp ? "apply_rope_backward" : "embrope_apply_rope_backward",
+           variant == 0   ? ok()
+           : variant == 1 ? bad_index({"positions[1]"})
+                          : invalid({"dq"}),
+           surface, [variant, cpp](Arena& arena) {
+             const std::int64_t t = 3, h = 2, d = 16;
+             Region dq = arena.region(variant == 2 ? DType::int64 : DType::float32, t * h * d);
+             Region pos = arena.region(DType::int64, t);
+             if (variant != 2) {
+               for (std::int64_t i = 0; i < t * h * d; ++i) dq.set(i, 0.5);
+             }
+             for (std::int64_t i = 0; i < t; ++i) pos.set_index(i, i);
+             if (variant == 1) pos.set_index(1, kI64Min);
+             const embrope::RopeCache cache(embrope::RopeConfig{d, 10000.0, 8});
+             arena.seal();
+             const Tensor q = view_of(dq, {t, h, d}), p = view_of(pos, {t});
+             if (cpp) {
+               return run_cpp([&] { embrope::apply_rope_backward(q, std::nullopt, p, cache); });
+             }
+             embrope_rope_config_t c;
+             embrope_rope_config_init(&c);
+             c.rotary_dim = d;
+             c.max_positions = 8;
+             embrope_rope_cache_t* handle = nullptr;
+             REQUIRE(embrope_rope_cache_create(&c, DLDevice{kDLCPU, 0}, nullptr, &handle) ==
+                     EMBROPE_OK);
+             DLView qv(q), pv(p);
+             const Outcome o = from_status(embrope_apply_rope_backward(qv.get(), nullptr, pv.get(),
+                                                                       handle, nullptr, nullptr));
+             embrope_rope_cache_destroy(handle);
+             return o;
+           }});
+    }
+  }
+
+  // ---- mrope options and scaling configurations through the C API.
+  struct Mrope {
+    std::string name;
+    std::int64_t s0, s1, s2;
+    bool three_streams;
+    Expect expect;
+  };
+  const std::vector<Mrope> mrope = {
+      {"valid", 2, 3, 3, true, ok()},
+      {"sections not summing to R/2", 2, 3, 4, true, invalid({"mrope_section", "rotary_dim / 2"})},
+      {"a negative section", -1, 4, 5, true, invalid({"mrope_section", "non-negative"})},
+      {"INT64_MIN sections", kI64Min, kI64Max, 8, true, invalid({"mrope_section"})},
+      {"positions without the stream dimension", 2, 3, 3, false, invalid({"positions"})},
+  };
+  for (const Mrope& k : mrope) {
+    cases.push_back({"embrope_apply_rope mrope " + k.name, "embrope_apply_rope", k.expect,
+                     Surface::c, [k](Arena& arena) {
+                       const std::int64_t t = 2, h = 1, d = 16;
+                       Region q = arena.region(DType::float32, t * h * d);
+                       Region pos = arena.region(DType::int64, 3 * t);
+                       for (std::int64_t i = 0; i < t * h * d; ++i) q.set(i, 1.0);
+                       for (std::int64_t i = 0; i < 3 * t; ++i) pos.set_index(i, i % 4);
+                       embrope_rope_config_t c;
+                       embrope_rope_config_init(&c);
+                       c.rotary_dim = d;
+                       c.max_positions = 8;
+                       embrope_rope_cache_t* handle = nullptr;
+                       REQUIRE(embrope_rope_cache_create(&c, DLDevice{kDLCPU, 0}, nullptr,
+                                                         &handle) == EMBROPE_OK);
+                       arena.seal();
+                       DLView qv(view_of(q, {t, h, d}));
+                       DLView pv(k.three_streams ? view_of(pos, {3, t}) : view_of(pos, {t}));
+                       embrope_rope_options_t o;
+                       embrope_rope_options_init(&o);
+                       o.mrope_section[0] = k.s0;
+                       o.mrope_section[1] = k.s1;
+                       o.mrope_section[2] = k.s2;
+                       const Outcome out = from_status(
+                           embrope_apply_rope(qv.get(), nullptr, pv.get(), handle, &o, nullptr));
+                       embrope_rope_cache_destroy(handle);
+                       return out;
+                     }});
+  }
+  struct Scaling {
+    std::string name;
+    std::function<void(embrope_rope_config_t&)> edit;
+    Expect expect;
+  };
+  static const double factors[4] = {1.0, 1.0, 1.0, 1.0};
+  const std::vector<Scaling> scaling = {
+      {"scaling 99",
+       [](embrope_rope_config_t& c) {
+         const int v = 99;
+         std::memcpy(&c.scaling, &v, sizeof v);
+       },
+       invalid({"scaling", "99"})},
+      {"linear factor NaN",
+       [](embrope_rope_config_t& c) {
+         c.scaling = EMBROPE_ROPE_SCALING_LINEAR;
+         c.factor = kNaN;
+       },
+       invalid({"factor", "finite"})},
+      {"yarn factor infinity",
+       [](embrope_rope_config_t& c) {
+         c.scaling = EMBROPE_ROPE_SCALING_YARN;
+         c.factor = kInf;
+         c.original_max_positions = 4;
+       },
+       invalid({"factor", "finite"})},
+      {"yarn beta_fast NaN",
+       [](embrope_rope_config_t& c) {
+         c.scaling = EMBROPE_ROPE_SCALING_YARN;
+         c.factor = 2.0;
+         c.original_max_positions = 4;
+         c.beta_fast = kNaN;
+       },
+       invalid({"beta_fast"})},
+      {"llama3 original INT64_MIN",
+       [](embrope_rope_config_t& c) {
+         c.scaling = EMBROPE_ROPE_SCALING_LLAMA3;
+         c.factor = 8.0;
+         c.original_max_positions = kI64Min;
+       },
+       invalid({"original_max_positions"})},
+      {"longrope num_factors -1",
+       [](embrope_rope_config_t& c) {
+         c.scaling = EMBROPE_ROPE_SCALING_LONGROPE;
+         c.original_max_positions = 4;
+         c.num_factors = -1;
+       },
+       invalid({"num_factors", "-1"})},
+      {"longrope arrays NULL with num_factors 4",
+       [](embrope_rope_config_t& c) {
+         c.scaling = EMBROPE_ROPE_SCALING_LONGROPE;
+         c.original_max_positions = 4;
+         c.num_factors = 4;
+       },
+       invalid({"num_factors", "null"})},
+      {"longrope with 4 of 8 factors",
+       [](embrope_rope_config_t& c) {
+         c.scaling = EMBROPE_ROPE_SCALING_LONGROPE;
+         c.original_max_positions = 4;
+         c.short_factor = factors;
+         c.long_factor = factors;
+         c.num_factors = 4;
+       },
+       invalid({"short_factor", "rotary_dim / 2"})},
+      {"dynamic sequence_length INT64_MIN",
+       [](embrope_rope_config_t& c) {
+         c.scaling = EMBROPE_ROPE_SCALING_DYNAMIC;
+         c.factor = 2.0;
+         c.original_max_positions = 4;
+         c.sequence_length = kI64Min;
+       },
+       invalid({"sequence_length"})},
+  };
+  for (const Scaling& k : scaling) {
+    cases.push_back({"embrope_rope_cache_create " + k.name, "embrope_rope_cache_create", k.expect,
+                     Surface::c, [k](Arena& arena) {
+                       arena.seal();
+                       embrope_rope_config_t c;
+                       embrope_rope_config_init(&c);
+                       c.rotary_dim = 16;
+                       c.max_positions = 8;
+                       k.edit(c);
+                       embrope_rope_cache_t* handle = nullptr;
+                       const Outcome o = from_status(
+                           embrope_rope_cache_create(&c, DLDevice{kDLCPU, 0}, nullptr, &handle));
+                       CHECK(handle == nullptr);
+                       return o;
+                     }});
+  }
+  cases.push_back({"embrope_rope_frequencies capacity 0", "embrope_rope_frequencies",
+                   invalid({"capacity"}), Surface::c, [](Arena& arena) {
+                     arena.seal();
+                     embrope_rope_config_t c;
+                     embrope_rope_config_init(&c);
+                     c.rotary_dim = 16;
+                     c.max_positions = 8;
+                     double f[8];
+                     return from_status(embrope_rope_frequencies(&c, f, 0, nullptr));
+                   }});
+
+  // ---- deferred statuses.
+  cases.push_back(
+      {"embrope_deferred_status_create NULL out", "embrope_deferred_status_create",
+       invalid({"status", "null"}), Surface::c, [](Arena& arena) {
+         arena.seal();
+         return from_status(embrope_deferred_status_create(DLDevice{kDLCPU, 0}, nullptr));
+       }});
+  cases.push_back({"embrope_deferred_status_check NULL", "embrope_deferred_status_check",
+                   invalid({"status", "null"}), Surface::c, [](Arena& arena) {
+                     arena.seal();
+                     return from_status(embrope_deferred_status_check(nullptr, nullptr));
+                   }});
+  cases.push_back({"embrope_deferred_status_create device type 99",
+                   "embrope_deferred_status_create", invalid({"device"}), Surface::c,
+                   [](Arena& arena) {
+                     arena.seal();
+                     embrope_deferred_status_t* s = nullptr;
+                     const int type = 99;
+                     DLDevice dev{};
+                     std::memcpy(&dev.device_type, &type, sizeof type);
+                     const Outcome o = from_status(embrope_deferred_status_create(dev, &s));
+                     CHECK(s == nullptr);
+                     return o;
+                   }});
+
+  // ---- AdaptiveRopeCache lengths.
+  for (const std::int64_t length : {std::int64_t{0}, std::int64_t{-1}, kI64Min}) {
+    cases.push_back({"AdaptiveRopeCache::get " + std::to_string(length), "AdaptiveRopeCache",
+                     invalid({"sequence_length", "positive"}), Surface::cpp,
+                     [length](Arena& arena) {
+                       arena.seal();
+                       embrope::AdaptiveRopeCache adaptive(embrope::RopeConfig{16, 10000.0, 8});
+                       return run_cpp([&] { adaptive.get(length); });
+                     }});
+  }
+
+  // ---- HF config.json text.
+  struct Json {
+    std::string name;
+    std::string text;
+    std::string op;
+    std::vector<std::string> parts;
+  };
+  const std::string head =
+      R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2, )"
+      R"("max_position_embeddings": 128)";
+  std::string deep = std::string(5000, '[') + std::string(5000, ']');
+  const std::vector<Json> json = {
+      {"empty text", "", "model_config_from_hf_json", {"JSON"}},
+      {"truncated", head, "model_config_from_hf_json", {"JSON"}},
+      {"5000 nested arrays", deep, "model_config_from_hf_json", {"not an object"}},
+      {"hidden_size 1e300",
+       R"({"model_type": "llama", "hidden_size": 1e300, "num_attention_heads": 2, "max_position_embeddings": 8})",
+       "model_config_from_hf_json",
+       {"hidden_size", "integer"}},
+      {"num_attention_heads 0",
+       R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 0, "max_position_embeddings": 8})",
+       "model_config_from_hf_json",
+       {"positive"}},
+      {"head_dim -4",
+       head + R"(, "head_dim": -4})",
+       "model_config_from_hf_json",
+       {"head_dim", "positive"}},
+      {"partial_rotary_factor 1e300",
+       head + R"(, "partial_rotary_factor": 1e300})",
+       "model_config_from_hf_json",
+       {"partial_rotary_factor", "(0, 1]"}},
+      {"rope_scaling a string",
+       head + R"(, "rope_scaling": "yes"})",
+       "model_config_from_hf_json",
+       {"rope_scaling", "object"}},
+      {"mrope_section of two",
+       head + R"(, "rope_scaling": {"type": "mrope", "mrope_section": [8, 8]}})",
+       "model_config_from_hf_json",
+       {"mrope_section", "3"}},
+      {"short_factor a string",
+       head + R"(, "rope_scaling": {"type": "longrope", "short_factor": "x", "long_factor": [1]}})",
+       "model_config_from_hf_json",
+       {"short_factor", "array"}},
+      {"factor a string",
+       head + R"(, "rope_scaling": {"rope_type": "linear", "factor": "8"}})",
+       "model_config_from_hf_json",
+       {"factor", "number"}},
+      {"max_position_embeddings -1",
+       R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2, "max_position_embeddings": -1})",
+       "RopeCache",
+       {"max_positions", "positive"}},
+  };
+  for (const Json& k : json) {
+    cases.push_back({"model_config_from_hf_json " + k.name, k.op, invalid(k.parts), Surface::cpp,
+                     [k](Arena& arena) {
+                       arena.seal();
+                       return run_cpp([&] { embrope::model_config_from_hf_json(k.text); });
+                     }});
+  }
+  return cases;
+}
+
+void run_new_op_cases(const std::vector<NewCase>& cases) {
+  for (const NewCase& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      Arena arena;
+      const Outcome got = c.run(arena);
+      check_outcome(got, c.expect, c.op, arena);
+      count(c.surface);
+    }
+  }
+}
+
 }  // namespace
+
+TEST_CASE("hostile inputs: packed_positions, backward passes, mrope, scaling, statuses, configs",
+          "[hostile][new_ops]") {
+  run_new_op_cases(new_op_cases());
+}
+
+namespace {}  // namespace
 
 TEST_CASE("hostile inputs: embed, C++ and C", "[hostile][embed]") {
   run_embed_cases(embed_cases());
@@ -2012,6 +2546,8 @@ TEST_CASE("hostile inputs: every case has its own name; the number of cases", "[
   }
   for (const MiscCase& m : misc_cases())
     tally("misc " + m.name, m.surface == Surface::cpp ? kCpp : kC, 1);
+  for (const NewCase& n : new_op_cases())
+    tally("new " + n.name, n.surface == Surface::cpp ? kCpp : kC, 1);
   // The figure the README quotes (each case on each surface and table kind is one call).
   std::printf("hostile inputs: %d C++ calls, %d C calls, %d in all\n", cpp, c, cpp + c);
   // When the other test cases ran in this process, they ran exactly these.
