@@ -1,8 +1,10 @@
 // A libFuzzer target for the C API on the CPU: the input bytes are decoded into one call of
-// embrope_embed, embrope_apply_rope, embrope_apply_rope_cos_sin or the cos/sin cache
-// functions, with arbitrary shapes, strides, dtypes, byte offsets, devices, options and
-// contents (NaN, infinity, ids and positions at the int32/int64 limits), and tensors that may
-// alias one another.
+// embrope_embed, embrope_apply_rope (multimodal sections included),
+// embrope_apply_rope_cos_sin, embrope_apply_rope_backward, embrope_packed_positions,
+// embrope_embed_backward or the cos/sin cache functions (every scaling variant), with
+// arbitrary shapes, strides, dtypes, byte offsets, devices, options and contents (NaN,
+// infinity, ids and positions at the int32/int64 limits), tensors that may alias one another,
+// and deferred bad-index statuses.
 //
 // Every tensor lies inside a heap block allocated with exactly the extent the tensor
 // describes (or, for a view the library must reject before touching memory, a small block),
@@ -345,6 +347,35 @@ embrope_rope_cache_t* make_cache(Bytes& in, std::int64_t* rotary_dim, std::int64
   }
   if (config.rotary_dim > 64 && config.rotary_dim < (std::int64_t{1} << 59)) config.rotary_dim = 64;
   config.base = in.chance(16) ? in.real() : 10000.0;
+  // A scaling variant with arbitrary parameters (the factor arrays exactly as long as said).
+  std::vector<double> short_factor, long_factor;
+  if (in.chance(64)) {
+    set_enum(config.scaling, in.chance(16) ? static_cast<int>(in.u64()) : in.u8() % 6);
+    config.factor = in.chance(64) ? in.real() : 1.0 + in.u8() % 40;
+    config.original_max_positions = in.chance(32) ? in.extreme() : in.u8() % 64;
+    config.sequence_length = in.chance(32) ? in.extreme() : in.u8() % 128;
+    if (in.chance(32)) config.beta_fast = in.real();
+    if (in.chance(32)) config.beta_slow = in.real();
+    config.truncate = in.u8() % 2;
+    if (in.chance(32)) config.mscale = in.real();
+    if (in.chance(32)) config.mscale_all_dim = in.real();
+    if (in.chance(32)) config.low_freq_factor = in.real();
+    if (in.chance(32)) config.high_freq_factor = in.real();
+    if (in.chance(32)) config.attention_factor = in.real();
+    if (in.chance(64)) {
+      const std::size_t n = in.u8() % 40;
+      for (std::size_t i = 0; i < n; ++i) {
+        short_factor.push_back(in.chance(16) ? in.real() : 1.0 + (in.u8() % 16));
+        long_factor.push_back(in.chance(16) ? in.real() : 1.0 + (in.u8() % 64));
+      }
+      config.short_factor = short_factor.data();
+      config.long_factor = long_factor.data();
+      config.num_factors = in.chance(16) ? in.extreme() : static_cast<std::int64_t>(n);
+      if (config.num_factors > static_cast<std::int64_t>(n)) {
+        config.num_factors = static_cast<std::int64_t>(n);  // never read past the arrays
+      }
+    }
+  }
   DLDevice device{kDLCPU, 0};
   if (in.chance(4)) {
     const int type = in.chance(32) ? static_cast<int>(in.u64()) : in.u8() % 14;
@@ -377,11 +408,23 @@ embrope_rope_cache_t* make_cache(Bytes& in, std::int64_t* rotary_dim, std::int64
   const embrope_status_t copied =
       embrope_rope_cache_copy_to_host(cache, in.chance(4) ? nullptr : c.get(), s.get());
   check("embrope_rope_cache_copy_to_host", copied, empty.snapshot(), empty);
-  if (copied == EMBROPE_OK && std::isfinite(config.base) && config.base > 0) {
+  // The frequencies agree with the cache, and cos^2 + sin^2 is the squared attention factor,
+  // up to float32 rounding.
+  std::vector<double> inv(static_cast<std::size_t>(config.rotary_dim / 2));
+  double m = 0.0;
+  if (embrope_rope_frequencies(&config, inv.data(), static_cast<std::int64_t>(inv.size()), &m) !=
+      EMBROPE_OK) {
+    broken("embrope_rope_frequencies", "fails for a configuration that built a cache", 0);
+  }
+  if (copied == EMBROPE_OK) {
     for (std::size_t i = 0; i < half; ++i) {
-      // cos^2 + sin^2 = 1 (attention factor 1), up to float32 rounding.
       const double r = static_cast<double>(c[i]) * c[i] + static_cast<double>(s[i]) * s[i];
-      if (!(std::fabs(r - 1.0) < 1e-6)) broken("embrope_rope_cache_copy_to_host", "cos^2+sin^2", 0);
+      if (!(std::fabs(r - m * m) <= 1e-6 * m * m)) {
+        std::fprintf(stderr, "value %zu: cos %g sin %g, attention factor %g, scaling %d\n", i,
+                     static_cast<double>(c[i]), static_cast<double>(s[i]), m,
+                     static_cast<int>(config.scaling));
+        broken("embrope_rope_cache_copy_to_host", "cos^2+sin^2 != attention factor^2", 0);
+      }
     }
   }
   return cache;
@@ -391,8 +434,31 @@ embrope_rope_cache_t* make_cache(Bytes& in, std::int64_t* rotary_dim, std::int64
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes in(data, size);
-  const std::uint8_t op = in.u8() % 4;
+  // First byte: 0-223 keep the four original ops (so older corpus inputs still decode as they
+  // did), 224-255 pick the newer ones.
+  const std::uint8_t first = in.u8();
+  const std::uint8_t op = first >= 224 ? 4 + (first - 224) % 3 : first % 4;
   Call call(in);
+  // Sometimes the ops record bad rows in a deferred status instead of failing; it is checked
+  // (and must then report through embrope_deferred_status_check) after the call.
+  embrope_deferred_status_t* deferred = nullptr;
+  if (in.chance(48)) {
+    if (embrope_deferred_status_create(DLDevice{kDLCPU, 0}, &deferred) != EMBROPE_OK) {
+      broken("embrope_deferred_status_create", "fails on the CPU", 0);
+    }
+  }
+  struct ReleaseDeferred {
+    embrope_deferred_status_t* status;
+    ~ReleaseDeferred() {
+      if (status != nullptr) {
+        const embrope_status_t s = embrope_deferred_status_check(status, nullptr);
+        if (s != EMBROPE_OK && s != EMBROPE_ERROR_INDEX_OUT_OF_RANGE) {
+          broken("embrope_deferred_status_check", "an unexpected status", s);
+        }
+        embrope_deferred_status_destroy(status);
+      }
+    }
+  } release_deferred{deferred};
 
   if (op == 0) {
     const int ids_rank = in.u8() % 4;
@@ -420,6 +486,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       o.type_table = call.tensor(2, true, 0);
       o.type_ids = call.tensor(ids_rank, false, 3);
     }
+    o.deferred = deferred;
     const std::vector<unsigned char> before = call.snapshot();
     const embrope_status_t s = embrope_embed(table, ids, out, with_options ? &o : nullptr, nullptr);
     check("embrope_embed", s, before, call);
@@ -446,6 +513,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (outputs < 64) o.q_out = call.tensor(rank, true, 0);
     if (outputs >= 64 && outputs < 96) o.q_out = const_cast<DLTensor*>(q);
     if (in.chance(64)) o.k_out = call.tensor(rank, true, 0);
+    if (in.chance(32)) {
+      for (std::int64_t& section : o.mrope_section) {
+        section = in.chance(32) ? in.extreme() : in.u8() % 40;
+      }
+    }
+    o.deferred = deferred;
     const std::vector<unsigned char> before = call.snapshot();
     const embrope_status_t s =
         op == 1 ? embrope_apply_rope(q, k, positions, in.chance(4) ? nullptr : cache,
@@ -453,6 +526,70 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                 : embrope_apply_rope_cos_sin(q, k, positions, cos, sin, with_options ? &o : nullptr,
                                              nullptr);
     check(op == 1 ? "embrope_apply_rope" : "embrope_apply_rope_cos_sin", s, before, call);
+    embrope_rope_cache_destroy(cache);
+    return 0;
+  }
+
+  if (op == 4) {
+    // cu_seqlens [B + 1], optional start_offsets [B], positions [T]: shapes and contents
+    // arbitrary (mostly invalid contents, which must be reported, never followed).
+    const DLTensor* cu_seqlens = call.tensor(1, false, 64);
+    const DLTensor* start_offsets = in.chance(128) ? call.tensor(1, false, 1000) : nullptr;
+    const DLTensor* positions =
+        in.chance(16) ? cu_seqlens : call.tensor(1 + (in.chance(16) ? 1 : 0), false, 64);
+    const std::vector<unsigned char> before = call.snapshot();
+    check("embrope_packed_positions",
+          embrope_packed_positions(cu_seqlens, start_offsets, positions, deferred, nullptr), before,
+          call);
+    return 0;
+  }
+
+  if (op == 5) {
+    const int ids_rank = in.u8() % 3;
+    const DLTensor* grad_out = call.tensor(ids_rank + 1, true, 0);
+    const DLTensor* ids = call.tensor(ids_rank, false, 8);
+    const DLTensor* grad_table = in.chance(224) ? call.tensor(2, true, 0) : nullptr;
+    embrope_embed_backward_options_t o;
+    embrope_embed_backward_options_init(&o);
+    if (in.chance(32)) {
+      std::uint32_t bits = static_cast<std::uint32_t>(in.u64());
+      std::memcpy(&o.scale, &bits, 4);
+    }
+    if (in.chance(32)) o.vocab_start = in.chance(128) ? in.u8() % 8 : in.extreme();
+    o.vocab_shard = in.chance(64) ? 1 : 0;
+    o.has_padding_idx = in.chance(64) ? 1 : 0;
+    o.padding_idx = in.chance(32) ? in.extreme() : in.u8() % 8;
+    if (in.chance(96)) o.grad_position_table = call.tensor(2, true, 0);
+    const std::uint8_t positions = in.u8();
+    if (positions < 64) o.position_ids = call.tensor(ids_rank, false, 16);
+    if (positions >= 64 && positions < 96) o.position_offsets = call.tensor(1, false, 8);
+    if (in.chance(48)) {
+      o.grad_type_table = call.tensor(2, true, 0);
+      o.type_ids = call.tensor(ids_rank, false, 3);
+    }
+    set_enum(o.mode, in.chance(8) ? static_cast<int>(in.u64()) : in.u8() % 2);
+    o.deferred = deferred;
+    const std::vector<unsigned char> before = call.snapshot();
+    check("embrope_embed_backward",
+          embrope_embed_backward(grad_out, ids, grad_table, in.chance(16) ? nullptr : &o, nullptr),
+          before, call);
+    return 0;
+  }
+
+  if (op == 6) {
+    std::int64_t rotary_dim = 0, max_positions = 0;
+    embrope_rope_cache_t* cache = make_cache(in, &rotary_dim, &max_positions);
+    const int rank = 3 + in.u8() % 2;
+    const DLTensor* dq = call.tensor(rank, true, 0);
+    const DLTensor* dk = in.chance(128) ? call.tensor(rank, true, 0) : nullptr;
+    const DLTensor* positions = call.tensor(rank - 2, false, max_positions > 0 ? max_positions : 8);
+    embrope_rope_options_t o;
+    embrope_rope_options_init(&o);
+    set_enum(o.layout, in.chance(8) ? static_cast<int>(in.u64()) : in.u8() % 2);
+    o.deferred = deferred;
+    const std::vector<unsigned char> before = call.snapshot();
+    check("embrope_apply_rope_backward",
+          embrope_apply_rope_backward(dq, dk, positions, cache, &o, nullptr), before, call);
     embrope_rope_cache_destroy(cache);
     return 0;
   }

@@ -169,47 +169,6 @@ embrope::RopeOptions rope_options(const char* function, const embrope_rope_optio
 
 }  // namespace
 
-extern "C" {
-
-const char* embrope_version(void) {
-  return EMBROPE_VERSION_STRING;
-}
-
-const char* embrope_last_error(void) {
-  return last_error.c_str();
-}
-
-int embrope_cuda_device_count(void) {
-  try {
-    return embrope::cuda_device_count();
-  } catch (...) {
-    return 0;
-  }
-}
-
-void embrope_rope_config_init(embrope_rope_config_t* config) {
-  if (config == nullptr) return;
-  const embrope::RopeConfig d;
-  config->rotary_dim = d.rotary_dim;
-  config->base = d.base;
-  config->max_positions = d.max_positions;
-  config->scaling = EMBROPE_ROPE_SCALING_NONE;
-  config->factor = d.factor;
-  config->original_max_positions = d.original_max_positions;
-  config->sequence_length = d.sequence_length;
-  config->beta_fast = d.beta_fast;
-  config->beta_slow = d.beta_slow;
-  config->truncate = d.truncate ? 1 : 0;
-  config->mscale = d.mscale;
-  config->mscale_all_dim = d.mscale_all_dim;
-  config->low_freq_factor = d.low_freq_factor;
-  config->high_freq_factor = d.high_freq_factor;
-  config->short_factor = nullptr;
-  config->long_factor = nullptr;
-  config->num_factors = 0;
-  config->attention_factor = d.attention_factor;
-}
-
 namespace {
 
 embrope::RopeConfig to_rope_config(const char* fn, const embrope_rope_config_t& in) {
@@ -265,6 +224,47 @@ embrope::RopeConfig to_rope_config(const char* fn, const embrope_rope_config_t& 
 }
 
 }  // namespace
+
+extern "C" {
+
+const char* embrope_version(void) {
+  return EMBROPE_VERSION_STRING;
+}
+
+const char* embrope_last_error(void) {
+  return last_error.c_str();
+}
+
+int embrope_cuda_device_count(void) {
+  try {
+    return embrope::cuda_device_count();
+  } catch (...) {
+    return 0;
+  }
+}
+
+void embrope_rope_config_init(embrope_rope_config_t* config) {
+  if (config == nullptr) return;
+  const embrope::RopeConfig d;
+  config->rotary_dim = d.rotary_dim;
+  config->base = d.base;
+  config->max_positions = d.max_positions;
+  config->scaling = EMBROPE_ROPE_SCALING_NONE;
+  config->factor = d.factor;
+  config->original_max_positions = d.original_max_positions;
+  config->sequence_length = d.sequence_length;
+  config->beta_fast = d.beta_fast;
+  config->beta_slow = d.beta_slow;
+  config->truncate = d.truncate ? 1 : 0;
+  config->mscale = d.mscale;
+  config->mscale_all_dim = d.mscale_all_dim;
+  config->low_freq_factor = d.low_freq_factor;
+  config->high_freq_factor = d.high_freq_factor;
+  config->short_factor = nullptr;
+  config->long_factor = nullptr;
+  config->num_factors = 0;
+  config->attention_factor = d.attention_factor;
+}
 
 embrope_status_t embrope_rope_frequencies(const embrope_rope_config_t* config, double* inv_freq,
                                           int64_t capacity, double* attention_factor) {

@@ -176,14 +176,26 @@ RopeFrequencies rope_frequencies(const RopeConfig& config) {
       out.attention_factor = detail::longrope_attention_factor(config);
       break;
   }
+  const auto last_position = static_cast<double>(config.max_positions - 1);
   for (std::size_t i = 0; i < out.inv_freq.size(); ++i) {
     if (!std::isfinite(out.inv_freq[i]) || out.inv_freq[i] < 0.0) {
       validate::fail(kOp, "scaling {} gives frequency {} = {}, which is not finite and >= 0",
                      scaling_name(config.scaling), i, out.inv_freq[i]);
     }
+    // The largest angle of the table must be finite too (else cos and sin are NaN).
+    if (!std::isfinite(last_position * out.inv_freq[i])) {
+      validate::fail(kOp,
+                     "frequency {} = {} times position {} is not a finite angle (base {}, "
+                     "scaling {})",
+                     i, out.inv_freq[i], config.max_positions - 1, config.base,
+                     scaling_name(config.scaling));
+    }
   }
-  if (!finite_positive(out.attention_factor)) {
-    validate::fail(kOp, "scaling {} gives attention factor {}, which is not finite and positive",
+  // cos and sin times the factor are stored as float32: it must keep them normal numbers.
+  if (!(out.attention_factor >= 1e-30 && out.attention_factor <= 1e30)) {
+    validate::fail(kOp,
+                   "scaling {} gives attention factor {}, outside [1e-30, 1e30] (cos and sin times "
+                   "it must stay normal float32 numbers)",
                    scaling_name(config.scaling), out.attention_factor);
   }
   return out;
