@@ -554,6 +554,20 @@ TEST_CASE("rope_frequencies rejects invalid scaling parameters, naming the field
         c.sequence_length = -1;
       },
       {"sequence_length -1", "non-negative"});
+  add("a frequency times the last position overflows",
+      [](RopeConfig& c) {
+        c.scaling = RopeScaling::linear;
+        c.factor = 1e-306;  // inv_freq_0 = 1e306, times position 1023
+      },
+      {"frequency 0", "position 1023", "finite angle"});
+  add("an attention factor float32 cannot hold",
+      [](RopeConfig& c) {
+        c.scaling = RopeScaling::yarn;
+        c.factor = 4.0;
+        c.original_max_positions = 512;
+        c.attention_factor = 1e31;
+      },
+      {"attention factor", "[1e-30, 1e30]"});
   add("scaling out of range", [](RopeConfig& c) { c.scaling = static_cast<RopeScaling>(17); },
       {"scaling 17"});
   for (const Case& k : cases) {
