@@ -57,6 +57,27 @@ struct Inputs {
   std::vector<float> cos = random_values<float>(P * R / 2, 6, -1, 1);
   std::vector<float> sin = random_values<float>(P * R / 2, 7, -1, 1);
   embrope::RopeCache cache{embrope::RopeConfig{R, 10000.0, P}};
+  embrope::RopeCache yarn_cache{[] {
+    embrope::RopeConfig c{R, 10000.0, P};
+    c.scaling = embrope::RopeScaling::yarn;
+    c.factor = 8.0;
+    c.original_max_positions = 128;
+    return c;
+  }()};
+  embrope::AdaptiveRopeCache adaptive{[] {
+    embrope::RopeConfig c{R, 10000.0, P};
+    c.scaling = embrope::RopeScaling::longrope;
+    c.factor = 8.0;
+    c.original_max_positions = 128;
+    for (std::int64_t i = 0; i < R / 2; ++i) {
+      c.short_factor.push_back(1.0 + 0.01 * static_cast<double>(i));
+      c.long_factor.push_back(1.0 + 0.5 * static_cast<double>(i));
+    }
+    return c;
+  }()};
+  std::vector<std::int64_t> positions3;  // [3, T]: temporal, height, width
+  std::vector<std::int64_t> cu_seqlens{0, 10, 10, 40, T}, starts{0, 5, 100, 1000};
+  std::vector<float> grad_out = random_values<float>(B * S * D, 9, -1, 1);
 
   Inputs() {
     std::mt19937_64 rng(8);
@@ -67,6 +88,9 @@ struct Inputs {
       type_ids.push_back(static_cast<std::int64_t>(rng() % Y));
     }
     for (std::int64_t t = 0; t < T; ++t) positions.push_back(static_cast<std::int64_t>(rng() % P));
+    for (std::int64_t t = 0; t < 3 * T; ++t) {
+      positions3.push_back(static_cast<std::int64_t>(rng() % P));
+    }
   }
 };
 
@@ -143,6 +167,59 @@ std::vector<Op> ops(Inputs& in) {
                                         Tensor(in.positions.data(), DType::int64, {T}),
                                         Tensor(in.cos.data(), DType::float32, {P, R / 2}),
                                         Tensor(in.sin.data(), DType::float32, {P, R / 2}), o);
+                  }});
+  list.push_back({"apply_rope mrope sections, shared cache", q_bytes, [&in](float* out) {
+                    embrope::RopeOptions o;
+                    o.mrope_section = {8, 12, 12};
+                    o.q_out = Tensor(out, DType::float32, {T, Hq, HD});
+                    embrope::apply_rope(
+                        Tensor(in.q.data(), DType::float32, {T, Hq, HD}), std::nullopt,
+                        Tensor(in.positions3.data(), DType::int64, {3, T}), in.cache, o);
+                  }});
+  list.push_back({"apply_rope with a shared yarn cache", q_bytes, [&in](float* out) {
+                    embrope::RopeOptions o;
+                    o.q_out = Tensor(out, DType::float32, {T, Hq, HD});
+                    embrope::apply_rope(
+                        Tensor(in.q.data(), DType::float32, {T, Hq, HD}), std::nullopt,
+                        Tensor(in.positions.data(), DType::int64, {T}), in.yarn_cache, o);
+                  }});
+  list.push_back(
+      {"apply_rope with a shared AdaptiveRopeCache (longrope, short and long)", 2 * q_bytes,
+       [&in, q_bytes](float* out) {
+         for (int half = 0; half < 2; ++half) {
+           // Lengths on both sides of the switch: two tables, built on first use
+           // by whichever thread comes first.
+           const auto cache = in.adaptive.get(half == 0 ? 100 : P);
+           embrope::RopeOptions o;
+           o.q_out = Tensor(out + half * (q_bytes / sizeof(float)), DType::float32, {T, Hq, HD});
+           embrope::apply_rope(Tensor(in.q.data(), DType::float32, {T, Hq, HD}), std::nullopt,
+                               Tensor(in.positions.data(), DType::int64, {T}), *cache, o);
+         }
+       }});
+  list.push_back({"apply_rope_backward in place", q_bytes, [&in](float* out) {
+                    std::memcpy(out, in.q.data(), in.q.size() * sizeof(float));
+                    embrope::apply_rope_backward(
+                        Tensor(out, DType::float32, {T, Hq, HD}), std::nullopt,
+                        Tensor(in.positions.data(), DType::int64, {T}), in.cache);
+                  }});
+  list.push_back({"packed_positions", T * sizeof(std::int64_t), [&in](float* out) {
+                    embrope::PackedPositionsOptions o;
+                    o.start_offsets = Tensor(in.starts.data(), DType::int64, {4});
+                    embrope::packed_positions(Tensor(in.cu_seqlens.data(), DType::int64, {5}),
+                                              Tensor(out, DType::int64, {T}), o);
+                  }});
+  list.push_back({"embed_backward into a table, positions and types",
+                  (V + P + Y) * D * sizeof(float), [=, &in](float* out) {
+                    std::memset(out, 0, (V + P + Y) * D * sizeof(float));
+                    embrope::EmbedBackwardOptions o;
+                    o.scale = 0.5f;
+                    o.padding_idx = 3;
+                    o.grad_position_table = Tensor(out + V * D, DType::float32, {P, D});
+                    o.position_ids = Tensor(in.pos_ids.data(), DType::int64, {B, S});
+                    o.grad_type_table = Tensor(out + (V + P) * D, DType::float32, {Y, D});
+                    o.type_ids = Tensor(in.type_ids.data(), DType::int64, {B, S});
+                    embrope::embed_backward(Tensor(in.grad_out.data(), DType::float32, {B, S, D}),
+                                            ids, Tensor(out, DType::float32, {V, D}), o);
                   }});
   return list;
 }
