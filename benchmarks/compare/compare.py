@@ -161,6 +161,25 @@ class EmbedOptions(ctypes.Structure):
     ]
 
 
+class EmbedBackwardOptions(ctypes.Structure):
+    _fields_ = [
+        ("scale", ctypes.c_float),
+        ("vocab_start", ctypes.c_int64),
+        ("vocab_shard", ctypes.c_int32),
+        ("has_padding_idx", ctypes.c_int32),
+        ("padding_idx", ctypes.c_int64),
+        ("grad_position_table", ctypes.POINTER(DLTensor)),
+        ("position_ids", ctypes.POINTER(DLTensor)),
+        ("position_offsets", ctypes.POINTER(DLTensor)),
+        ("grad_type_table", ctypes.POINTER(DLTensor)),
+        ("type_ids", ctypes.POINTER(DLTensor)),
+        ("mode", c_enum),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("deferred", ctypes.c_void_p),
+    ]
+
+
 class EmbropeError(RuntimeError):
     def __init__(self, function, status, message):
         super().__init__(f"{function} -> {EMBROPE_STATUS.get(status, status)}: {message}")
@@ -199,6 +218,11 @@ class Embrope:
         lib.embrope_embed.restype = ctypes.c_int
         lib.embrope_embed.argtypes = [P(DLTensor), P(DLTensor), P(DLTensor), P(EmbedOptions),
                                       ctypes.c_void_p]
+        lib.embrope_embed_backward_options_init.restype = None
+        lib.embrope_embed_backward_options_init.argtypes = [P(EmbedBackwardOptions)]
+        lib.embrope_embed_backward.restype = ctypes.c_int
+        lib.embrope_embed_backward.argtypes = [P(DLTensor), P(DLTensor), P(DLTensor),
+                                               P(EmbedBackwardOptions), ctypes.c_void_p]
         lib.embrope_deferred_status_create.restype = ctypes.c_int
         lib.embrope_deferred_status_create.argtypes = [DLDevice, P(ctypes.c_void_p)]
         lib.embrope_deferred_status_destroy.restype = ctypes.c_int
@@ -250,6 +274,13 @@ class Embrope:
         if (e.scale, e.vocab_start, e.vocab_shard, e.positions, e.sinusoid_base,
                 e.sinusoid_layout, any(pointers)) != (1.0, 0, 0, 0, 10000.0, 0, False):
             raise RuntimeError("embrope_embed_options_t mirror does not match the library")
+        b = poisoned(EmbedBackwardOptions)
+        self.lib.embrope_embed_backward_options_init(ctypes.byref(b))
+        if (b.scale, b.vocab_start, b.vocab_shard, b.has_padding_idx, b.padding_idx, b.mode,
+                b.workspace_bytes, any(bool(getattr(b, f)) for f in (
+                    "grad_position_table", "position_ids", "position_offsets", "grad_type_table",
+                    "type_ids", "workspace", "deferred"))) != (1.0, 0, 0, 0, 0, 0, 0, False):
+            raise RuntimeError("embrope_embed_backward_options_t mirror does not match the library")
 
     # -- deferred bad-index status: embrope's calls then only enqueue kernels (no per-call
     # synchronisation, capturable into CUDA graphs); checked after each measurement.
@@ -850,6 +881,77 @@ def run_embed(args, lib, device, timer, results, failures):
 
 # ------------------------------------------------------------------------ reporting -------
 
+def run_embed_backward(args, lib, device, timer, results, failures):
+    """The embedding gradient: embrope_embed_backward (deterministic: sorted ids, each row's
+    sum in a fixed order, accumulated into a float32 gradient) against PyTorch's
+    embedding_dense_backward (also sort-based and deterministic on CUDA; it returns a new,
+    zero-filled [V, D] gradient in grad_out's dtype, which a training step then adds)."""
+    gen = torch.Generator(device=device).manual_seed(args.seed + 2)
+    dtype = torch.bfloat16
+    for hidden in args.hidden:
+        for tokens in args.embed_tokens:
+            ids = torch.randint(0, args.vocab, (tokens,), generator=gen, dtype=torch.int64,
+                                device=device)
+            grad_out = (torch.randn(tokens, hidden, generator=gen, device=device) * 0.1).to(dtype)
+            ref = torch.zeros(args.vocab, hidden, dtype=torch.float64, device=device)
+            ref.index_add_(0, ids, grad_out.double())
+            unique = int(torch.unique(ids).numel())
+            # Minimal traffic: read grad_out and ids, read and write each touched float32 row.
+            nbytes = tokens * hidden * 2 + tokens * 8 + 2 * unique * hidden * 4
+            base = dict(op="embed_bwd", dtype="bf16", tokens=tokens, hidden=hidden,
+                        bytes=nbytes)
+
+            grad = torch.zeros(args.vocab, hidden, dtype=torch.float32, device=device)
+            gv, iv, tv = DLView(grad_out), DLView(ids), DLView(grad)
+            opts = EmbedBackwardOptions()
+            lib.lib.embrope_embed_backward_options_init(ctypes.byref(opts))
+            opts.deferred = lib.deferred_status(device)
+
+            def embrope_call():
+                lib.check("embrope_embed_backward", lib.lib.embrope_embed_backward(
+                    gv.ptr, iv.ptr, tv.ptr, ctypes.byref(opts), stream_handle(device)))
+
+            def torch_call():
+                return torch.ops.aten.embedding_dense_backward(grad_out, ids, args.vocab, -1,
+                                                               False)
+            for name, call, check in (
+                    ("embrope (deterministic)", embrope_call, lambda: grad.double()),
+                    ("torch embedding_dense_backward", torch_call,
+                     lambda: torch_call().double())):
+                row = dict(base, impl=name)
+                try:
+                    grad.zero_()
+                    call()
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    lib.check_deferred(device)
+                    got = check()
+                except Exception as exc:
+                    results.add(**row, status=f"error: {type(exc).__name__}: "
+                                + str(exc).splitlines()[0][:300])
+                    failures.append(f"embed_bwd T={tokens} {name}: {exc}")
+                    continue
+                # float32 sums are within tokens * 2^-24 of the largest partial sum. torch
+                # returns bf16 (and on the CPU may also sum in bf16): its check only confirms
+                # it computes the same gradient, within 4 bf16 ulps of the largest value.
+                bound = ref.abs().max().item()
+                tol = bound * (tokens * 2.0 ** -24 + (2.0 ** -6 if "torch" in name else 0.0))
+                err = (got - ref).abs().max().item()
+                if not err <= tol:
+                    results.add(**row, status=f"check FAILED: max error {err:.3g} > {tol:.3g}")
+                    failures.append(f"embed_bwd T={tokens} {name}: {err:.3g}")
+                    continue
+                ms, iters, all_ms = timer.measure(call)
+                lib.check_deferred(device)
+                results.add(**row, status="ok", median_ms=ms, iters=iters, reps_ms=all_ms,
+                            gbps=nbytes / ms / 1e6)
+            src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).normal_()
+            dst = torch.empty_like(src)
+            ms, iters, all_ms = timer.measure(lambda: dst.copy_(src))
+            results.add(**dict(base, impl="copy (ceiling)"), status="ok", median_ms=ms,
+                        iters=iters, reps_ms=all_ms, gbps=(nbytes // 4) * 8 / ms / 1e6)
+
+
 def case_key(row):
     return (row["op"], row["dtype"], row["tokens"], row.get("hidden"),
             row.get("positions"), row.get("extra", "") == "graph")
@@ -969,7 +1071,8 @@ def main(argv=None):
     ap.add_argument("--lib", required=True, help="path to libembrope.so")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--out", default="out/compare")
-    ap.add_argument("--ops", default="rope,embed", help="rope, embed or both")
+    ap.add_argument("--ops", default="rope,embed,embed_bwd",
+                    help="any of rope, embed, embed_bwd (comma-separated)")
     ap.add_argument("--dtypes", default="bf16", help="RoPE dtypes: bf16[,f16][,f32]")
     ap.add_argument("--tokens", default="1,8,64,1024,16384,65536")
     ap.add_argument("--q-heads", type=int, default=32)
@@ -1088,13 +1191,15 @@ def main(argv=None):
         finish_rope = run_rope(args, lib, device, timer, results, peers, failures)
     if "embed" in ops:
         run_embed(args, lib, device, timer, results, failures)
+    if "embed_bwd" in ops:
+        run_embed_backward(args, lib, device, timer, results, failures)
     if finish_rope is not None:
         finish_rope()  # embrope's graph-capture attempt, after everything else
 
     # Table order: op, dtype, hidden size, tokens, eager before graph (embrope's graph rows
     # were measured last).
     rows = sorted(results.rows, key=lambda r: (
-        ["rope", "embed"].index(r["op"]), r["dtype"], r.get("hidden") or 0, r["tokens"],
+        ["rope", "embed", "embed_bwd"].index(r["op"]), r["dtype"], r.get("hidden") or 0, r["tokens"],
         r.get("extra", "") == "graph"))
     annotate(rows)
     os.makedirs(args.out, exist_ok=True)
