@@ -561,14 +561,15 @@ int main(int argc, char** argv) {
 #endif
   std::printf("embrope-bench %s on %s (%d CPU threads)\n", EMBROPE_VERSION_STRING,
               g_gpu ? "GPU 0" : "CPU", omp_get_max_threads());
+  // Before Initialize, which removes the flags it consumes from the argument array.
+  bool has_out = false;
+  for (char* a : rest) has_out = has_out || std::strncmp(a, "--benchmark_out=", 16) == 0;
   int rest_argc = static_cast<int>(rest.size());
   benchmark::Initialize(&rest_argc, rest.data());
   register_all();
   register_backward();
   PctReporter<benchmark::ConsoleReporter> display;
   PctReporter<benchmark::JSONReporter> file;
-  bool has_out = false;
-  for (char* a : rest) has_out = has_out || std::strncmp(a, "--benchmark_out=", 16) == 0;
   if (has_out) {
     benchmark::RunSpecifiedBenchmarks(&display, &file);
   } else {
