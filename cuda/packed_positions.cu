@@ -124,7 +124,9 @@ void packed_positions(const detail::PackedPositionsParams& p, Device device, Str
   int* sequence_of = marks + tokens;
   void* scan_storage = sequence_of + tokens;
   try {
-    check(cudaMemsetAsync(workspace, 0, ints * sizeof(int), s), "cudaMemsetAsync");
+    // The flag and the marks start at 0; sequence_of is written whole by the scan.
+    check(cudaMemsetAsync(workspace, 0, (4 + static_cast<std::size_t>(tokens)) * sizeof(int), s),
+          "cudaMemsetAsync");
     check_and_mark<<<grid_for(p.sequences + 1, kThreads), kThreads, 0, s>>>(p, marks, invalid);
     check_launch("check_and_mark");
     if (tokens > 0) {

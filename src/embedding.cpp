@@ -6,6 +6,7 @@
 
 #include "backend.hpp"
 #include "bad_index.hpp"
+#include "embed_rows.hpp"
 #include "validate.hpp"
 
 namespace embrope {
@@ -21,19 +22,6 @@ void check_table(const char* name, const Tensor& t, const Tensor& table) {
   validate::check_same_dtype(kOp, name, t, "table", table.dtype());
   validate::check_last_contiguous(kOp, name, t);
   validate::check_dim(kOp, name, t, 1, table.shape(1), "the embedding dim D of table");
-}
-
-// An index tensor shaped like ids, on the ids' device.
-void check_like_ids(const char* name, const Tensor& t, const Tensor& ids) {
-  validate::check_view(kOp, name, t, ids.ndim(), ids.ndim());
-  validate::check_index_dtype(kOp, name, t);
-  validate::check_same_device(kOp, name, t, "ids", ids.device());
-  for (int d = 0; d < ids.ndim(); ++d) {
-    if (t.shape(d) != ids.shape(d)) {
-      fail(kOp, "{} has shape {} but ids has {}; they must match", name, validate::shape_string(t),
-           validate::shape_string(ids));
-    }
-  }
 }
 
 }  // namespace
@@ -107,48 +95,15 @@ void embed(const Tensor& table, const Tensor& ids, const Tensor& out, const Embe
     p.sinusoid_layout = o.sinusoid_layout;
   }
   if (uses_positions) {
-    if (o.position_ids && o.position_offsets) {
-      fail(kOp, "position_ids and position_offsets are exclusive (explicit or implicit positions)");
-    }
-    if (o.position_ids) {
-      check_like_ids("position_ids", *o.position_ids, ids);
-      p.position_ids = o.position_ids->data();
-      p.position_id_dtype = o.position_ids->dtype();
-      for (int d = 0; d < ids.ndim(); ++d) {
-        p.index.stride[detail::RowIndex::position_ids][d] = o.position_ids->stride(d);
-      }
-    } else {
-      if (ids.ndim() < 1 || ids.ndim() > 2) {
-        fail(kOp, "implicit positions need ids of shape [S] or [B, S], got {}",
-             validate::shape_string(ids));
-      }
-      p.seq_len = ids.shape(ids.ndim() - 1);
-      if (o.position_offsets) {
-        const Tensor& offsets = *o.position_offsets;
-        validate::check_view(kOp, "position_offsets", offsets, 1, 1);
-        validate::check_index_dtype(kOp, "position_offsets", offsets);
-        validate::check_same_device(kOp, "position_offsets", offsets, "ids", device);
-        const std::int64_t rows_b = ids.ndim() == 2 ? ids.shape(0) : 1;
-        validate::check_dim(kOp, "position_offsets", offsets, 0, rows_b, "the batch size of ids");
-        p.position_offsets = offsets.data();
-        p.position_offset_dtype = offsets.dtype();
-        p.position_offset_stride = offsets.stride(0);
-      }
-    }
+    set_row_positions(kOp, ids, o.position_ids, o.position_offsets, p);
   }
 
   if (o.type_table || o.type_ids) {
     if (!o.type_table || !o.type_ids) fail(kOp, "type_table and type_ids come together");
     check_table("type_table", *o.type_table, table);
-    check_like_ids("type_ids", *o.type_ids, ids);
+    set_row_types(kOp, ids, *o.type_ids, o.type_table->shape(0), p);
     p.type_table = o.type_table->data();
-    p.num_types = o.type_table->shape(0);
     p.type_table_stride = o.type_table->stride(0);
-    p.type_ids = o.type_ids->data();
-    p.type_id_dtype = o.type_ids->dtype();
-    for (int d = 0; d < ids.ndim(); ++d) {
-      p.index.stride[detail::RowIndex::type_ids][d] = o.type_ids->stride(d);
-    }
   }
 
   // The output shares no memory with itself or with any input (every input is read while

@@ -1,12 +1,12 @@
 // embed_backward: validate once, fill EmbedBackwardParams, dispatch to the CPU or CUDA kernel.
 #include "embrope/embedding_backward.hpp"
 
-#include <utility>
-
 #include <cmath>
+#include <utility>
 
 #include "backend.hpp"
 #include "bad_index.hpp"
+#include "embed_rows.hpp"
 #include "validate.hpp"
 
 namespace embrope {
@@ -32,19 +32,6 @@ void check_grad(const char* name, const Tensor& t, const Tensor& grad_out, std::
   target.rows = t.shape(0);
   target.stride = t.stride(0);
   target.weight = weight;
-}
-
-// An index tensor shaped like ids, on the ids' device.
-void check_like_ids(const char* name, const Tensor& t, const Tensor& ids) {
-  validate::check_view(kOp, name, t, ids.ndim(), ids.ndim());
-  validate::check_index_dtype(kOp, name, t);
-  validate::check_same_device(kOp, name, t, "ids", ids.device());
-  for (int d = 0; d < ids.ndim(); ++d) {
-    if (t.shape(d) != ids.shape(d)) {
-      fail(kOp, "{} has shape {} but ids has {}; they must match", name, validate::shape_string(t),
-           validate::shape_string(ids));
-    }
-  }
 }
 
 // Validates every argument and fills the parameters of the call.
@@ -110,34 +97,7 @@ Params prepare(const Tensor& grad_out, const Tensor& ids, const std::optional<Te
                p.targets[Params::position], 1.0f);
     r.positions = PositionEncoding::learned;
     r.max_positions = o.grad_position_table->shape(0);
-    if (o.position_ids && o.position_offsets) {
-      fail(kOp, "position_ids and position_offsets are exclusive (explicit or implicit positions)");
-    }
-    if (o.position_ids) {
-      check_like_ids("position_ids", *o.position_ids, ids);
-      r.position_ids = o.position_ids->data();
-      r.position_id_dtype = o.position_ids->dtype();
-      for (int d = 0; d < ids.ndim(); ++d) {
-        r.index.stride[detail::RowIndex::position_ids][d] = o.position_ids->stride(d);
-      }
-    } else {
-      if (ids.ndim() < 1 || ids.ndim() > 2) {
-        fail(kOp, "implicit positions need ids of shape [S] or [B, S], got {}",
-             validate::shape_string(ids));
-      }
-      r.seq_len = ids.shape(ids.ndim() - 1);
-      if (o.position_offsets) {
-        const Tensor& offsets = *o.position_offsets;
-        validate::check_view(kOp, "position_offsets", offsets, 1, 1);
-        validate::check_index_dtype(kOp, "position_offsets", offsets);
-        validate::check_same_device(kOp, "position_offsets", offsets, "ids", device);
-        const std::int64_t rows_b = ids.ndim() == 2 ? ids.shape(0) : 1;
-        validate::check_dim(kOp, "position_offsets", offsets, 0, rows_b, "the batch size of ids");
-        r.position_offsets = offsets.data();
-        r.position_offset_dtype = offsets.dtype();
-        r.position_offset_stride = offsets.stride(0);
-      }
-    }
+    set_row_positions(kOp, ids, o.position_ids, o.position_offsets, r);
   } else if (o.position_ids || o.position_offsets) {
     fail(kOp, "position_ids or position_offsets are given but grad_position_table is not");
   }
@@ -145,16 +105,10 @@ Params prepare(const Tensor& grad_out, const Tensor& ids, const std::optional<Te
   if (o.grad_type_table || o.type_ids) {
     if (!o.grad_type_table || !o.type_ids) fail(kOp, "grad_type_table and type_ids come together");
     check_grad("grad_type_table", *o.grad_type_table, grad_out, dim, p.targets[Params::type], 1.0f);
-    check_like_ids("type_ids", *o.type_ids, ids);
+    set_row_types(kOp, ids, *o.type_ids, o.grad_type_table->shape(0), r);
     // Non-null marks type ids as in use for resolve_embed_row; the pointer is never read.
     r.type_table = o.grad_type_table->data();
-    r.num_types = o.grad_type_table->shape(0);
     r.type_table_stride = o.grad_type_table->stride(0);
-    r.type_ids = o.type_ids->data();
-    r.type_id_dtype = o.type_ids->dtype();
-    for (int d = 0; d < ids.ndim(); ++d) {
-      r.index.stride[detail::RowIndex::type_ids][d] = o.type_ids->stride(d);
-    }
   }
   if (!grad_table && !o.grad_position_table && !o.grad_type_table) {
     fail(kOp, "no gradient is given: pass grad_table, grad_position_table or grad_type_table");

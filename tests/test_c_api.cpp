@@ -16,26 +16,11 @@
 #include "embrope/embrope.hpp"
 #include "embrope/version.hpp"
 #include "reference.hpp"
+#include "test_support.hpp"
 
 namespace {
 
 using embrope::DType;
-
-DLDataType dl_dtype(DType d) {
-  switch (d) {
-    case DType::float32:
-      return DLDataType{kDLFloat, 32, 1};
-    case DType::float16:
-      return DLDataType{kDLFloat, 16, 1};
-    case DType::bfloat16:
-      return DLDataType{kDLBfloat, 16, 1};
-    case DType::int32:
-      return DLDataType{kDLInt, 32, 1};
-    case DType::int64:
-      return DLDataType{kDLInt, 64, 1};
-  }
-  return DLDataType{kDLFloat, 32, 1};
-}
 
 // A DLTensor over a ref::Buffer that owns its shape and strides. `offset` elements are
 // passed through byte_offset (the data pointer stays at the buffer's start).

@@ -29,6 +29,7 @@
 #include "embrope/embrope.h"
 #include "embrope/embrope.hpp"
 #include "reference.hpp"
+#include "test_support.hpp"
 
 namespace {
 
@@ -151,22 +152,6 @@ class Arena {
 };
 
 // ------------------------------------------------------------------ C views ----------------
-
-DLDataType dl_dtype(DType d) {
-  switch (d) {
-    case DType::float32:
-      return DLDataType{kDLFloat, 32, 1};
-    case DType::float16:
-      return DLDataType{kDLFloat, 16, 1};
-    case DType::bfloat16:
-      return DLDataType{kDLBfloat, 16, 1};
-    case DType::int32:
-      return DLDataType{kDLInt, 32, 1};
-    case DType::int64:
-      return DLDataType{kDLInt, 64, 1};
-  }
-  return DLDataType{kDLOpaqueHandle, 0, 0};  // an embrope dtype with no DLPack spelling
-}
 
 // A DLTensor that owns its shape and strides.
 struct DLView {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <catch2/catch.hpp>
+#include <embrope/embrope.h>
 #include <embrope/error.hpp>
 
 #include <initializer_list>
@@ -25,4 +26,21 @@ void expect_error(F&& f, std::initializer_list<embrope::ErrorCode> codes,
       CHECK(ref::mentions(e.what(), part));
     }
   }
+}
+
+// The DLPack spelling of an embrope dtype.
+inline DLDataType dl_dtype(embrope::DType d) {
+  switch (d) {
+    case embrope::DType::float32:
+      return DLDataType{kDLFloat, 32, 1};
+    case embrope::DType::float16:
+      return DLDataType{kDLFloat, 16, 1};
+    case embrope::DType::bfloat16:
+      return DLDataType{kDLBfloat, 16, 1};
+    case embrope::DType::int32:
+      return DLDataType{kDLInt, 32, 1};
+    case embrope::DType::int64:
+      return DLDataType{kDLInt, 64, 1};
+  }
+  return DLDataType{kDLOpaqueHandle, 0, 0};  // not an embrope dtype
 }

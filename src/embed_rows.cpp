@@ -1,0 +1,65 @@
+// Row index arguments shared by embed and embed_backward (embed_rows.hpp).
+#include "embed_rows.hpp"
+
+#include "validate.hpp"
+
+namespace embrope {
+
+void check_like_ids(const char* op, const char* name, const Tensor& t, const Tensor& ids) {
+  validate::check_view(op, name, t, ids.ndim(), ids.ndim());
+  validate::check_index_dtype(op, name, t);
+  validate::check_same_device(op, name, t, "ids", ids.device());
+  for (int d = 0; d < ids.ndim(); ++d) {
+    if (t.shape(d) != ids.shape(d)) {
+      validate::fail(op, "{} has shape {} but ids has {}; they must match", name,
+                     validate::shape_string(t), validate::shape_string(ids));
+    }
+  }
+}
+
+void set_row_positions(const char* op, const Tensor& ids, const std::optional<Tensor>& position_ids,
+                       const std::optional<Tensor>& position_offsets, detail::EmbedParams& p) {
+  if (position_ids && position_offsets) {
+    validate::fail(op,
+                   "position_ids and position_offsets are exclusive (explicit or implicit "
+                   "positions)");
+  }
+  if (position_ids) {
+    check_like_ids(op, "position_ids", *position_ids, ids);
+    p.position_ids = position_ids->data();
+    p.position_id_dtype = position_ids->dtype();
+    for (int d = 0; d < ids.ndim(); ++d) {
+      p.index.stride[detail::RowIndex::position_ids][d] = position_ids->stride(d);
+    }
+    return;
+  }
+  if (ids.ndim() < 1 || ids.ndim() > 2) {
+    validate::fail(op, "implicit positions need ids of shape [S] or [B, S], got {}",
+                   validate::shape_string(ids));
+  }
+  p.seq_len = ids.shape(ids.ndim() - 1);
+  if (position_offsets) {
+    const Tensor& offsets = *position_offsets;
+    validate::check_view(op, "position_offsets", offsets, 1, 1);
+    validate::check_index_dtype(op, "position_offsets", offsets);
+    validate::check_same_device(op, "position_offsets", offsets, "ids", ids.device());
+    const std::int64_t rows_b = ids.ndim() == 2 ? ids.shape(0) : 1;
+    validate::check_dim(op, "position_offsets", offsets, 0, rows_b, "the batch size of ids");
+    p.position_offsets = offsets.data();
+    p.position_offset_dtype = offsets.dtype();
+    p.position_offset_stride = offsets.stride(0);
+  }
+}
+
+void set_row_types(const char* op, const Tensor& ids, const Tensor& type_ids,
+                   std::int64_t num_types, detail::EmbedParams& p) {
+  check_like_ids(op, "type_ids", type_ids, ids);
+  p.num_types = num_types;
+  p.type_ids = type_ids.data();
+  p.type_id_dtype = type_ids.dtype();
+  for (int d = 0; d < ids.ndim(); ++d) {
+    p.index.stride[detail::RowIndex::type_ids][d] = type_ids.stride(d);
+  }
+}
+
+}  // namespace embrope
