@@ -44,7 +44,7 @@ __device__ void describe_bad_position(const detail::RopeParams& p) {
     p.bad->value = detail::rope_position(p, b, t - b * p.seq, stream);
     p.bad->lower = 0;
     p.bad->upper = p.table_rows;
-    p.bad->op = static_cast<std::int32_t>(detail::BadIndexOp::apply_rope);
+    p.bad->op = static_cast<std::int32_t>(p.bad_op);
   }
 }
 

@@ -3,12 +3,13 @@
 
 #include "backend.hpp"
 #include "bad_index.hpp"
+#include "rope_names.hpp"
 #include "validate.hpp"
 
 namespace embrope {
 namespace {
 
-constexpr const char* kOp = "apply_rope";
+using detail::RopeNames;
 using validate::fail;
 
 // Where the cos/sin values come from, whatever their owner.
@@ -35,26 +36,27 @@ void fill_heads(const Tensor& in, const Tensor& out, detail::RopeHeads& heads) {
   heads.out_stride_b = n == 4 ? out.stride(0) : 0;
 }
 
-void check_output(const char* name, const Tensor& out, const char* in_name, const Tensor& in) {
-  validate::check_view(kOp, name, out, in.ndim(), in.ndim());
-  validate::check_same_device(kOp, name, out, in_name, in.device());
-  validate::check_same_dtype(kOp, name, out, in_name, in.dtype());
+void check_output(const RopeNames& names, const char* name, const Tensor& out, const char* in_name,
+                  const Tensor& in) {
+  validate::check_view(names.op, name, out, in.ndim(), in.ndim());
+  validate::check_same_device(names.op, name, out, in_name, in.device());
+  validate::check_same_dtype(names.op, name, out, in_name, in.dtype());
   for (int d = 0; d < in.ndim(); ++d) {
     if (out.shape(d) != in.shape(d)) {
-      fail(kOp, "{} has shape {} but {} has {}; they must match", name, validate::shape_string(out),
-           in_name, validate::shape_string(in));
+      fail(names.op, "{} has shape {} but {} has {}; they must match", name,
+           validate::shape_string(out), in_name, validate::shape_string(in));
     }
   }
-  validate::check_last_contiguous(kOp, name, out);
+  validate::check_last_contiguous(names.op, name, out);
 }
 
-void apply(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
-           const CosSinTable& table, const RopeOptions& options) {
-  validate::check_view(kOp, "q", q, 3, 4);
-  validate::check_value_dtype(kOp, "q", q);
-  validate::check_last_contiguous(kOp, "q", q);
+void apply(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
+           const Tensor& positions, const CosSinTable& table, const RopeOptions& options) {
+  validate::check_view(names.op, names.q, q, 3, 4);
+  validate::check_value_dtype(names.op, names.q, q);
+  validate::check_last_contiguous(names.op, names.q, q);
   const Device device = q.device();
-  validate::check_device_usable(kOp, device);
+  validate::check_device_usable(names.op, device);
   const int n = q.ndim();
   const std::int64_t head_dim = q.shape(n - 1);
   const bool batched = n == 4;
@@ -65,29 +67,30 @@ void apply(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positi
   const bool mrope = section[0] != 0 || section[1] != 0 || section[2] != 0;
   // With mrope, positions gain a leading stream dimension of 3.
   const int lead = mrope ? 1 : 0;
-  validate::check_view(kOp, "positions", positions, n - 2 + lead, n - 2 + lead);
-  validate::check_index_dtype(kOp, "positions", positions);
-  validate::check_same_device(kOp, "positions", positions, "q", device);
-  if (mrope) validate::check_dim(kOp, "positions", positions, 0, 3, "the 3 mrope streams");
+  validate::check_view(names.op, "positions", positions, n - 2 + lead, n - 2 + lead);
+  validate::check_index_dtype(names.op, "positions", positions);
+  validate::check_same_device(names.op, "positions", positions, names.q, device);
+  if (mrope) validate::check_dim(names.op, "positions", positions, 0, 3, "the 3 mrope streams");
   for (int d = 0; d < n - 2; ++d) {
-    validate::check_dim(kOp, "positions", positions, d + lead, q.shape(d),
-                        "the token dimensions of q");
+    validate::check_dim(names.op, "positions", positions, d + lead, q.shape(d), names.q_token_dims);
   }
 
   if (table.device != device) {
-    fail(kOp, "{} is on another device than q; all tensors of a call must be on one device",
-         table.name);
+    fail(names.op, "{} is on another device than {}; all tensors of a call must be on one device",
+         table.name, names.q);
   }
   const std::int64_t rotary_dim = table.rotary_dim;
   if (options.rotary_dim != 0 && options.rotary_dim != rotary_dim) {
-    fail(kOp, "rotary_dim {} does not match the rotary dim {} of {}", options.rotary_dim,
+    fail(names.op, "rotary_dim {} does not match the rotary dim {} of {}", options.rotary_dim,
          rotary_dim, table.name);
   }
-  if (rotary_dim > head_dim) fail(kOp, "rotary_dim {} exceeds head_dim {}", rotary_dim, head_dim);
+  if (rotary_dim > head_dim)
+    fail(names.op, "rotary_dim {} exceeds head_dim {}", rotary_dim, head_dim);
   if (mrope) {
     if (section[0] < 0 || section[1] < 0 || section[2] < 0 ||
         section[0] + section[1] + section[2] != rotary_dim / 2) {
-      fail(kOp, "mrope_section [{}, {}, {}] must be non-negative and sum to rotary_dim / 2 = {}",
+      fail(names.op,
+           "mrope_section [{}, {}, {}] must be non-negative and sum to rotary_dim / 2 = {}",
            section[0], section[1], section[2], rotary_dim / 2);
     }
   }
@@ -116,55 +119,56 @@ void apply(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positi
   p.table_rows = table.rows;
   p.layout = options.layout;
   p.inverse = options.inverse;
+  p.bad_op = names.bad_op;
 
   const Tensor& q_out = options.q_out ? *options.q_out : q;
-  if (options.q_out) check_output("q_out", q_out, "q", q);
+  if (options.q_out) check_output(names, names.q_out, q_out, names.q, q);
   fill_heads(q, q_out, p.q);
 
-  if (options.k_out && !k) fail(kOp, "k_out is given but k is not");
+  if (options.k_out && !k) fail(names.op, "{} is given but {} is not", names.k_out, names.k);
   if (k) {
-    validate::check_view(kOp, "k", *k, n, n);
-    validate::check_same_device(kOp, "k", *k, "q", device);
-    validate::check_same_dtype(kOp, "k", *k, "q", q.dtype());
-    validate::check_last_contiguous(kOp, "k", *k);
+    validate::check_view(names.op, names.k, *k, n, n);
+    validate::check_same_device(names.op, names.k, *k, names.q, device);
+    validate::check_same_dtype(names.op, names.k, *k, names.q, q.dtype());
+    validate::check_last_contiguous(names.op, names.k, *k);
     for (int d = 0; d < n - 2; ++d) {
-      validate::check_dim(kOp, "k", *k, d, q.shape(d), "the token dimensions of q");
+      validate::check_dim(names.op, names.k, *k, d, q.shape(d), names.q_token_dims);
     }
-    validate::check_dim(kOp, "k", *k, n - 1, head_dim, "head_dim of q");
+    validate::check_dim(names.op, names.k, *k, n - 1, head_dim, names.q_head_dim);
     const Tensor& k_out = options.k_out ? *options.k_out : *k;
-    if (options.k_out) check_output("k_out", k_out, "k", *k);
+    if (options.k_out) check_output(names, names.k_out, k_out, names.k, *k);
     fill_heads(*k, k_out, p.k);
     p.has_k = true;
   }
 
   // Outputs share no memory with themselves, with each other or with any input; an output
   // given for q (k) may be q (k) itself, the exact same view, which is the in-place case.
-  const char* q_out_name = options.q_out ? "q_out" : "q";
-  validate::check_no_self_overlap(kOp, q_out_name, q_out);
-  if (options.q_out) validate::check_no_overlap(kOp, "q_out", q_out, "q", q, true);
+  const char* q_out_name = options.q_out ? names.q_out : names.q;
+  validate::check_no_self_overlap(names.op, q_out_name, q_out);
+  if (options.q_out) validate::check_no_overlap(names.op, names.q_out, q_out, names.q, q, true);
   const Tensor* outputs[2] = {&q_out, nullptr};
   const char* output_names[2] = {q_out_name, nullptr};
   if (k) {
     const Tensor& k_out = options.k_out ? *options.k_out : *k;
-    const char* k_out_name = options.k_out ? "k_out" : "k";
-    validate::check_no_self_overlap(kOp, k_out_name, k_out);
-    if (options.k_out) validate::check_no_overlap(kOp, "k_out", k_out, "k", *k, true);
-    validate::check_no_overlap(kOp, q_out_name, q_out, "k", *k);
-    validate::check_no_overlap(kOp, k_out_name, k_out, "q", q);
-    if (options.k_out) validate::check_no_overlap(kOp, q_out_name, q_out, "k_out", k_out);
+    const char* k_out_name = options.k_out ? names.k_out : names.k;
+    validate::check_no_self_overlap(names.op, k_out_name, k_out);
+    if (options.k_out) validate::check_no_overlap(names.op, names.k_out, k_out, names.k, *k, true);
+    validate::check_no_overlap(names.op, q_out_name, q_out, names.k, *k);
+    validate::check_no_overlap(names.op, k_out_name, k_out, names.q, q);
+    if (options.k_out) validate::check_no_overlap(names.op, q_out_name, q_out, names.k_out, k_out);
     outputs[1] = &k_out;
     output_names[1] = k_out_name;
   }
   for (int i = 0; i < 2 && outputs[i] != nullptr; ++i) {
-    validate::check_no_overlap(kOp, output_names[i], *outputs[i], "positions", positions);
-    validate::check_no_overlap(kOp, output_names[i], *outputs[i], table.name, table.cos_view);
+    validate::check_no_overlap(names.op, output_names[i], *outputs[i], "positions", positions);
+    validate::check_no_overlap(names.op, output_names[i], *outputs[i], table.name, table.cos_view);
     if (table.sin_view.data() != table.cos_view.data()) {
-      validate::check_no_overlap(kOp, output_names[i], *outputs[i], "sin", table.sin_view);
+      validate::check_no_overlap(names.op, output_names[i], *outputs[i], "sin", table.sin_view);
     }
   }
 
   if (batch * seq == 0) return;
-  run_with_bad_index_policy(kOp, device, options.stream, options.deferred,
+  run_with_bad_index_policy(names.op, device, options.stream, options.deferred,
                             [&](detail::BadIndexRecord* record) {
                               p.bad = record;
                               if (device.kind == DeviceKind::cpu) {
@@ -177,37 +181,52 @@ void apply(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positi
 
 }  // namespace
 
-void apply_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
-                const RopeCache& cache, const RopeOptions& options) {
-  if (cache.data() == nullptr) fail(kOp, "the cache was moved from");
+namespace detail {
+
+void apply_rope_named(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
+                      const Tensor& positions, const RopeCache& cache, const RopeOptions& options) {
+  if (cache.data() == nullptr) fail(names.op, "the cache was moved from");
   const std::int64_t r = cache.rotary_dim();
   const Tensor view = cache.table();
   const CosSinTable table{
       cache.data(),   cache.data() + r / 2, DType::float32, r,   r, cache.max_positions(), r,
       cache.device(), "the cache",          view,           view};
-  apply(q, k, positions, table, options);
+  apply(names, q, k, positions, table, options);
 }
 
-void apply_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
-                const Tensor& cos, const Tensor& sin, const RopeOptions& options) {
-  validate::check_view(kOp, "cos", cos, 2, 2);
-  validate::check_view(kOp, "sin", sin, 2, 2);
-  validate::check_value_dtype(kOp, "cos", cos);
-  validate::check_same_dtype(kOp, "sin", sin, "cos", cos.dtype());
-  validate::check_same_device(kOp, "sin", sin, "cos", cos.device());
-  validate::check_last_contiguous(kOp, "cos", cos);
-  validate::check_last_contiguous(kOp, "sin", sin);
+void apply_rope_named(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
+                      const Tensor& positions, const Tensor& cos, const Tensor& sin,
+                      const RopeOptions& options) {
+  validate::check_view(names.op, "cos", cos, 2, 2);
+  validate::check_view(names.op, "sin", sin, 2, 2);
+  validate::check_value_dtype(names.op, "cos", cos);
+  validate::check_same_dtype(names.op, "sin", sin, "cos", cos.dtype());
+  validate::check_same_device(names.op, "sin", sin, "cos", cos.device());
+  validate::check_last_contiguous(names.op, "cos", cos);
+  validate::check_last_contiguous(names.op, "sin", sin);
   if (sin.shape(0) != cos.shape(0) || sin.shape(1) != cos.shape(1)) {
-    fail(kOp, "sin has shape {} but cos has {}; they must match", validate::shape_string(sin),
+    fail(names.op, "sin has shape {} but cos has {}; they must match", validate::shape_string(sin),
          validate::shape_string(cos));
   }
   if (cos.shape(1) == 0)
-    fail(kOp, "cos has shape {}: rotary_dim 0 must be positive", validate::shape_string(cos));
+    fail(names.op, "cos has shape {}: rotary_dim 0 must be positive", validate::shape_string(cos));
   const CosSinTable table{
       cos.data(),   sin.data(),       cos.dtype(),  cos.stride(0), sin.stride(0),
       cos.shape(0), 2 * cos.shape(1), cos.device(), "cos",         cos,
       sin};
-  apply(q, k, positions, table, options);
+  apply(names, q, k, positions, table, options);
+}
+
+}  // namespace detail
+
+void apply_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
+                const RopeCache& cache, const RopeOptions& options) {
+  detail::apply_rope_named(detail::kRopeForwardNames, q, k, positions, cache, options);
+}
+
+void apply_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
+                const Tensor& cos, const Tensor& sin, const RopeOptions& options) {
+  detail::apply_rope_named(detail::kRopeForwardNames, q, k, positions, cos, sin, options);
 }
 
 }  // namespace embrope

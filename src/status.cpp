@@ -18,10 +18,11 @@ std::string describe_bad_index(const BadIndexRecord& record) {
   const std::int64_t row = record.key / 8;
   const auto arg = static_cast<BadIndexArg>(record.key % 8);
   const auto which = static_cast<BadIndexOp>(record.op);
-  const char* op = which == BadIndexOp::apply_rope         ? "apply_rope"
-                   : which == BadIndexOp::packed_positions ? "packed_positions"
-                   : which == BadIndexOp::embed_backward   ? "embed_backward"
-                                                           : "embed";
+  const char* op = which == BadIndexOp::apply_rope            ? "apply_rope"
+                   : which == BadIndexOp::apply_rope_backward ? "apply_rope_backward"
+                   : which == BadIndexOp::packed_positions    ? "packed_positions"
+                   : which == BadIndexOp::embed_backward      ? "embed_backward"
+                                                              : "embed";
   std::string subject;
   const char* table = "";
   switch (arg) {

@@ -284,4 +284,33 @@ TEST_CASE("apply_rope_backward errors name apply_rope_backward", "[rope_backward
         {ErrorCode::index_out_of_range}, {"apply_rope_backward", "positions[2]", "9"});
     for (std::int64_t e = 0; e < h * d; ++e) CHECK(dq.get(2 * h * d + e) == 0.0);
   }
+  SECTION("a bad position recorded in a DeferredStatus is reported as the backward's") {
+    RopeCache cache(RopeConfig{16, kBase, 8});
+    pos.set_index(0, 1);
+    pos.set_index(1, -4);
+    pos.set_index(2, 2);
+    pos.set_index(3, 3);
+    embrope::DeferredStatus status;
+    RopeOptions o;
+    o.deferred = &status;
+    embrope::apply_rope_backward(ref::view(dq, 0, {t, h, d}), std::nullopt, ref::view(pos, 0, {t}),
+                                 cache, o);
+    CHECK_FALSE(status.ok());
+    expect_error([&] { status.check(); }, {ErrorCode::index_out_of_range},
+                 {"apply_rope_backward", "positions[1]", "-4"});
+    for (std::int64_t e = 0; e < h * d; ++e) CHECK(dq.get(1 * h * d + e) == 0.0);
+  }
+  SECTION("dk_out without dk") {
+    RopeCache cache(RopeConfig{16, kBase, 8});
+    ref::fill_random_indices(pos, 43, 0, 7);
+    ref::Buffer out(DType::float32, t * h * d);
+    RopeOptions o;
+    o.k_out = ref::view(out, 0, {t, h, d});
+    expect_error(
+        [&] {
+          embrope::apply_rope_backward(ref::view(dq, 0, {t, h, d}), std::nullopt,
+                                       ref::view(pos, 0, {t}), cache, o);
+        },
+        {ErrorCode::invalid_argument}, {"apply_rope_backward", "dk_out", "dk"});
+  }
 }

@@ -112,7 +112,7 @@ void rope_kernel(const detail::RopeParams& p) {
     p.bad->value = detail::rope_position(p, b, s, detail::rope_bad_stream(p, b, s));
     p.bad->lower = 0;
     p.bad->upper = p.table_rows;
-    p.bad->op = static_cast<std::int32_t>(detail::BadIndexOp::apply_rope);
+    p.bad->op = static_cast<std::int32_t>(p.bad_op);
   }
 }
 

@@ -13,6 +13,7 @@ enum class BadIndexOp : std::int32_t {
   apply_rope = 2,
   packed_positions = 3,
   embed_backward = 4,
+  apply_rope_backward = 5,
 };
 enum class BadIndexArg : std::int32_t {
   ids = 0,                // embed: a token id outside the vocabulary (or shard)

@@ -45,6 +45,9 @@ struct RopeParams {
   RopeLayout layout = RopeLayout::neox;
   bool inverse = false;
   BadIndexRecord* bad = nullptr;
+  // The op a bad position is reported as: apply_rope, or apply_rope_backward when the backward
+  // runs these kernels.
+  BadIndexOp bad_op = BadIndexOp::apply_rope;
 };
 
 // Row n of an embed call (a flat row-major index over ids' shape) maps to element offsets in

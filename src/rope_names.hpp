@@ -1,0 +1,38 @@
+// The argument names apply_rope's validation speaks of. apply_rope_backward runs the same
+// validation and kernels (with the rotation transposed), so its errors name its own op and
+// arguments (dq, dk, ...) through the same checks instead of a second copy of them.
+#pragma once
+
+#include <optional>
+
+#include "embrope/rope.hpp"
+
+namespace embrope::detail {
+
+struct RopeNames {
+  const char* op;
+  const char* q;
+  const char* k;
+  const char* q_out;
+  const char* k_out;
+  const char* q_token_dims;  // "the token dimensions of q"
+  const char* q_head_dim;    // "head_dim of q"
+  BadIndexOp bad_op;         // how a bad position is reported
+};
+
+// clang-format off
+inline constexpr RopeNames kRopeForwardNames{
+    "apply_rope", "q", "k", "q_out", "k_out",
+    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_rope};
+inline constexpr RopeNames kRopeBackwardNames{
+    "apply_rope_backward", "dq", "dk", "dq_out", "dk_out",
+    "the token dimensions of dq", "head_dim of dq", BadIndexOp::apply_rope_backward};
+// clang-format on
+
+void apply_rope_named(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
+                      const Tensor& positions, const RopeCache& cache, const RopeOptions& options);
+void apply_rope_named(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
+                      const Tensor& positions, const Tensor& cos, const Tensor& sin,
+                      const RopeOptions& options);
+
+}  // namespace embrope::detail
