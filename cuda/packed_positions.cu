@@ -4,7 +4,8 @@
 //     and marks the first token of each non-empty sequence b with b;
 //  2. cub::DeviceScan::InclusiveScan with maximum spreads each mark over its sequence, so
 //     sequence_of[t] is the sequence holding token t (two-phase temporary storage);
-//  3. write_positions: one thread per token writes start_offsets[b] + (t - cu_seqlens[b]).
+//  3. write_positions: one thread per sequence checks its start offset, one thread per token
+//     writes start_offsets[b] + (t - cu_seqlens[b]).
 // Work and grids are proportional to T + B, never to B x max_len.
 #include <cuda/functional>
 #include <cub/device/device_scan.cuh>
@@ -69,33 +70,44 @@ __global__ void __launch_bounds__(kThreads)
     if (value < lower || value >= upper) {
       *invalid = 1;
       report_bad_row(p.bad, detail::bad_index_key(b, detail::BadIndexArg::cu_seqlens));
-    } else if (b < p.sequences && value < p.tokens && value < cu_at(p, b + 1)) {
+    } else if (b < p.sequences && value >= 0 && value < p.tokens && value < cu_at(p, b + 1)) {
       // The first token of a non-empty sequence (distinct for distinct b when cu_seqlens is
-      // valid; in bounds whatever it holds).
+      // valid). An entry after a bad one is checked against that bad value, so it may pass
+      // while holding anything: the bounds on value keep the store inside marks regardless.
       marks[value] = static_cast<int>(b);
     }
   }
   if (last_block_done(p.bad)) describe(p);
 }
 
+__device__ bool start_is_valid(const detail::PackedPositionsParams& p, std::int64_t b,
+                               std::int64_t start) {
+  return start >= 0 && start <= detail::max_start_offset(p, cu_at(p, b + 1) - cu_at(p, b));
+}
+
+// Runs once cu_seqlens is known to be valid or not. Start offsets are checked per sequence,
+// empty sequences included (as on the CPU), and only when cu_seqlens is valid (the CPU reports
+// a bad cu_seqlens alone). Tokens of a sequence with a bad start, and all tokens when
+// cu_seqlens is bad, get position -1.
 __global__ void __launch_bounds__(kThreads)
     write_positions(const __grid_constant__ detail::PackedPositionsParams p, const int* sequence_of,
                     const int* invalid) {
   const bool all_invalid = *invalid != 0;
-  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(kThreads) + threadIdx.x;
-       t < p.tokens; t += static_cast<std::int64_t>(gridDim.x) * kThreads) {
+  const std::int64_t first = blockIdx.x * static_cast<std::int64_t>(kThreads) + threadIdx.x;
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * kThreads;
+  if (!all_invalid && p.start_offsets != nullptr) {
+    for (std::int64_t b = first; b < p.sequences; b += step) {
+      if (!start_is_valid(p, b, start_at(p, b))) {
+        report_bad_row(p.bad, detail::bad_index_key(b, detail::BadIndexArg::start_offsets));
+      }
+    }
+  }
+  for (std::int64_t t = first; t < p.tokens; t += step) {
     std::int64_t position = -1;
     if (!all_invalid) {
       const std::int64_t b = sequence_of[t];
-      const std::int64_t begin = cu_at(p, b);
       const std::int64_t start = start_at(p, b);
-      if (start < 0 || start > detail::max_start_offset(p, cu_at(p, b + 1) - begin)) {
-        if (t == begin) {
-          report_bad_row(p.bad, detail::bad_index_key(b, detail::BadIndexArg::start_offsets));
-        }
-      } else {
-        position = start + (t - begin);
-      }
+      if (start_is_valid(p, b, start)) position = start + (t - cu_at(p, b));
     }
     detail::store_index(p.positions, p.position_dtype, t * p.position_stride, position);
   }
@@ -133,7 +145,12 @@ void packed_positions(const detail::PackedPositionsParams& p, Device device, Str
       check(cub::DeviceScan::InclusiveScan(scan_storage, scan_bytes, marks, sequence_of,
                                            ::cuda::maximum<>{}, tokens, s),
             "cub::DeviceScan::InclusiveScan");
-      write_positions<<<grid_for(tokens, kThreads), kThreads, 0, s>>>(p, sequence_of, invalid);
+    }
+    // With no tokens, the start offsets of the (empty) sequences are still checked.
+    const std::int64_t items =
+        p.start_offsets != nullptr && p.sequences > tokens ? p.sequences : tokens;
+    if (items > 0) {
+      write_positions<<<grid_for(items, kThreads), kThreads, 0, s>>>(p, sequence_of, invalid);
       check_launch("write_positions");
     }
   } catch (...) {

@@ -154,6 +154,38 @@ TEST_CASE("packed_positions reports start offsets that are negative or overflow 
   expect_error(
       [&] { embrope::packed_positions(ref::view(cu, 0, {4}), ref::view(pos, 0, {8}), opt); },
       {ErrorCode::index_out_of_range}, {"packed_positions", "start_offsets[2]", "-5"});
+
+  // Empty sequences have start offsets too: they are checked like any other.
+  ref::Buffer with_empty = index_buffer(DType::int64, {0, 4, 4, 8});
+  ref::Buffer empty_bad = index_buffer(DType::int64, {0, -5, 7});
+  opt.start_offsets = ref::view(empty_bad, 0, {3});
+  expect_error(
+      [&] {
+        embrope::packed_positions(ref::view(with_empty, 0, {4}), ref::view(pos, 0, {8}), opt);
+      },
+      {ErrorCode::index_out_of_range}, {"packed_positions", "start_offsets[1]", "-5"});
+  CHECK(pos.get_index(0) == 0);
+  CHECK(pos.get_index(4) == 7);
+  // ... also when there are no tokens at all.
+  ref::Buffer all_empty = index_buffer(DType::int64, {0, 0, 0});
+  ref::Buffer none(DType::int32, 0);
+  ref::Buffer no_tokens_bad = index_buffer(DType::int64, {3, -1});
+  opt.start_offsets = ref::view(no_tokens_bad, 0, {2});
+  expect_error(
+      [&] {
+        embrope::packed_positions(ref::view(all_empty, 0, {3}), ref::view(none, 0, {0}), opt);
+      },
+      {ErrorCode::index_out_of_range}, {"packed_positions", "start_offsets[1]", "-1"});
+  // A bad cu_seqlens is reported alone, even after a bad start offset.
+  ref::Buffer decreasing = index_buffer(DType::int64, {0, 4, 3, 8});
+  ref::Buffer first_bad = index_buffer(DType::int64, {-1, 0, 0});
+  opt.start_offsets = ref::view(first_bad, 0, {3});
+  expect_error(
+      [&] {
+        embrope::packed_positions(ref::view(decreasing, 0, {4}), ref::view(pos, 0, {8}), opt);
+      },
+      {ErrorCode::index_out_of_range}, {"packed_positions", "cu_seqlens[2]", "3"});
+  for (std::int64_t i = 0; i < 8; ++i) CHECK(pos.get_index(i) == -1);
 }
 
 TEST_CASE("packed_positions rejects bad shapes and dtypes", "[packed_positions][errors]") {
