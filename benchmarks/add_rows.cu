@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "add_rows.hpp"
 
@@ -63,5 +65,10 @@ void bench_add_rows(void* out, const void* tmp, std::int64_t n, int element_byte
     launch<__nv_bfloat16>(out, tmp, n, s);
   } else {
     launch<__half>(out, tmp, n, s);
+  }
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string("bench_add_rows: launch failed: ") +
+                             cudaGetErrorString(status));
   }
 }

@@ -39,33 +39,42 @@ inline void check_launch(const char* kernel) {
   check(cudaGetLastError(), kernel);
 }
 
-// Bad-index protocol. A thread that meets a bad row lowers record->key with an atomic min.
-// When a block is done, one of its threads takes a ticket; the last block of the grid then
-// re-resolves the row named by the key and, if that row is bad in this launch, writes the
-// value and range (so that value and key always describe the same row, whatever the order
-// in which blocks ran). record->reserved counts finished blocks and is reset by the last.
+// Bad-index protocol. A thread that meets a bad row lowers record->key with an atomic min
+// (and flags the record when it did lower it). When a block is done, one of its threads takes
+// a ticket; the last block of the grid then, if this launch lowered the key, re-resolves the
+// row named by the key and writes its value and range (so that value and key always describe
+// the same row, whatever the order in which blocks ran). A key left by an earlier call on the
+// same DeferredStatus stays described as that call described it, as on the CPU.
 __device__ __forceinline__ void report_bad_row(detail::BadIndexRecord* record, std::int64_t key) {
-  atomicMin(reinterpret_cast<unsigned long long*>(&record->key),
-            static_cast<unsigned long long>(key));
+  const unsigned long long old = atomicMin(reinterpret_cast<unsigned long long*>(&record->key),
+                                           static_cast<unsigned long long>(key));
+  if (static_cast<unsigned long long>(key) < old) atomicExch(&record->lowered, 1);
+}
+
+// The key as the other blocks left it (a volatile load: not served from this SM's L1).
+__device__ __forceinline__ std::int64_t current_key(const detail::BadIndexRecord* record) {
+  return *reinterpret_cast<const volatile long long*>(&record->key);
 }
 
 // Call with all threads of the block after their last report_bad_row. Returns true in one
-// thread of the last block to finish; that thread then describes the record.
+// thread of the last block to finish, when this launch lowered the key; that thread then
+// describes the record. Resets the per-launch fields for the next launch.
 __device__ __forceinline__ bool last_block_done(detail::BadIndexRecord* record) {
-  __shared__ bool is_last;
+  __shared__ bool describe;
   __syncthreads();
   if (threadIdx.x == 0 && threadIdx.y == 0) {
     __threadfence();
     const unsigned total = gridDim.x * gridDim.y * gridDim.z;
-    const unsigned ticket = atomicAdd(reinterpret_cast<unsigned*>(&record->reserved), 1u);
-    is_last = ticket == total - 1;
-    if (is_last) {
+    const unsigned ticket = atomicAdd(reinterpret_cast<unsigned*>(&record->finished_blocks), 1u);
+    describe = false;
+    if (ticket == total - 1) {
       __threadfence();
-      record->reserved = 0;
+      record->finished_blocks = 0;
+      describe = atomicExch(&record->lowered, 0) != 0;
     }
   }
   __syncthreads();
-  return is_last && threadIdx.x == 0 && threadIdx.y == 0;
+  return describe && threadIdx.x == 0 && threadIdx.y == 0;
 }
 
 // Grid size for a grid-stride loop over `work` items of `per_block` each.

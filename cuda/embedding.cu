@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     }
   }
   if (last_block_done(p.bad)) {
-    const std::int64_t key = p.bad->key;
+    const std::int64_t key = current_key(p.bad);
     if (key != detail::kNoBadIndex && key / 8 < p.rows) {
       const detail::EmbedRow r = detail::resolve_embed_row(p, key / 8);
       if (r.bad_key == key) {

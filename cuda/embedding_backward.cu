@@ -78,7 +78,7 @@ __device__ __forceinline__ void load_chunk(const T* src, float* dst) {
 
 // Run by one thread of the last block: describe the recorded bad row if it is one of ours.
 __device__ void describe_bad_row(const Params& p) {
-  const std::int64_t key = p.rows.bad->key;
+  const std::int64_t key = current_key(p.rows.bad);
   if (key == detail::kNoBadIndex || key / 8 >= p.rows.rows) return;
   const detail::EmbedRow r = detail::resolve_embed_row(p.rows, key / 8);
   if (r.bad_key == key) {
@@ -114,9 +114,10 @@ __global__ void keys_kernel(const __grid_constant__ Params p, const KeyLayout la
 __global__ void count_chunks_kernel(const KeyLayout layout, const std::uint32_t* run_keys,
                                     const int* run_lengths, const int* num_runs, int* chunks) {
   const int runs = *num_runs;
-  const int stride = static_cast<int>(gridDim.x * blockDim.x);
-  for (int r = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); r < layout.items;
-       r += stride) {
+  // 64-bit counters: items may be close to 2^31 - 1, and r + stride must not overflow.
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       r < layout.items; r += stride) {
     int c = 0;
     if (r < runs && run_keys[r] != layout.sentinel && run_lengths[r] > kChunk) {
       c = (run_lengths[r] + kChunk - 1) / kChunk;
@@ -139,8 +140,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   const std::int64_t dim = p.rows.dim;
   const auto* grad_out = static_cast<const T*>(p.rows.out);
   const int lane = threadIdx.x;
-  const int warp_stride = static_cast<int>(gridDim.x) * kWarpsPerBlock;
-  for (int c = static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.y);
+  const std::int64_t warp_stride = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y;
        c < total; c += warp_stride) {
     // The run that holds chunk c: the last run whose first chunk is at or before c (runs
     // without chunks share their successor's start and are skipped by "last").
@@ -153,7 +154,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
         hi = mid - 1;
       }
     }
-    const int k = c - chunk_starts[lo];
+    const int k = static_cast<int>(c - chunk_starts[lo]);
     const int begin = run_starts[lo] + k * kChunk;
     const int end = min(begin + kChunk, run_starts[lo] + run_lengths[lo]);
     float* out = partials + static_cast<std::int64_t>(c) * dim;
@@ -195,8 +196,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   const std::int64_t dim = p.rows.dim;
   const auto* grad_out = static_cast<const T*>(p.rows.out);
   const int lane = threadIdx.x;
-  const int warp_stride = static_cast<int>(gridDim.x) * kWarpsPerBlock;
-  for (int r = static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.y);
+  const std::int64_t warp_stride = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y;
        r < runs; r += warp_stride) {
     const std::uint32_t key = run_keys[r];
     if (key == layout.sentinel) continue;

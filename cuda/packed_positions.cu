@@ -33,7 +33,7 @@ __device__ std::int64_t start_at(const detail::PackedPositionsParams& p, std::in
 // Run by one thread of the last block of each kernel: if the record's key names an entry of
 // this call that is bad, write its value and valid range.
 __device__ void describe(const detail::PackedPositionsParams& p) {
-  const std::int64_t key = p.bad->key;
+  const std::int64_t key = current_key(p.bad);
   if (key == detail::kNoBadIndex) return;
   const std::int64_t b = key / 8;
   const auto arg = static_cast<detail::BadIndexArg>(key % 8);

@@ -32,7 +32,7 @@ constexpr int kWarpsPerBlock = 8;
 // Run by one thread of the last block: if the record's key names a token of this call whose
 // position is out of range, write that position and the range.
 __device__ void describe_bad_position(const detail::RopeParams& p) {
-  const std::int64_t key = p.bad->key;
+  const std::int64_t key = current_key(p.bad);
   if (key == detail::kNoBadIndex || key / 8 >= p.batch * p.seq ||
       key % 8 != static_cast<std::int64_t>(detail::BadIndexArg::positions)) {
     return;

@@ -35,9 +35,14 @@ void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rot
   check(cudaMallocAsync(reinterpret_cast<void**>(&freqs), bytes, s), "cudaMallocAsync");
   check(cudaMemcpyAsync(freqs, inv_freq, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
   constexpr int threads = 256;
-  build_rope_cache_kernel<<<grid_for(max_positions * (rotary_dim / 2), threads), threads, 0, s>>>(
-      table, max_positions, rotary_dim, freqs, attention_factor);
-  check_launch("build_rope_cache_kernel");
+  try {
+    build_rope_cache_kernel<<<grid_for(max_positions * (rotary_dim / 2), threads), threads, 0, s>>>(
+        table, max_positions, rotary_dim, freqs, attention_factor);
+    check_launch("build_rope_cache_kernel");
+  } catch (...) {
+    cudaFreeAsync(freqs, s);
+    throw;
+  }
   check(cudaFreeAsync(freqs, s), "cudaFreeAsync");
 }
 

@@ -167,7 +167,9 @@ void apply(const RopeNames& names, const Tensor& q, const std::optional<Tensor>&
     }
   }
 
-  if (batch * seq == 0) return;
+  // No rows (no tokens, or no heads in q and k): nothing is rotated and no position is read,
+  // on either backend.
+  if (batch * seq == 0 || p.q.heads + (p.has_k ? p.k.heads : 0) == 0) return;
   run_with_bad_index_policy(names.op, device, options.stream, options.deferred,
                             [&](detail::BadIndexRecord* record) {
                               p.bad = record;

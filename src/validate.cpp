@@ -57,6 +57,12 @@ void check_view(const char* op, const char* name, const Tensor& t, int min_ndim,
   }
   if (t.data() == nullptr) fail(op, "{} has null data but {} elements", name, count);
   const auto base = reinterpret_cast<std::uintptr_t>(t.data());
+  // A misaligned element is undefined behaviour in C++ and a sticky fault on a GPU, one that
+  // would leave the CUDA context unusable.
+  if (base % static_cast<std::uintptr_t>(dtype_size(t.dtype())) != 0) {
+    fail(op, "{} has data pointer {:#x}, not a multiple of its element size ({} bytes for {})",
+         name, base, dtype_size(t.dtype()), dtype_name(t.dtype()));
+  }
   const auto bytes = static_cast<std::uintptr_t>(furthest + 1) *
                      static_cast<std::uintptr_t>(dtype_size(t.dtype()));
   if (bytes - 1 > UINTPTR_MAX - base) {

@@ -535,10 +535,19 @@ std::vector<EmbedCase> embed_cases() {
     add(name + " reaches past the end of the address space", invalid({name, "address"}), [=](F& f) {
       EmbedArgs a = embed_args_full(f);
       Tensor& t = get(a);
-      void* top = reinterpret_cast<void*>(~std::uintptr_t{0} - 16);
+      void* top = reinterpret_cast<void*>(~std::uintptr_t{0} - 15);  // 16-byte aligned
       t = rebuilt(t, top, t.dtype(), shape_of(t), strides_of(t), t.device());
       return a;
     });
+    add(name + " has a data pointer that is not a multiple of its element size",
+        invalid({name, "data pointer", "element size"}), [=](F& f) {
+          EmbedArgs a = embed_args_full(f);
+          Tensor& t = get(a);
+          // Rejected before any access, so the view may reach one byte past its region.
+          void* odd = static_cast<unsigned char*>(t.data()) + 1;
+          t = rebuilt(t, odd, t.dtype(), shape_of(t), strides_of(t), t.device());
+          return a;
+        });
     if (n.value) {
       add(name + " has a last stride of 2", invalid({name, "stride", "last"}), [=](F& f) {
         EmbedArgs a = embed_args_full(f);
@@ -1252,6 +1261,13 @@ std::vector<RopeCase> rope_cases() {
         kBoth, tables);
     add(name + " is on cuda:7", on_cuda({}), mutated([=](Tensor& t) {
           t = rebuilt(t.data(), t.dtype(), shape_of(t), strides_of(t), Device::cuda(7));
+        }),
+        kBoth, tables);
+    add(name + " has a data pointer that is not a multiple of its element size",
+        invalid({name, "data pointer", "element size"}), mutated([=](Tensor& t) {
+          // Rejected before any access, so the view may reach one byte past its region.
+          void* odd = static_cast<unsigned char*>(t.data()) + 1;
+          t = rebuilt(odd, t.dtype(), shape_of(t), strides_of(t), t.device());
         }),
         kBoth, tables);
     add(name + " has a negative size", invalid({name, "negative", "size"}), mutated([=](Tensor& t) {

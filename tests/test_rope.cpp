@@ -1183,6 +1183,13 @@ TEST_CASE(
     CHECK(status.ok());
     CHECK_NOTHROW(status.check());
   }
+  SECTION("the same row bad in two calls: the first call's value is reported") {
+    c.positions = {0, 1, 12, 3};
+    CHECK_FALSE(run_rope(c, &status).has_value());
+    c.positions = {0, 1, 13, 3};
+    CHECK_FALSE(run_rope(c, &status).has_value());
+    expect_error([&] { status.check(); }, {ErrorCode::index_out_of_range}, {"positions[2] = 12"});
+  }
   SECTION("the first bad token of several calls is kept until check()") {
     c.positions = {0, 1, 2, -3};
     CHECK_FALSE(run_rope(c, &status).has_value());

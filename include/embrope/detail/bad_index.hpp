@@ -35,7 +35,12 @@ struct BadIndexRecord {
   std::int64_t lower = 0;  // the valid range is [lower, upper)
   std::int64_t upper = 0;
   std::int32_t op = 0;
-  std::int32_t reserved = 0;
+  // Used by the CUDA kernels during a launch, zero between launches: the blocks finished so
+  // far, and whether this launch lowered the key (a DeferredStatus may hold an earlier call's
+  // report, which a later call must not re-describe).
+  std::int32_t finished_blocks = 0;
+  std::int32_t lowered = 0;
+  std::int32_t padding = 0;
 };
 
 EMBROPE_HD constexpr std::int64_t bad_index_key(std::int64_t row, BadIndexArg arg) {
