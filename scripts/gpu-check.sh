@@ -1,20 +1,37 @@
 #!/usr/bin/env bash
 # Everything a GPU machine should check, in one run:
-#   1. configure and build (Release, CUDA on, sm_90 unless CMAKE_CUDA_ARCHITECTURES is set);
-#   2. the CPU suite (ctest) and the GPU parity suite;
-#   3. the GPU suite again under compute-sanitizer memcheck and racecheck;
-#   4. the benchmark on the GPU (JSON);
-#   5. when PyTorch is importable, the side-by-side comparison with the peers
-#      (benchmarks/compare/compare.py; wheels for Liger-Kernel and FlashInfer are installed
-#      from .whl/ when present, see benchmarks/compare/README.md). EMBROPE_COMPARE=0 skips it.
+#   build     configure and build (Release, CUDA on, sm_90 unless CMAKE_CUDA_ARCHITECTURES is
+#             set in the environment's cache);
+#   test      the GPU parity suite (JUnit XML), then the CPU suite (ctest);
+#   sanitize  the GPU suite under compute-sanitizer memcheck (with EMBROPE_GPU_SWEEP=reduced:
+#             the sweep's 1- and 64-token cases) and racecheck (every case but the sweep);
+#   bench     the benchmark on the GPU (JSON; medians of 5 repetitions);
+#   compare   when PyTorch is importable, the side-by-side comparison with the peers
+#             (benchmarks/compare/compare.py; wheels for Liger-Kernel and FlashInfer are
+#             installed from .whl/ when present, see benchmarks/compare/README.md).
 # Logs and JSON go to the directory given as argument, or $OUT, or ./gpu-check-out.
+#   scripts/gpu-check.sh [OUT_DIR] [--quick] [--steps=build,test,sanitize,bench,compare]
+# --quick shortens the benchmark and the comparison (a first try of the whole script).
+# --steps runs a subset (default: all); every step but build builds first if needed (ninja
+# does nothing when the build is current). Where one command may run only ~10 minutes, split
+# the work into calls on the same machine: --steps=build,test,sanitize, then --steps=bench,
+# then --steps=compare. EMBROPE_COMPARE=0 skips the comparison.
 # Without network: unpack the dependencies first with shared/tools/offline-deps.sh into
 # .deps/ (git-ignored); this script uses .deps/root/usr when it exists.
-#   scripts/gpu-check.sh [OUT_DIR] [--quick]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-${OUT:-gpu-check-out}}
-quick=${2:-}
+out=${OUT:-gpu-check-out}
+quick=
+steps=build,test,sanitize,bench,compare
+for arg in "$@"; do
+  case $arg in
+    --quick) quick=--quick ;;
+    --steps=*) steps=${arg#--steps=} ;;
+    -*) echo "gpu-check: unknown option $arg" >&2; exit 2 ;;
+    *) out=$arg ;;
+  esac
+done
+wants() { [[ ",$steps," == *",$1,"* ]]; }
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 log="$out/gpu-check.log"
@@ -50,43 +67,56 @@ cat "$out/device.txt" | tee -a "$log"
 
 build=build-gpu
 step configure cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBROPE_CUDA=ON \
-  "${prefix_args[@]}" || { cp "$log" "$out/"; exit 1; }
-step build cmake --build $build -j "$(nproc)" || exit 1
-
+  "${prefix_args[@]}" || { say "gpu-check: FAILED (configure)"; exit 1; }
+step build cmake --build $build -j "$(nproc)" || { say "gpu-check: FAILED (build)"; exit 1; }
 gpu_tests=$build/tests/gpu/embrope_gpu_tests
-step gpu-tests "$gpu_tests" -r junit -o "$out/gpu-tests.xml"
-"$gpu_tests" -r compact 2>&1 | tail -n 3 | tee -a "$log"
-step cpu-tests ctest --test-dir $build --output-on-failure -j "$(nproc)" -E install_consumer
 
-sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-# The sanitizers slow kernels down a lot: run every test case but the big sweep, plus a
-# reduced sweep.
-step memcheck "$sanitizer" --tool memcheck --error-exitcode 1 --log-file "$out/memcheck.log" \
-  "$gpu_tests"
-step racecheck "$sanitizer" --tool racecheck --error-exitcode 1 --log-file "$out/racecheck.log" \
-  "$gpu_tests" "~[sweep]"
-# One file for both tools' reports (fewer files to carry back).
-for tool in memcheck racecheck; do
-  echo "=== compute-sanitizer --tool $tool"
-  cat "$out/$tool.log" 2>/dev/null
-done >"$out/sanitizer.log"
-rm -f "$out/memcheck.log" "$out/racecheck.log"
+if wants test; then
+  step gpu-tests "$gpu_tests" -r junit -o "$out/gpu-tests.xml"
+  grep -o '<testsuite [^>]*>' "$out/gpu-tests.xml" | tee -a "$log"
+  # gpu_parity is the suite just run; the CPU suite is the rest.
+  step cpu-tests ctest --test-dir $build --output-on-failure -j "$(nproc)" \
+    -E 'install_consumer|gpu_parity'
+fi
 
-bench_args=(--device=gpu --benchmark_out="$out/bench.json" --benchmark_out_format=json
-  --benchmark_repetitions=5 --benchmark_report_aggregates_only=true)
-[ "$quick" = "--quick" ] && bench_args+=(--quick)
-step benchmark "$build/benchmarks/embrope-bench" "${bench_args[@]}"
+if wants sanitize; then
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  # The sanitizers slow every launch down: memcheck runs every case with the sweep reduced to
+  # its decode token counts, racecheck every case but the sweep.
+  EMBROPE_GPU_SWEEP=reduced step memcheck "$sanitizer" --tool memcheck \
+    --error-exitcode 1 --log-file "$out/memcheck.log" "$gpu_tests"
+  step racecheck "$sanitizer" --tool racecheck --error-exitcode 1 \
+    --log-file "$out/racecheck.log" "$gpu_tests" "~[sweep]"
+  # One file for both tools' reports (fewer files to carry back).
+  for tool in memcheck racecheck; do
+    echo "=== compute-sanitizer --tool $tool"
+    cat "$out/$tool.log" 2>/dev/null
+  done >"$out/sanitizer.log"
+  rm -f "$out/memcheck.log" "$out/racecheck.log"
+  tail -n 2 "$out/sanitizer.log" | tee -a "$log"
+fi
 
-if [ "${EMBROPE_COMPARE:-1}" != 0 ] && python3 -c "import torch" >/dev/null 2>&1; then
-  if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/embrope-site \
-      .whl/*.whl >>"$log" 2>&1 && export PYTHONPATH="/tmp/embrope-site:${PYTHONPATH:-}"
+if wants bench; then
+  # 0.05 s of GPU time per repetition: decode calls run thousands of times, prefill ones
+  # dozens; the median of 5 repetitions is reported.
+  bench_args=(--device=gpu --benchmark_out="$out/bench.json" --benchmark_out_format=json
+    --benchmark_min_time=0.05 --benchmark_repetitions=5 --benchmark_report_aggregates_only=true)
+  [ -n "$quick" ] && bench_args+=(--quick)
+  step benchmark "$build/benchmarks/embrope-bench" "${bench_args[@]}"
+fi
+
+if wants compare; then
+  if [ "${EMBROPE_COMPARE:-1}" != 0 ] && python3 -c "import torch" >/dev/null 2>&1; then
+    if compgen -G ".whl/*.whl" >/dev/null; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/embrope-site \
+        .whl/*.whl >>"$log" 2>&1 && export PYTHONPATH="/tmp/embrope-site:${PYTHONPATH:-}"
+    fi
+    compare_args=(--lib "$build/libembrope.so" --out "$out")
+    [ -n "$quick" ] && compare_args+=(--tokens 1,64,16384 --embed-tokens 16384 --skip compile)
+    PYTHONUNBUFFERED=1 step compare python3 benchmarks/compare/compare.py "${compare_args[@]}"
+  else
+    say "compare: skipped (EMBROPE_COMPARE=0 or no PyTorch)"
   fi
-  compare_args=(--lib "$build/libembrope.so" --out "$out")
-  [ "$quick" = "--quick" ] && compare_args+=(--tokens 1,64,16384 --embed-tokens 16384 --skip compile)
-  step compare python3 benchmarks/compare/compare.py "${compare_args[@]}"
-else
-  say "compare: skipped (EMBROPE_COMPARE=0 or no PyTorch)"
 fi
 
 say "gpu-check: $([ $status -eq 0 ] && echo PASSED || echo FAILED)"
