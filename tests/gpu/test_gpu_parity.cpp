@@ -332,53 +332,78 @@ TEST_CASE("GPU embed equals CPU embed", "[gpu][embed]") {
   for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
     for (auto positions : {embrope::PositionEncoding::none, embrope::PositionEncoding::learned,
                            embrope::PositionEncoding::sinusoidal}) {
-      // 8..128: sub-warp groups of 4, 8, 16 lanes on the 16-byte path; 100: the scalar path.
-      for (std::int64_t dim : {8, 16, 32, 64, 100, 128, 4096}) {
-        INFO("dtype " << embrope::dtype_name(dtype) << " positions " << static_cast<int>(positions)
-                      << " D " << dim);
-        const std::int64_t vocab = 1000, batch = 3, seq = 37, max_pos = 512, types = 2;
-        const int es = embrope::dtype_size(dtype);
-        Buffer table(vocab * dim * es), ptable(max_pos * dim * es), ttable(types * dim * es);
-        Buffer ids(batch * seq * 4), tids(batch * seq * 8), offsets(batch * 8);
-        Buffer out(batch * seq * dim * es);
-        fill_random(table, dtype, vocab * dim, 1);
-        fill_random(ptable, dtype, max_pos * dim, 2);
-        fill_random(ttable, dtype, types * dim, 3);
-        std::mt19937_64 rng(4);
-        for (std::int64_t n = 0; n < batch * seq; ++n) {
-          const std::int32_t id = static_cast<std::int32_t>(rng() % vocab);
-          const std::int64_t tid = static_cast<std::int64_t>(rng() % types);
-          std::memcpy(ids.host.data() + 4 * n, &id, 4);
-          std::memcpy(tids.host.data() + 8 * n, &tid, 8);
-        }
-        for (std::int64_t b = 0; b < batch; ++b) {
-          const std::int64_t o = 100 * b;
-          std::memcpy(offsets.host.data() + 8 * b, &o, 8);
-        }
-        for (Buffer* b : {&table, &ptable, &ttable, &ids, &tids, &offsets}) b->upload();
-        out.poison_both(0xff);
-        auto run = [&](bool gpu) {
-          const Device d = gpu ? Device::cuda(0) : Device::cpu();
-          auto ptr = [&](Buffer& b) -> void* { return gpu ? b.device : b.host.data(); };
-          embrope::EmbedOptions o;
-          o.scale = 1.5f;
-          o.positions = positions;
-          if (positions == embrope::PositionEncoding::learned) {
-            o.position_table = Tensor(ptr(ptable), dtype, {max_pos, dim}, d);
+      // 8..128: sub-warp groups of 4, 8, 16 lanes on the 16-byte path; 100: the scalar path
+      // for 16-bit values; 102: the scalar path for every dtype.
+      for (std::int64_t dim : {8, 16, 32, 64, 100, 102, 128, 4096}) {
+        // explicit: ids strided (every other element), int32 type ids, explicit position ids
+        // (instead of per-row offsets), and a DeferredStatus instead of the checked call.
+        for (bool explicit_args : {false, true}) {
+          INFO("dtype " << embrope::dtype_name(dtype) << " positions "
+                        << static_cast<int>(positions) << " D " << dim << " explicit "
+                        << explicit_args);
+          const std::int64_t vocab = 1000, batch = 3, seq = 37, max_pos = 512, types = 2;
+          const int es = embrope::dtype_size(dtype);
+          const std::int64_t id_step = explicit_args ? 2 : 1;
+          const DType type_dtype = explicit_args ? DType::int32 : DType::int64;
+          const int ts = embrope::dtype_size(type_dtype);
+          Buffer table(vocab * dim * es), ptable(max_pos * dim * es), ttable(types * dim * es);
+          Buffer ids(batch * seq * id_step * 4), tids(batch * seq * ts), offsets(batch * 8);
+          Buffer pids(batch * seq * 8), out(batch * seq * dim * es);
+          fill_random(table, dtype, vocab * dim, 1);
+          fill_random(ptable, dtype, max_pos * dim, 2);
+          fill_random(ttable, dtype, types * dim, 3);
+          std::mt19937_64 rng(4);
+          for (std::int64_t n = 0; n < batch * seq; ++n) {
+            const std::int32_t id = static_cast<std::int32_t>(rng() % vocab);
+            const std::int64_t tid = static_cast<std::int64_t>(rng() % types);
+            const std::int32_t tid32 = static_cast<std::int32_t>(tid);
+            const std::int64_t pid = static_cast<std::int64_t>(rng() % max_pos);
+            std::memcpy(ids.host.data() + 4 * n * id_step, &id, 4);
+            if (explicit_args) {
+              std::memcpy(ids.host.data() + 4 * (n * id_step + 1), &id, 4);  // not read
+              std::memcpy(tids.host.data() + 4 * n, &tid32, 4);
+            } else {
+              std::memcpy(tids.host.data() + 8 * n, &tid, 8);
+            }
+            std::memcpy(pids.host.data() + 8 * n, &pid, 8);
           }
-          if (positions != embrope::PositionEncoding::none) {
-            o.position_offsets = Tensor(ptr(offsets), DType::int64, {batch}, d);
+          for (std::int64_t b = 0; b < batch; ++b) {
+            const std::int64_t o = 100 * b;
+            std::memcpy(offsets.host.data() + 8 * b, &o, 8);
           }
-          o.type_table = Tensor(ptr(ttable), dtype, {types, dim}, d);
-          o.type_ids = Tensor(ptr(tids), DType::int64, {batch, seq}, d);
-          embrope::embed(Tensor(ptr(table), dtype, {vocab, dim}, d),
-                         Tensor(ptr(ids), DType::int32, {batch, seq}, d),
-                         Tensor(ptr(out), dtype, {batch, seq, dim}, d), o);
-        };
-        run(false);
-        run(true);
-        cuda_check(cudaDeviceSynchronize());
-        compare_rows(out.download(), out.host, dtype, batch * seq * dim, dim);
+          for (Buffer* b : {&table, &ptable, &ttable, &ids, &tids, &offsets, &pids}) b->upload();
+          out.poison_both(0xff);
+          auto run = [&](bool gpu) {
+            const Device d = gpu ? Device::cuda(0) : Device::cpu();
+            auto ptr = [&](Buffer& b) -> void* { return gpu ? b.device : b.host.data(); };
+            embrope::DeferredStatus status(d);
+            embrope::EmbedOptions o;
+            o.scale = 1.5f;
+            o.positions = positions;
+            if (positions == embrope::PositionEncoding::learned) {
+              o.position_table = Tensor(ptr(ptable), dtype, {max_pos, dim}, d);
+            }
+            if (positions != embrope::PositionEncoding::none) {
+              if (explicit_args) {
+                o.position_ids = Tensor(ptr(pids), DType::int64, {batch, seq}, d);
+              } else {
+                o.position_offsets = Tensor(ptr(offsets), DType::int64, {batch}, d);
+              }
+            }
+            o.type_table = Tensor(ptr(ttable), dtype, {types, dim}, d);
+            o.type_ids = Tensor(ptr(tids), type_dtype, {batch, seq}, d);
+            if (explicit_args) o.deferred = &status;
+            embrope::embed(
+                Tensor(ptr(table), dtype, {vocab, dim}, d),
+                Tensor(ptr(ids), DType::int32, {batch, seq}, {seq * id_step, id_step}, d),
+                Tensor(ptr(out), dtype, {batch, seq, dim}, d), o);
+            CHECK(status.ok());
+          };
+          run(false);
+          run(true);
+          cuda_check(cudaDeviceSynchronize());
+          compare_rows(out.download(), out.host, dtype, batch * seq * dim, dim);
+        }
       }
     }
   }
@@ -684,44 +709,56 @@ TEST_CASE("GPU RoPE: [B, S, H, D] views of a [B, H, S, D] buffer, int32 position
   for (DType dtype : {DType::float32, DType::bfloat16}) {
     for (bool inverse : {false, true}) {
       for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
-        INFO("dtype " << embrope::dtype_name(dtype) << " inverse " << inverse << " layout "
-                      << static_cast<int>(layout));
-        const std::int64_t b = 3, s = 17, hq = 6, hk = 2, d = 128, r = 96, pad = 2;
-        const int es = embrope::dtype_size(dtype);
-        // q stored [B, Hq, S, D + pad] and viewed as [B, S, Hq, D] through its strides.
-        const std::int64_t row = d + pad;
-        Buffer q(b * hq * s * row * es), k(b * s * hk * d * es), pos(b * s * 4);
-        fill_random(q, dtype, b * hq * s * row, 11);
-        fill_random(k, dtype, b * s * hk * d, 12);
-        std::mt19937_64 rng(13);
-        for (std::int64_t i = 0; i < b * s; ++i) {
-          const auto p = static_cast<std::int32_t>(rng() % 2048);
-          std::memcpy(pos.host.data() + 4 * i, &p, 4);
+        // pad 8 with offset 0: the 16-byte vector path with B > 1; pad 2, or q starting one
+        // element into its buffer: the scalar path.
+        for (std::int64_t pad : {2, 8}) {
+          for (std::int64_t offset : {0, 1}) {
+            INFO("dtype " << embrope::dtype_name(dtype) << " inverse " << inverse << " layout "
+                          << static_cast<int>(layout) << " pad " << pad << " offset " << offset);
+            const std::int64_t b = 3, s = 17, hq = 6, hk = 2, d = 128, r = 96;
+            const int es = embrope::dtype_size(dtype);
+            // q stored [B, Hq, S, D + pad] and viewed as [B, S, Hq, D] through its strides.
+            const std::int64_t row = d + pad;
+            const std::int64_t q_elements = offset + b * hq * s * row;
+            Buffer q(q_elements * es), k(b * s * hk * d * es), pos(b * s * 4);
+            fill_random(q, dtype, q_elements, 11);
+            fill_random(k, dtype, b * s * hk * d, 12);
+            std::mt19937_64 rng(13);
+            for (std::int64_t i = 0; i < b * s; ++i) {
+              const auto p = static_cast<std::int32_t>(rng() % 2048);
+              std::memcpy(pos.host.data() + 4 * i, &p, 4);
+            }
+            q.upload();
+            k.upload();
+            pos.upload();
+            const embrope::RopeConfig config{r, 10000.0, 2048};
+            embrope::RopeCache cpu_cache(config);
+            embrope::RopeCache gpu_cache(config, Device::cuda(0));
+            embrope::RopeOptions opt;
+            opt.layout = layout;
+            opt.inverse = inverse;
+            auto run = [&](bool gpu) {
+              const Device dev = gpu ? Device::cuda(0) : Device::cpu();
+              auto* qp = static_cast<unsigned char*>(gpu ? q.device : q.host.data()) + offset * es;
+              void* kp = gpu ? k.device : k.host.data();
+              void* pp = gpu ? pos.device : pos.host.data();
+              embrope::apply_rope(
+                  Tensor(qp, dtype, {b, s, hq, d}, {hq * s * row, row, s * row, 1}, dev),
+                  Tensor(kp, dtype, {b, s, hk, d}, dev), Tensor(pp, DType::int32, {b, s}, dev),
+                  gpu ? gpu_cache : cpu_cache, opt);
+            };
+            run(false);
+            run(true);
+            cuda_check(cudaDeviceSynchronize());
+            std::vector<unsigned char> gq = q.download(), cq = q.host;
+            // The element before q's view is compared too: it must be untouched.
+            REQUIRE(std::memcmp(gq.data(), cq.data(), static_cast<std::size_t>(offset * es)) == 0);
+            gq.erase(gq.begin(), gq.begin() + offset * es);
+            cq.erase(cq.begin(), cq.begin() + offset * es);
+            compare_rows(gq, cq, dtype, b * hq * s * row, row);
+            compare_rows(k.download(), k.host, dtype, b * s * hk * d, d);
+          }
         }
-        q.upload();
-        k.upload();
-        pos.upload();
-        const embrope::RopeConfig config{r, 10000.0, 2048};
-        embrope::RopeCache cpu_cache(config);
-        embrope::RopeCache gpu_cache(config, Device::cuda(0));
-        embrope::RopeOptions opt;
-        opt.layout = layout;
-        opt.inverse = inverse;
-        auto run = [&](bool gpu) {
-          const Device dev = gpu ? Device::cuda(0) : Device::cpu();
-          void* qp = gpu ? q.device : q.host.data();
-          void* kp = gpu ? k.device : k.host.data();
-          void* pp = gpu ? pos.device : pos.host.data();
-          embrope::apply_rope(
-              Tensor(qp, dtype, {b, s, hq, d}, {hq * s * row, row, s * row, 1}, dev),
-              Tensor(kp, dtype, {b, s, hk, d}, dev), Tensor(pp, DType::int32, {b, s}, dev),
-              gpu ? gpu_cache : cpu_cache, opt);
-        };
-        run(false);
-        run(true);
-        cuda_check(cudaDeviceSynchronize());
-        compare_rows(q.download(), q.host, dtype, b * hq * s * row, row);
-        compare_rows(k.download(), k.host, dtype, b * s * hk * d, d);
       }
     }
   }
