@@ -12,6 +12,7 @@
 //   float16/bfloat16 cos/sin table): one warp per (token, head) row, scalar accesses.
 // Each thread owns whole rotation pairs, so in place is race-free in both.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "../src/backend.hpp"
@@ -261,11 +262,21 @@ bool fits_vector_path(const detail::RopeParams& p) {
          p.sin_stride % (pairs >= 4 ? 4 : pairs) == 0;
 }
 
+// The current device's multiprocessor count, queried once per device (decode-sized calls are
+// launch-bound, so their host path stays short).
 int multiprocessor_count() {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> cached[kCachedDevices] = {};
   int device = 0, count = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
+  if (device >= 0 && device < kCachedDevices) {
+    count = cached[device].load(std::memory_order_relaxed);
+    if (count > 0) return count;
+  }
   check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
         "cudaDeviceGetAttribute");
+  if (device >= 0 && device < kCachedDevices)
+    cached[device].store(count, std::memory_order_relaxed);
   return count;
 }
 
@@ -276,7 +287,11 @@ void launch_vector(const detail::RopeParams& p, cudaStream_t stream) {
       kLayout == RopeLayout::neox ? p.rotary_dim / 2 / vec : p.rotary_dim / vec;
   const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
   const std::int64_t tokens = p.batch * p.seq;
-  const std::int64_t rows_per_block = std::max<std::int64_t>(1, std::min(heads, 256 / chunks));
+  // Head rows per block: at most 256 threads, and the heads spread evenly over the passes a
+  // block makes (40 heads of 8 chunks: 2 passes of 20 rows, not 32 rows then 8).
+  const std::int64_t max_rows = std::max<std::int64_t>(1, 256 / chunks);
+  const std::int64_t passes = (heads + max_rows - 1) / max_rows;
+  const std::int64_t rows_per_block = std::max<std::int64_t>(1, (heads + passes - 1) / passes);
   const dim3 block(static_cast<unsigned>(chunks), static_cast<unsigned>(rows_per_block));
   // Enough tokens to give every multiprocessor a few blocks: one block per token, looping
   // over all heads (cos/sin loaded once per token). Otherwise split each token's heads
