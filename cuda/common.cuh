@@ -1,16 +1,17 @@
-// Shared pieces of the CUDA backend: error checks, the current-device guard, and the
-// bad-index record protocol of DESIGN.md section 5.
+// Shared pieces of the CUDA backend: error checks, the current-device guard, launch
+// shapes, and the device side of the bad-index protocol (src/bad_index.hpp,
+// docs/errors.md). Vector accesses are in vector.cuh, workspaces in workspace.cuh.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <string>
 
-#include "embrope/detail/bad_index.hpp"
+#include "../src/bad_index.hpp"
 #include "embrope/error.hpp"
-#include "embrope/tensor.hpp"
+#include "embrope/types.hpp"
 
-namespace embrope::cuda {
+namespace embrope::gpu {
 
 [[noreturn]] void throw_cuda_error(cudaError_t status, const char* what);
 
@@ -58,7 +59,8 @@ __device__ __forceinline__ std::int64_t current_key(const detail::BadIndexRecord
 
 // Call with all threads of the block after their last report_bad_row. Returns true in one
 // thread of the last block to finish, when this launch lowered the key; that thread then
-// describes the record. Resets the per-launch fields for the next launch.
+// describes the record (describe_bad_index). Resets the per-launch fields for the next
+// launch.
 __device__ __forceinline__ bool last_block_done(detail::BadIndexRecord* record) {
   __shared__ bool describe;
   __syncthreads();
@@ -83,4 +85,4 @@ inline unsigned grid_for(std::int64_t work, std::int64_t per_block, unsigned cap
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
 }
 
-}  // namespace embrope::cuda
+}  // namespace embrope::gpu

@@ -6,7 +6,7 @@
 #include "common.cuh"
 #include "embrope/detail/rope_math.hpp"
 
-namespace embrope::cuda {
+namespace embrope::gpu {
 namespace {
 
 __global__ void build_rope_cache_kernel(float* table, std::int64_t max_positions,
@@ -46,4 +46,4 @@ void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rot
   check(cudaFreeAsync(freqs, s), "cudaFreeAsync");
 }
 
-}  // namespace embrope::cuda
+}  // namespace embrope::gpu

@@ -4,7 +4,7 @@
 #include "../src/backend.hpp"
 #include "common.cuh"
 
-namespace embrope::cuda {
+namespace embrope::gpu {
 
 void throw_cuda_error(cudaError_t status, const char* what) {
   (void)cudaGetLastError();  // clear a sticky launch error so the context stays usable
@@ -29,7 +29,7 @@ DeviceGuard::~DeviceGuard() {
 
 int device_count() {
   int count = 0;
-  // Without a driver this returns an error rather than 0 devices (DESIGN.md section 7).
+  // Without a driver this returns an error rather than 0 devices (docs/errors.md).
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
@@ -75,4 +75,4 @@ void synchronize(Stream stream, Device device) {
   check(cudaStreamSynchronize(to_cuda(stream)), "cudaStreamSynchronize");
 }
 
-}  // namespace embrope::cuda
+}  // namespace embrope::gpu

@@ -2,9 +2,25 @@
 # Installs embrope's build dependencies from Debian's packages when they are missing, and
 # does nothing when they are present. The CUDA toolkit (nvcc) is used when found; it is not
 # installed by this script.
-#   scripts/install-deps.sh            install what is missing (needs root or sudo)
-#   scripts/install-deps.sh --check    only report what is missing; exit 1 if anything is
+#   scripts/install-deps.sh               install what is missing (needs root or sudo)
+#   scripts/install-deps.sh --check       only report what is missing; exit 1 if anything is
+#   scripts/install-deps.sh --cuda-tools  cuobjdump and nvdisasm for
+#                                         scripts/check-cuda-binary.sh, from PyPI into
+#                                         .deps/cuda-tools when the CUDA toolkit lacks them
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--cuda-tools" ]; then
+  if command -v cuobjdump >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/cuobjdump ] ||
+    compgen -G ".deps/cuda-tools/nvidia/*/bin/cuobjdump" >/dev/null; then
+    echo "install-deps: cuobjdump present"
+    exit 0
+  fi
+  echo "install-deps: installing cuobjdump and nvdisasm from PyPI into .deps/cuda-tools"
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --target .deps/cuda-tools \
+    "nvidia-cuda-cuobjdump>=13,<14" "nvidia-cuda-nvdisasm>=13,<14"
+  exit 0
+fi
 
 # package: a file it provides (checked instead of dpkg, so that a copy from elsewhere counts)
 declare -A provides=(

@@ -1,17 +1,21 @@
-// The entry points each backend provides. src/<op>.cpp validates, fills detail::*Params and
-// calls one of these; kernels trust their parameters.
+// The entry points each backend provides, and the one way an op reaches them. src/<op>.cpp
+// validates its arguments and fills detail::<Op>Params (prepare), then calls run_kernel,
+// which applies the bad-index policy and calls cpu::<op> or gpu::<op>. Kernels trust their
+// parameters.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
-#include "embrope/detail/params.hpp"
-#include "embrope/rope_cache.hpp"
-#include "embrope/tensor.hpp"
+#include "bad_index.hpp"
+#include "embrope/deferred_status.hpp"
+#include "embrope/types.hpp"
+#include "params.hpp"
 
 namespace embrope::cpu {
 
 void embed(const detail::EmbedParams& params);
+void embed_backward(const detail::EmbedBackwardParams& params);
 void apply_rope(const detail::RopeParams& params);
 void packed_positions(const detail::PackedPositionsParams& params);
 // Fills a [max_positions, R] table (layout in rope_cache.hpp) from inv_freq [R/2].
@@ -20,7 +24,8 @@ void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rot
 
 }  // namespace embrope::cpu
 
-namespace embrope::cuda {
+// The CUDA backend (cuda/; src/cuda_unavailable.cpp in a build without CUDA).
+namespace embrope::gpu {
 
 // Runtime services. Without CUDA (at build time or at run time) device_count() is 0 and the
 // rest throw Error(not_implemented).
@@ -33,26 +38,40 @@ void copy_to_device(void* device_pointer, const void* host, std::size_t bytes, D
                     Stream stream);
 void synchronize(Stream stream, Device device);
 
-// Kernels: enqueue on the stream and return.
+// Kernels: enqueue on the stream and return (no host synchronisation).
 void embed(const detail::EmbedParams& params, Device device, Stream stream);
-void apply_rope(const detail::RopeParams& params, Device device, Stream stream);
-void packed_positions(const detail::PackedPositionsParams& params, Device device, Stream stream);
-void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rotary_dim,
-                      const double* inv_freq, double attention_factor, Device device,
-                      Stream stream);
-
-}  // namespace embrope::cuda
-
-// ---------------------------------------------------------------- backward passes ----
-
-namespace embrope::cpu {
-void embed_backward(const detail::EmbedBackwardParams& params);
-}  // namespace embrope::cpu
-
-namespace embrope::cuda {
-// Enqueues on the stream and returns (no host synchronisation).
 void embed_backward(const detail::EmbedBackwardParams& params, Device device, Stream stream);
 // Bytes of workspace embed_backward needs for these parameters (0 in atomic mode when every
 // gradient is float32).
 std::size_t embed_backward_workspace_size(const detail::EmbedBackwardParams& params, Device device);
-}  // namespace embrope::cuda
+void apply_rope(const detail::RopeParams& params, Device device, Stream stream);
+void packed_positions(const detail::PackedPositionsParams& params, Device device, Stream stream);
+// Bytes of workspace packed_positions needs for these parameters.
+std::size_t packed_positions_workspace_size(const detail::PackedPositionsParams& params,
+                                            Device device);
+void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rotary_dim,
+                      const double* inv_freq, double attention_factor, Device device,
+                      Stream stream);
+
+}  // namespace embrope::gpu
+
+namespace embrope {
+
+// Runs an op's kernel on the tensors' device under the caller's bad-index policy: `bad` (the
+// params' record pointer) is pointed at the caller's DeferredStatus or at a record of this
+// call, then cpu_kernel(params) or gpu_kernel(params, device, stream) runs.
+template <typename Params, typename CpuKernel, typename GpuKernel>
+void run_kernel(const char* op, Device device, Stream stream, DeferredStatus* deferred,
+                Params& params, detail::BadIndexRecord*& bad, CpuKernel cpu_kernel,
+                GpuKernel gpu_kernel) {
+  run_with_bad_index_policy(op, device, stream, deferred, [&](detail::BadIndexRecord* record) {
+    bad = record;
+    if (device.kind == DeviceKind::cpu) {
+      cpu_kernel(params);
+    } else {
+      gpu_kernel(params, device, stream);
+    }
+  });
+}
+
+}  // namespace embrope

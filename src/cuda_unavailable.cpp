@@ -2,7 +2,7 @@
 #include "backend.hpp"
 #include "embrope/error.hpp"
 
-namespace embrope::cuda {
+namespace embrope::gpu {
 namespace {
 [[noreturn]] void unavailable(const char* what) {
   throw Error(
@@ -46,5 +46,8 @@ void embed_backward(const detail::EmbedBackwardParams&, Device, Stream) {
 std::size_t embed_backward_workspace_size(const detail::EmbedBackwardParams&, Device) {
   unavailable("embed_backward");
 }
+std::size_t packed_positions_workspace_size(const detail::PackedPositionsParams&, Device) {
+  unavailable("packed_positions");
+}
 
-}  // namespace embrope::cuda
+}  // namespace embrope::gpu

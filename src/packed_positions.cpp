@@ -1,19 +1,20 @@
-// packed_positions: validate the shapes once, fill PackedPositionsParams, dispatch.
+// packed_positions: validate the shapes once and fill PackedPositionsParams (prepare), then
+// run the CPU or CUDA kernel.
 #include "embrope/packed_positions.hpp"
 
 #include "backend.hpp"
-#include "bad_index.hpp"
 #include "validate.hpp"
 
 namespace embrope {
 
 namespace {
+
 constexpr const char* kOp = "packed_positions";
 using validate::fail;
-}  // namespace
 
-void packed_positions(const Tensor& cu_seqlens, const Tensor& positions,
-                      const PackedPositionsOptions& options) {
+// Validates every argument and fills the parameters of the call.
+detail::PackedPositionsParams prepare(const Tensor& cu_seqlens, const Tensor& positions,
+                                      const PackedPositionsOptions& options) {
   validate::check_view(kOp, "cu_seqlens", cu_seqlens, 1, 1);
   validate::check_index_dtype(kOp, "cu_seqlens", cu_seqlens);
   const Device device = cu_seqlens.device();
@@ -55,15 +56,33 @@ void packed_positions(const Tensor& cu_seqlens, const Tensor& positions,
     validate::check_no_overlap(kOp, "positions", positions, "start_offsets",
                                *options.start_offsets);
   }
-  run_with_bad_index_policy(kOp, device, options.stream, options.deferred,
-                            [&](detail::BadIndexRecord* record) {
-                              p.bad = record;
-                              if (device.kind == DeviceKind::cpu) {
-                                cpu::packed_positions(p);
-                              } else {
-                                cuda::packed_positions(p, device, options.stream);
-                              }
-                            });
+  p.workspace = options.workspace;
+  p.workspace_bytes = options.workspace_bytes;
+  return p;
+}
+
+}  // namespace
+
+void packed_positions(const Tensor& cu_seqlens, const Tensor& positions,
+                      const PackedPositionsOptions& options) {
+  detail::PackedPositionsParams p = prepare(cu_seqlens, positions, options);
+  const Device device = cu_seqlens.device();
+  if (device.kind == DeviceKind::cuda && p.workspace != nullptr) {
+    const std::size_t needed = gpu::packed_positions_workspace_size(p, device);
+    if (p.workspace_bytes < needed) {
+      fail(kOp, "workspace_bytes {} is less than the {} bytes this call needs", p.workspace_bytes,
+           needed);
+    }
+  }
+  run_kernel(kOp, device, options.stream, options.deferred, p, p.bad, cpu::packed_positions,
+             gpu::packed_positions);
+}
+
+std::size_t packed_positions_workspace_size(const Tensor& cu_seqlens, const Tensor& positions,
+                                            const PackedPositionsOptions& options) {
+  const detail::PackedPositionsParams p = prepare(cu_seqlens, positions, options);
+  if (cu_seqlens.device().kind == DeviceKind::cpu) return 0;
+  return gpu::packed_positions_workspace_size(p, cu_seqlens.device());
 }
 
 }  // namespace embrope

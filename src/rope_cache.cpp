@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "backend.hpp"
-#include "embrope/detail/rope_scaling.hpp"
+#include "rope_scaling.hpp"
 #include "embrope/error.hpp"
 #include "validate.hpp"
 
@@ -219,12 +219,12 @@ RopeCache::RopeCache(const RopeConfig& config, Device device, Stream stream)
     cpu::build_rope_cache(data_, config.max_positions, config.rotary_dim, f.data(),
                           attention_factor_);
   } else {
-    data_ = static_cast<float*>(cuda::allocate(count * sizeof(float), device));
+    data_ = static_cast<float*>(gpu::allocate(count * sizeof(float), device));
     try {
-      cuda::build_rope_cache(data_, config.max_positions, config.rotary_dim, f.data(),
-                             attention_factor_, device, stream);
+      gpu::build_rope_cache(data_, config.max_positions, config.rotary_dim, f.data(),
+                            attention_factor_, device, stream);
       // Built once, then shared by any stream: wait here so no later call can race the build.
-      cuda::synchronize(stream, device);
+      gpu::synchronize(stream, device);
     } catch (...) {
       release();
       throw;
@@ -241,7 +241,7 @@ void RopeCache::release() noexcept {
   if (device_.kind == DeviceKind::cpu) {
     delete[] data_;
   } else {
-    cuda::release(data_, device_);
+    gpu::release(data_, device_);
   }
   data_ = nullptr;
 }
@@ -310,7 +310,7 @@ void RopeCache::copy_to_host(float* cos, float* sin) const {
   const float* table = data_;
   if (device_.kind != DeviceKind::cpu) {
     staging.resize(count);
-    cuda::copy_to_host(staging.data(), data_, count * sizeof(float), device_, Stream{});
+    gpu::copy_to_host(staging.data(), data_, count * sizeof(float), device_, Stream{});
     table = staging.data();
   }
   for (std::int64_t p = 0; p < config_.max_positions; ++p) {

@@ -4,7 +4,7 @@
 namespace embrope {
 
 int cuda_device_count() {
-  return cuda::device_count();
+  return gpu::device_count();
 }
 
 }  // namespace embrope

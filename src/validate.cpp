@@ -119,7 +119,7 @@ void check_device_usable(const char* op, Device device) {
   if (device.kind != DeviceKind::cuda) {
     fail(op, "tensors are on {}, which is neither cpu nor cuda", device_string(device));
   }
-  const int count = cuda::device_count();
+  const int count = gpu::device_count();
   if (count == 0) {
     throw Error(ErrorCode::not_implemented,
                 fmt::format("{}: tensors are on {} but no CUDA device is usable ({})", op,

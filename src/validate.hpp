@@ -1,5 +1,5 @@
 // Argument checks shared by every op: each failure throws Error(invalid_argument) with a
-// message "<op>: <argument> <value> <rule>" (DESIGN.md section 5).
+// message "<op>: <argument> <value> <rule>" (docs/errors.md).
 #pragma once
 
 #include <fmt/format.h>

@@ -1,10 +1,10 @@
-// The C++ API of embrope. See README.md for an overview and DESIGN.md for the contract.
+// The C++ API of embrope. See README.md for an overview and docs/ for the contract.
 //
 // Errors: every entry point validates all of its arguments before any kernel runs and throws
 // embrope::Error (error.hpp) with a message "<op>: <argument> <value> <rule>". A call that
 // throws invalid_argument or not_implemented has written nothing. Bad ids and positions are
 // found by the kernels: their rows are zero-filled, other rows are written, and the first
-// offending row is reported (status.hpp). NaN and infinity in values are not errors: they
+// offending row is reported (deferred_status.hpp). NaN and infinity in values are not errors: they
 // propagate into the outputs as IEEE arithmetic says.
 //
 // Memory: an output shares no byte with any input, with another output or with itself
@@ -20,25 +20,22 @@
 // immutable after construction (do not move-assign or destroy it while a call that uses it
 // runs or is queued). What may not: output tensors (out, q and k when rotated in place,
 // q_out, k_out), and a DeferredStatus, whose record is read and written without
-// synchronisation (status.hpp). Errors carry their own message (an exception); the C API
+// synchronisation (deferred_status.hpp). Errors carry their own message (an exception); the C API
 // keeps its last error per thread.
 #pragma once
 
-#include "embrope/detail/export.hpp"
-
-#include "embrope/embedding.hpp"
-#include "embrope/error.hpp"
-#include "embrope/model_config.hpp"
-#include "embrope/packed_positions.hpp"
-#include "embrope/rope.hpp"
-#include "embrope/rope_cache.hpp"
-#include "embrope/status.hpp"
-#include "embrope/tensor.hpp"
+// One header per op family (the op and its backward), by the op's name:
+#include "embrope/apply_rope.hpp"       // apply_rope, apply_rope_backward
+#include "embrope/deferred_status.hpp"  // DeferredStatus
+#include "embrope/embed.hpp"            // embed, embed_backward
+#include "embrope/error.hpp"            // Error, ErrorCode
+#include "embrope/export.hpp"
+#include "embrope/model_config.hpp"      // model_preset, model_config_from_hf_json
+#include "embrope/packed_positions.hpp"  // packed_positions
+#include "embrope/rope_cache.hpp"        // RopeConfig, RopeCache, AdaptiveRopeCache
+#include "embrope/tensor.hpp"            // Tensor
+#include "embrope/types.hpp"             // DType, Device, Stream, the options' enums
 #include "embrope/version.hpp"
-
-// Backward passes (training).
-#include "embrope/embedding_backward.hpp"
-#include "embrope/rope_backward.hpp"
 
 namespace embrope {
 

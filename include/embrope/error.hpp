@@ -1,10 +1,10 @@
-// embrope::Error: the one exception type of the C++ API (DESIGN.md section 5).
+// embrope::Error: the one exception type of the C++ API (docs/errors.md).
 #pragma once
-
-#include "embrope/detail/export.hpp"
 
 #include <stdexcept>
 #include <string>
+
+#include "embrope/export.hpp"
 
 namespace embrope {
 

@@ -3,17 +3,17 @@
 // embedding scale), without writing the formulas by hand.
 #pragma once
 
-#include "embrope/detail/export.hpp"
-
 #include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "embrope/embedding.hpp"
-#include "embrope/rope.hpp"
+#include "embrope/apply_rope.hpp"
+#include "embrope/embed.hpp"
+#include "embrope/export.hpp"
 #include "embrope/rope_cache.hpp"
+#include "embrope/types.hpp"
 
 namespace embrope {
 

@@ -1,29 +1,19 @@
-// RopeCache: cos and sin of every (position, frequency) pair, built once (DESIGN.md 3.5).
+// RopeCache: cos and sin of every (position, frequency) pair, built once (docs/ops.md,
+// "RopeCache").
 #pragma once
-
-#include "embrope/detail/export.hpp"
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
 
+#include "embrope/export.hpp"
 #include "embrope/tensor.hpp"
+#include "embrope/types.hpp"
 
 namespace embrope {
 
-// How the frequencies are modified for context extension (DESIGN.md 3.4). The definitions
-// follow HF transformers' modeling_rope_utils.py; README.md lists the models using each.
-enum class RopeScaling : std::uint8_t {
-  none,      // inv_freq_i = base^(-2i/R)
-  linear,    // inv_freq_i / factor (position interpolation, Chen et al. 2023)
-  dynamic,   // NTK-aware: base grows with the sequence length past original_max_positions
-  yarn,      // Peng et al. 2023: ramp between interpolated and original frequencies
-  llama3,    // Llama 3.1: low frequencies / factor, high kept, a smooth band between
-  longrope,  // Phi-3 (Ding et al. 2024): per-frequency short or long factors
-};
-
-// What a cos/sin cache is built from (DESIGN.md 3.3, 3.4):
+// What a cos/sin cache is built from (docs/ops.md):
 //   inv_freq_i = base^(-2i / rotary_dim), i < rotary_dim / 2, modified by `scaling`;
 //   angle = p * inv_freq_i; cos and sin are multiplied by the attention factor.
 // Fields a variant does not use must keep their defaults (a set field that the chosen variant

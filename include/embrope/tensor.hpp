@@ -1,48 +1,16 @@
-// Non-owning tensor views (DESIGN.md section 2) and the opaque stream handle.
+// Non-owning tensor views (docs/ops.md, "Tensors").
 #pragma once
-
-#include "embrope/detail/export.hpp"
 
 #include <cstdint>
 #include <initializer_list>
 
+#include "embrope/export.hpp"
+#include "embrope/types.hpp"
+
 namespace embrope {
 
-enum class DType : std::uint8_t { float32, float16, bfloat16, int32, int64 };
-
-// Bytes per element of a dtype.
-constexpr int dtype_size(DType dtype) {
-  return dtype == DType::float16 || dtype == DType::bfloat16 ? 2 : dtype == DType::int64 ? 8 : 4;
-}
+// Its name: "float32", "bfloat16", ...
 EMBROPE_EXPORT const char* dtype_name(DType dtype);
-constexpr bool is_value_dtype(DType d) {
-  return d == DType::float32 || d == DType::float16 || d == DType::bfloat16;
-}
-constexpr bool is_index_dtype(DType d) {
-  return d == DType::int32 || d == DType::int64;
-}
-
-enum class DeviceKind : std::uint8_t { cpu, cuda };
-
-struct Device {
-  DeviceKind kind = DeviceKind::cpu;
-  int index = 0;  // the CUDA device ordinal; 0 for the CPU
-
-  static constexpr Device cpu() { return {DeviceKind::cpu, 0}; }
-  static constexpr Device cuda(int index = 0) { return {DeviceKind::cuda, index}; }
-  friend constexpr bool operator==(Device a, Device b) {
-    return a.kind == b.kind && a.index == b.index;
-  }
-  friend constexpr bool operator!=(Device a, Device b) { return !(a == b); }
-};
-
-// A cudaStream_t passed as an opaque handle, so that public headers need no CUDA headers.
-// The null handle is the legacy default stream. Ignored for CPU tensors.
-struct Stream {
-  void* handle = nullptr;
-};
-
-constexpr int kMaxDims = 8;
 
 // A view of memory owned by someone else: data pointer, dtype, device, shape and strides in
 // elements. Views are cheap to copy. Construction checks only what the view itself needs

@@ -40,5 +40,13 @@ if(PKG_CONFIG)
   if(NOT include_dir STREQUAL want_include)
     message(FATAL_ERROR "pkg-config include dir ${include_dir} is not ${want_include}")
   endif()
+  # embrope.h includes <dlpack/dlpack.h>: the C consumer compiles and links with nothing but
+  # what pkg-config says.
+  run(${PKG_CONFIG} --cflags embrope)
+  separate_arguments(cflags UNIX_COMMAND "${last_output}")
+  run(${PKG_CONFIG} --libs embrope)
+  separate_arguments(libs UNIX_COMMAND "${last_output}")
+  run(${C_COMPILER} ${cflags} "${CONSUMER_SOURCE_DIR}/consumer.c" ${libs}
+      -o "${WORK_DIR}/consumer_pkg_config")
 endif()
 message("consumer: ok")

@@ -1,5 +1,5 @@
 // float16 and bfloat16 storage types and their conversions to and from float32, written once
-// for both backends. Conversions to 16 bits round to nearest even (DESIGN.md section 4);
+// for both backends. Conversions to 16 bits round to nearest even (docs/numerics.md);
 // NaN stays NaN and overflow gives infinity. Bit-exact on the CPU and the GPU.
 #pragma once
 

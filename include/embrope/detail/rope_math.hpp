@@ -11,13 +11,13 @@
 
 namespace embrope::detail {
 
-// inv_freq_i = base^(-2i / rotary_dim), in float64 (DESIGN.md 3.3, 4).
+// inv_freq_i = base^(-2i / rotary_dim), in float64 (docs/numerics.md).
 EMBROPE_HD double rope_inv_freq(std::int64_t i, std::int64_t rotary_dim, double base) {
   return ::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rotary_dim));
 }
 
 // One cache entry: cos and sin of p * inv_freq times the attention factor, all in float64,
-// rounded once to float32 (DESIGN.md 3.5).
+// rounded once to float32 (docs/numerics.md).
 EMBROPE_HD void rope_cos_sin(std::int64_t position, double inv_freq, double attention_factor,
                              float* cos_out, float* sin_out) {
   const double angle = static_cast<double>(position) * inv_freq;

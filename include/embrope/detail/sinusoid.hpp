@@ -15,7 +15,7 @@ EMBROPE_HD double sinusoid_freq(std::int64_t i, std::int64_t dim, double base) {
 }
 
 // sin and cos of p * w. The angle is formed and reduced to [-pi, pi] in float64, so only
-// the reduced angle is rounded to float32 before the float32 sin and cos (DESIGN.md 4): the
+// the reduced angle is rounded to float32 before the float32 sin and cos (docs/numerics.md): the
 // error stays near one float32 ulp of the result at any position.
 EMBROPE_HD void sinusoid_sin_cos(std::int64_t position, double w, float* sin_out, float* cos_out) {
   constexpr double two_pi_hi = 6.283185307179586;       // 2 pi rounded to float64

@@ -1,33 +1,57 @@
-// embed_backward: the gradients of embed (DESIGN.md 3.6) with respect to its token table,
-// its learned position table and its token-type table, in one call over grad_out.
+// embed: token-embedding lookup, optionally fused with absolute positions and token types
+// (docs/ops.md, "embed"), in one pass over the output; and embed_backward, its gradients
+// with respect to the token, position and type tables (docs/ops.md, "embed_backward").
 #pragma once
-
-#include "embrope/detail/export.hpp"
 
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 
-#include "embrope/status.hpp"
+#include "embrope/deferred_status.hpp"
+#include "embrope/export.hpp"
 #include "embrope/tensor.hpp"
+#include "embrope/types.hpp"
 
 namespace embrope {
 
-// How a GPU sums the grad_out rows that share a table row. The CPU path is always
-// deterministic (each table row's sum is taken in the same order whatever the thread count).
-enum class BackwardMode : std::uint8_t {
-  // Sort (id, row) pairs with CUB's radix sort, run-length encode the ids, sum each run in a
-  // fixed order and write each table row once (after PyTorch's embedding_dense_backward in
-  // aten/src/ATen/native/cuda/Embedding.cu). Bitwise reproducible from run to run, on the
-  // same GPU and build. Needs a workspace (embed_backward_workspace_size).
-  deterministic,
-  // float32 atomicAdd of every grad_out row into its table row: one pass and no workspace,
-  // but the order of the additions, hence the rounding, changes from run to run. Applies
-  // when every gradient given is float32; a call with a float16 or bfloat16 gradient runs
-  // the deterministic path instead (a float32 scratch copy of a whole [V, D] table would cost
-  // more than the sort).
-  atomic,
+struct EmbedOptions {
+  // Multiplies the looked-up token row (sqrt(D) for Gemma and T5-style models).
+  float scale = 1.0f;
+  // The table holds ids [vocab_start, vocab_start + V) of a larger vocabulary.
+  std::int64_t vocab_start = 0;
+  // Vocab-parallel shard: ids outside the shard give zero token rows (positions and types
+  // are still added), so that a sum over shards gives the full lookup. Without it, an id
+  // outside [vocab_start, vocab_start + V) is an error.
+  bool vocab_shard = false;
+
+  PositionEncoding positions = PositionEncoding::none;
+  // learned: [max_positions, D], the table's dtype.
+  std::optional<Tensor> position_table;
+  // sinusoidal: D even, base finite and > 0.
+  double sinusoid_base = 10000.0;
+  SinusoidLayout sinusoid_layout = SinusoidLayout::interleaved;
+  // Explicit positions, the shape of ids (int32/int64). Absent: implicit positions
+  // offset_b + s for ids [B, S] (or [S]), with position_offsets [B] (int32/int64) or 0.
+  std::optional<Tensor> position_ids;
+  std::optional<Tensor> position_offsets;
+
+  // Optional token-type (segment) embedding as in BERT: [num_types, D] table in the table's
+  // dtype and type ids shaped like ids.
+  std::optional<Tensor> type_table;
+  std::optional<Tensor> type_ids;
+
+  // Null: a bad id or position makes the call throw. Otherwise it is recorded there.
+  DeferredStatus* deferred = nullptr;
+  Stream stream{};
 };
+
+// out[n] = scale * table[ids[n] - vocab_start] (+ P(pos_n)) (+ type_table[type_ids[n]]).
+// table [V, D] and out [ids.shape..., D] share a value dtype (float32, float16, bfloat16);
+// ids are int32 or int64 of any shape and strides. Arithmetic in float32, one rounding.
+EMBROPE_EXPORT void embed(const Tensor& table, const Tensor& ids, const Tensor& out,
+                          const EmbedOptions& options = {});
+
+// ------------------------------------------------------------------ embed_backward ----
 
 struct EmbedBackwardOptions {
   // The forward's scale: grad_table[id] += scale * (sum of its grad_out rows). Positions and
@@ -35,7 +59,7 @@ struct EmbedBackwardOptions {
   float scale = 1.0f;
   // As in EmbedOptions: the table holds ids [vocab_start, vocab_start + V); with vocab_shard,
   // ids outside the shard contribute nothing to grad_table (another shard owns them).
-  // Without it, an id outside the range is a bad index (status.hpp), as in the forward.
+  // Without it, an id outside the range is a bad index (deferred_status.hpp), as in the forward.
   std::int64_t vocab_start = 0;
   bool vocab_shard = false;
   // Rows whose id equals padding_idx (in the ids' numbering, like vocab_start) give no

@@ -1,12 +1,11 @@
-// embed_backward: validate once, fill EmbedBackwardParams, dispatch to the CPU or CUDA kernel.
-#include "embrope/embedding_backward.hpp"
-
+// embed_backward: validate once and fill EmbedBackwardParams (prepare), then run the CPU or
+// CUDA kernel.
 #include <cmath>
 #include <utility>
 
 #include "backend.hpp"
-#include "bad_index.hpp"
-#include "embed_rows.hpp"
+#include "embed_args.hpp"
+#include "embrope/embed.hpp"
 #include "validate.hpp"
 
 namespace embrope {
@@ -58,28 +57,15 @@ Params prepare(const Tensor& grad_out, const Tensor& ids, const std::optional<Te
   Params p;
   detail::EmbedParams& r = p.rows;
   r.dtype = grad_out.dtype();
-  r.rows = ids.numel();
-  r.dim = dim;
-  r.index.ndim = ids.ndim();
-  for (int d = 0; d < ids.ndim(); ++d) {
-    r.index.shape[d] = ids.shape(d);
-    r.index.stride[detail::RowIndex::ids][d] = ids.stride(d);
-    r.index.stride[detail::RowIndex::out][d] = grad_out.stride(d);
-  }
-  r.ids = ids.data();
-  r.id_dtype = ids.dtype();
-  r.out = grad_out.data();
+  set_rows(ids, grad_out, r);
   r.vocab_start = o.vocab_start;
   r.vocab_shard = o.vocab_shard;
   r.scale = o.scale;
-  if (o.vocab_start < 0) fail(kOp, "vocab_start {} must not be negative", o.vocab_start);
+  check_vocab_start(kOp, o.vocab_start, 0);
 
   if (grad_table) {
     check_grad("grad_table", *grad_table, grad_out, dim, p.targets[Params::token], o.scale);
-    if (o.vocab_start > INT64_MAX - grad_table->shape(0)) {
-      fail(kOp, "vocab_start {} plus the vocabulary size {} overflows int64", o.vocab_start,
-           grad_table->shape(0));
-    }
+    check_vocab_start(kOp, o.vocab_start, grad_table->shape(0));
     r.vocab_size = grad_table->shape(0);
   } else {
     // No token gradient (a frozen table): ids are not read, as if every id missed a shard.
@@ -154,20 +140,14 @@ void embed_backward(const Tensor& grad_out, const Tensor& ids,
   const Device device = ids.device();
   if (p.rows.rows == 0 || p.rows.dim == 0) return;
   if (device.kind == DeviceKind::cuda && p.workspace != nullptr) {
-    const std::size_t needed = cuda::embed_backward_workspace_size(p, device);
+    const std::size_t needed = gpu::embed_backward_workspace_size(p, device);
     if (p.workspace_bytes < needed) {
       fail(kOp, "workspace_bytes {} is less than the {} bytes this call needs", p.workspace_bytes,
            needed);
     }
   }
-  run_with_bad_index_policy(kOp, device, o.stream, o.deferred, [&](detail::BadIndexRecord* r) {
-    p.rows.bad = r;
-    if (device.kind == DeviceKind::cpu) {
-      cpu::embed_backward(p);
-    } else {
-      cuda::embed_backward(p, device, o.stream);
-    }
-  });
+  run_kernel(kOp, device, o.stream, o.deferred, p, p.rows.bad, cpu::embed_backward,
+             gpu::embed_backward);
 }
 
 std::size_t embed_backward_workspace_size(const Tensor& grad_out, const Tensor& ids,
@@ -175,7 +155,7 @@ std::size_t embed_backward_workspace_size(const Tensor& grad_out, const Tensor& 
                                           const EmbedBackwardOptions& o) {
   const Params p = prepare(grad_out, ids, grad_table, o);
   if (ids.device().kind == DeviceKind::cpu || p.rows.rows == 0 || p.rows.dim == 0) return 0;
-  return cuda::embed_backward_workspace_size(p, ids.device());
+  return gpu::embed_backward_workspace_size(p, ids.device());
 }
 
 }  // namespace embrope

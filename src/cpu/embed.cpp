@@ -6,16 +6,15 @@
 #include <vector>
 
 #include "../backend.hpp"
-#include "embrope/detail/embed_math.hpp"
+#include "../dispatch.hpp"
+#include "../embed_row.hpp"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/sinusoid.hpp"
 
 namespace embrope::cpu {
 namespace {
 
-using detail::BFloat16;
 using detail::from_float;
-using detail::Half;
 using detail::to_float;
 
 template <typename T>
@@ -92,27 +91,16 @@ void embed_kernel(const detail::EmbedParams& p) {
     }
   }
 
-  if (first_bad != detail::kNoBadIndex && first_bad < p.bad->key) {
-    const detail::EmbedRow r = detail::resolve_embed_row(p, first_bad / 8);
-    p.bad->key = r.bad_key;
-    p.bad->value = r.bad_value;
-    p.bad->lower = r.bad_lower;
-    p.bad->upper = r.bad_upper;
-    p.bad->op = static_cast<std::int32_t>(detail::BadIndexOp::embed);
-  }
+  detail::lower_bad_index(p.bad, first_bad, detail::BadIndexOp::embed, [&](std::int64_t key) {
+    return detail::resolve_embed_row(p, detail::bad_index_row(key)).bad;
+  });
 }
 
 }  // namespace
 
 void embed(const detail::EmbedParams& p) {
-  switch (p.dtype) {
-    case DType::float16:
-      return embed_kernel<Half>(p);
-    case DType::bfloat16:
-      return embed_kernel<BFloat16>(p);
-    default:
-      return embed_kernel<float>(p);
-  }
+  detail::dispatch_value_dtype(p.dtype,
+                               [&](auto t) { embed_kernel<typename decltype(t)::type>(p); });
 }
 
 }  // namespace embrope::cpu

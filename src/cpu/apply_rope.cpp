@@ -6,15 +6,14 @@
 #include <vector>
 
 #include "../backend.hpp"
+#include "../dispatch.hpp"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
 
 namespace embrope::cpu {
 namespace {
 
-using detail::BFloat16;
 using detail::from_float;
-using detail::Half;
 using detail::to_float;
 
 // Rotates one head row. `in` and `out` may be the same row (each iteration reads and writes
@@ -104,41 +103,19 @@ void rope_kernel(const detail::RopeParams& p) {
     }
   }
 
-  if (first_bad != detail::kNoBadIndex && first_bad < p.bad->key) {
-    const std::int64_t t = first_bad / 8;
-    const std::int64_t b = t / p.seq;
-    const std::int64_t s = t % p.seq;
-    p.bad->key = first_bad;
-    p.bad->value = detail::rope_position(p, b, s, detail::rope_bad_stream(p, b, s));
-    p.bad->lower = 0;
-    p.bad->upper = p.table_rows;
-    p.bad->op = static_cast<std::int32_t>(p.bad_op);
-  }
-}
-
-template <typename T>
-void rope_for_table(const detail::RopeParams& p) {
-  switch (p.table_dtype) {
-    case DType::float16:
-      return rope_kernel<T, Half>(p);
-    case DType::bfloat16:
-      return rope_kernel<T, BFloat16>(p);
-    default:
-      return rope_kernel<T, float>(p);
-  }
+  detail::lower_bad_index(p.bad, first_bad, p.bad_op, [&](std::int64_t key) {
+    return detail::rope_bad_position(p, detail::bad_index_row(key));
+  });
 }
 
 }  // namespace
 
 void apply_rope(const detail::RopeParams& p) {
-  switch (p.dtype) {
-    case DType::float16:
-      return rope_for_table<Half>(p);
-    case DType::bfloat16:
-      return rope_for_table<BFloat16>(p);
-    default:
-      return rope_for_table<float>(p);
-  }
+  detail::dispatch_value_dtype(p.dtype, [&](auto t) {
+    detail::dispatch_value_dtype(p.table_dtype, [&](auto c) {
+      rope_kernel<typename decltype(t)::type, typename decltype(c)::type>(p);
+    });
+  });
 }
 
 }  // namespace embrope::cpu

@@ -1,15 +1,14 @@
-// The validated, flattened arguments of each op: produced once on the host by src/<op>.cpp,
-// consumed by the CPU kernel (src/cpu/) and the CUDA kernel (cuda/). Kernels trust them.
+// The validated, flattened arguments of each op: produced once on the host by src/<op>.cpp
+// (prepare), consumed by the CPU kernel (src/cpu/<op>.cpp) and the CUDA kernel
+// (cuda/<op>.cu). Kernels trust them. Plain data and __host__ __device__ accessors only.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
-#include "embrope/detail/bad_index.hpp"
+#include "bad_index.hpp"
 #include "embrope/detail/config.hpp"
-#include "embrope/embedding.hpp"
-#include "embrope/embedding_backward.hpp"
-#include "embrope/rope.hpp"
-#include "embrope/tensor.hpp"
+#include "embrope/types.hpp"
 
 namespace embrope::detail {
 
@@ -116,6 +115,8 @@ struct PackedPositionsParams {
   std::int64_t position_stride = 1;
   std::int64_t tokens = 0;  // T
   BadIndexRecord* bad = nullptr;
+  void* workspace = nullptr;  // CUDA: the caller's workspace; null: allocate on the stream
+  std::size_t workspace_bytes = 0;
 };
 
 // Loads an index element of either index dtype.
@@ -158,16 +159,37 @@ EMBROPE_HD int rope_bad_stream(const RopeParams& p, std::int64_t b, std::int64_t
   return -1;
 }
 
-// packed_positions: the range [lower, upper) that cu_seqlens[b] must lie in, given the entry
-// before it (0 for b = 0): entry 0 is 0, entry B is T, the others lie in [previous, T].
-EMBROPE_HD void cu_seqlens_range(const PackedPositionsParams& p, std::int64_t b,
-                                 std::int64_t previous, std::int64_t* lower, std::int64_t* upper) {
-  *lower = b == 0 ? 0 : previous;
-  *upper = b == 0 ? 1 : p.tokens + 1;
+// What a bad-index record says of a token t whose position is bad: the position of its first
+// bad stream and the table's range.
+EMBROPE_HD BadIndexValue rope_bad_position(const RopeParams& p, std::int64_t t) {
+  const std::int64_t b = t / p.seq;
+  const std::int64_t s = t - b * p.seq;
+  return {rope_position(p, b, s, rope_bad_stream(p, b, s)), 0, p.table_rows};
+}
+
+// packed_positions: entry b of cu_seqlens and of start_offsets (0 when absent).
+EMBROPE_HD std::int64_t cu_seqlens_at(const PackedPositionsParams& p, std::int64_t b) {
+  return load_index(p.cu_seqlens, p.cu_dtype, b * p.cu_stride);
+}
+EMBROPE_HD std::int64_t start_offset_at(const PackedPositionsParams& p, std::int64_t b) {
+  return p.start_offsets == nullptr
+             ? 0
+             : load_index(p.start_offsets, p.start_dtype, b * p.start_stride);
+}
+
+// cu_seqlens[b] and the range [lower, upper) it must lie in, given the entry before it (0 for
+// b = 0): entry 0 is 0, entry B is T, the others lie in [previous, T].
+EMBROPE_HD BadIndexValue cu_seqlens_entry(const PackedPositionsParams& p, std::int64_t b,
+                                          std::int64_t previous) {
+  BadIndexValue v{cu_seqlens_at(p, b), b == 0 ? 0 : previous, b == 0 ? 1 : p.tokens + 1};
   if (b == p.sequences) {  // the last entry is T (for B = 0 the only entry is both 0 and T)
-    *lower = *lower > p.tokens ? *lower : p.tokens;
-    *upper = *upper < p.tokens + 1 ? *upper : p.tokens + 1;
+    v.lower = v.lower > p.tokens ? v.lower : p.tokens;
+    v.upper = v.upper < p.tokens + 1 ? v.upper : p.tokens + 1;
   }
+  return v;
+}
+EMBROPE_HD bool entry_in_range(const BadIndexValue& v) {
+  return v.value >= v.lower && v.value < v.upper;
 }
 
 // The largest start offset that keeps a sequence of `length` tokens representable.
@@ -176,10 +198,18 @@ EMBROPE_HD std::int64_t max_start_offset(const PackedPositionsParams& p, std::in
   return length == 0 ? top : top - (length - 1);
 }
 
-// The exclusive upper end of the valid start offsets, saturated at INT64_MAX.
-EMBROPE_HD std::int64_t start_offset_upper(const PackedPositionsParams& p, std::int64_t length) {
-  const std::int64_t m = max_start_offset(p, length);
-  return m == INT64_MAX ? INT64_MAX : m + 1;
+// Sequence b's start offset, valid when in [0, max_start_offset]; its range as a record says
+// it is [0, max_start_offset + 1), saturated at INT64_MAX.
+EMBROPE_HD std::int64_t sequence_length(const PackedPositionsParams& p, std::int64_t b) {
+  return cu_seqlens_at(p, b + 1) - cu_seqlens_at(p, b);
+}
+EMBROPE_HD bool start_offset_valid(const PackedPositionsParams& p, std::int64_t b,
+                                   std::int64_t start) {
+  return start >= 0 && start <= max_start_offset(p, sequence_length(p, b));
+}
+EMBROPE_HD BadIndexValue start_offset_entry(const PackedPositionsParams& p, std::int64_t b) {
+  const std::int64_t m = max_start_offset(p, sequence_length(p, b));
+  return {start_offset_at(p, b), 0, m == INT64_MAX ? INT64_MAX : m + 1};
 }
 
 EMBROPE_HD void store_index(void* base, DType dtype, std::int64_t offset, std::int64_t value) {

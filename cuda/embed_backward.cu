@@ -1,4 +1,4 @@
-// embed_backward on the GPU (DESIGN.md 3.6). Two modes:
+// embed_backward on the GPU (docs/ops.md, "embed_backward"). Two modes:
 //
 // Deterministic, after PyTorch's embedding_dense_backward (aten/src/ATen/native/cuda/
 // Embedding.cu and EmbeddingBackwardKernel.cu), with no host synchronisation:
@@ -32,20 +32,21 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_run_length_encode.cuh>
 #include <cub/device/device_scan.cuh>
-#include <optional>
 #include <string>
 
 #include "../src/backend.hpp"
+#include "../src/dispatch.hpp"
+#include "../src/embed_row.hpp"
 #include "common.cuh"
 #include "embrope/detail/embed_backward_math.hpp"
 #include "embrope/detail/numeric_types.hpp"
+#include "vector.cuh"
+#include "workspace.cuh"
 
-namespace embrope::cuda {
+namespace embrope::gpu {
 namespace {
 
-using detail::BFloat16;
 using detail::from_float;
-using detail::Half;
 using detail::to_float;
 using Params = detail::EmbedBackwardParams;
 
@@ -64,36 +65,22 @@ struct KeyLayout {
   int max_chunks = 0;                      // bound on the chunks of long runs
 };
 
-template <typename T, int W>
-struct alignas(W * sizeof(T)) Chunk {
-  T v[W];
-};
-
-template <typename T, int W>
-__device__ __forceinline__ void load_chunk(const T* src, float* dst) {
-  const Chunk<T, W> c = *reinterpret_cast<const Chunk<T, W>*>(src);
-#pragma unroll
-  for (int w = 0; w < W; ++w) dst[w] = to_float(c.v[w]);
-}
-
 // Run by one thread of the last block: describe the recorded bad row if it is one of ours.
 __device__ void describe_bad_row(const Params& p) {
   const std::int64_t key = current_key(p.rows.bad);
-  if (key == detail::kNoBadIndex || key / 8 >= p.rows.rows) return;
-  const detail::EmbedRow r = detail::resolve_embed_row(p.rows, key / 8);
+  if (key == detail::kNoBadIndex || detail::bad_index_row(key) >= p.rows.rows) return;
+  const detail::EmbedRow r = detail::resolve_embed_row(p.rows, detail::bad_index_row(key));
   if (r.bad_key == key) {
-    p.rows.bad->value = r.bad_value;
-    p.rows.bad->lower = r.bad_lower;
-    p.rows.bad->upper = r.bad_upper;
-    p.rows.bad->op = static_cast<std::int32_t>(detail::BadIndexOp::embed_backward);
+    detail::describe_bad_index(p.rows.bad, detail::BadIndexOp::embed_backward, r.bad);
   }
 }
 
 // ------------------------------------------------------------- deterministic mode ----
 
 // 1. One item per (slot, row): key and grad_out offset. Bad rows are reported once (slot 0).
-__global__ void keys_kernel(const __grid_constant__ Params p, const KeyLayout layout,
-                            std::uint32_t* keys, std::int64_t* values) {
+__global__ void keys_kernel(const __grid_constant__ Params p,
+                            const __grid_constant__ KeyLayout layout, std::uint32_t* keys,
+                            std::int64_t* values) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
        i < layout.items; i += stride) {
@@ -101,7 +88,9 @@ __global__ void keys_kernel(const __grid_constant__ Params p, const KeyLayout la
     const std::int64_t n = i - slot * layout.rows;
     const detail::BackwardRow b = detail::resolve_backward_row(p, n);
     const int target = layout.slot_target[slot];
-    const std::int64_t row = b.target[target];
+    // Selects, not b.target[target]: a run-time index into a local array puts it in local
+    // memory.
+    const std::int64_t row = target == 0 ? b.target[0] : (target == 1 ? b.target[1] : b.target[2]);
     keys[i] = row >= 0 ? layout.base[target] + static_cast<std::uint32_t>(row) : layout.sentinel;
     values[i] = b.out_offset;
     if (slot == 0 && b.bad_key != detail::kNoBadIndex) report_bad_row(p.rows.bad, b.bad_key);
@@ -111,8 +100,9 @@ __global__ void keys_kernel(const __grid_constant__ Params p, const KeyLayout la
 
 // 5a. The number of chunks of each run: 0 for short runs, the sentinel's run and the slots
 // past the number of runs.
-__global__ void count_chunks_kernel(const KeyLayout layout, const std::uint32_t* run_keys,
-                                    const int* run_lengths, const int* num_runs, int* chunks) {
+__global__ void count_chunks_kernel(const __grid_constant__ KeyLayout layout,
+                                    const std::uint32_t* run_keys, const int* run_lengths,
+                                    const int* num_runs, int* chunks) {
   const int runs = *num_runs;
   // 64-bit counters: items may be close to 2^31 - 1, and r + stride must not overflow.
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
@@ -128,9 +118,11 @@ __global__ void count_chunks_kernel(const KeyLayout layout, const std::uint32_t*
 
 // 5b. One warp per chunk of a long run: the float32 sum of its rows, in row order, into
 // partials[chunk]. W: elements per lane and access (16 bytes of T on the vector path).
+// At least 4 blocks per multiprocessor: at most 64 registers, which keeps the vector paths'
+// accumulators in registers (left to itself, ptxas chose 32 and spilled).
 template <typename T, int W>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    partial_sums_kernel(const __grid_constant__ Params p, const KeyLayout layout,
+__global__ void __launch_bounds__(32 * kWarpsPerBlock, 4)
+    partial_sums_kernel(const __grid_constant__ Params p, const __grid_constant__ KeyLayout layout,
                         const std::int64_t* offsets, const int* run_starts, const int* run_lengths,
                         const int* chunks, const int* chunk_starts, const int* num_runs,
                         float* partials) {
@@ -188,7 +180,7 @@ __device__ __forceinline__ void write_gradient(G* grad, const float* total, floa
 // a long one, in order) added to the gradient row, which is written once.
 template <typename T, int W>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    reduce_runs_kernel(const __grid_constant__ Params p, const KeyLayout layout,
+    reduce_runs_kernel(const __grid_constant__ Params p, const __grid_constant__ KeyLayout layout,
                        const std::int64_t* offsets, const std::uint32_t* run_keys,
                        const int* run_starts, const int* run_lengths, const int* chunks,
                        const int* chunk_starts, const int* num_runs, const float* partials) {
@@ -276,22 +268,19 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 
 // ------------------------------------------------------------------------ host side ----
 
-bool aligned(const void* pointer, std::size_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
-}
-
 // The vector path needs D, grad_out's row starts and every gradient's row starts in whole
 // chunks of W elements (16 bytes of T; W * sizeof(G) bytes of a gradient of dtype G).
 template <typename T>
 bool fits_vector_path(const Params& p) {
-  constexpr std::int64_t w = 16 / sizeof(T);
-  if (p.rows.dim % w != 0 || !aligned(p.rows.out, 16)) return false;
+  constexpr std::int64_t w = kVec16<T>;
+  if (p.rows.dim % w != 0 || !is_aligned(p.rows.out, 16)) return false;
   for (int d = 0; d < p.rows.index.ndim; ++d) {
     if (p.rows.index.stride[detail::RowIndex::out][d] % w != 0) return false;
   }
   for (const detail::GradTable& g : p.targets) {
     if (g.grad == nullptr) continue;
-    if (!aligned(g.grad, static_cast<std::size_t>(w * dtype_size(g.dtype))) || g.stride % w != 0) {
+    if (!is_aligned(g.grad, static_cast<std::size_t>(w * dtype_size(g.dtype))) ||
+        g.stride % w != 0) {
       return false;
     }
   }
@@ -342,14 +331,8 @@ KeyLayout key_layout(const Params& p) {
   return l;
 }
 
-constexpr std::size_t kAlign = 256;
-
-std::size_t aligned_size(std::size_t bytes) {
-  return (bytes + kAlign - 1) / kAlign * kAlign;
-}
-
-// The pieces of the deterministic workspace, carved from one allocation in this order.
-struct Workspace {
+// The pieces of the deterministic workspace, carved from one workspace in this order.
+struct Pieces {
   std::uint32_t* keys_in = nullptr;
   std::uint32_t* keys = nullptr;  // sorted
   std::int64_t* offsets_in = nullptr;
@@ -363,32 +346,27 @@ struct Workspace {
   float* partials = nullptr;
   void* cub = nullptr;
   std::size_t cub_bytes = 0;
-  std::size_t total = 0;
+  std::size_t required_bytes = 0;
 };
 
 // Lays out the workspace at `base` (null: only sizes). The CUB sizes come from its size
 // queries (null temporary storage), which launch nothing.
-Workspace plan(const KeyLayout& l, std::int64_t dim, char* base, cudaStream_t stream) {
-  Workspace w;
+Pieces plan(const KeyLayout& l, std::int64_t dim, char* base, cudaStream_t stream) {
+  Pieces w;
   const auto n = static_cast<std::size_t>(l.items);
-  std::size_t at = 0;
-  auto take = [&](std::size_t bytes) {
-    char* p = base == nullptr ? nullptr : base + at;
-    at += aligned_size(bytes);
-    return p;
-  };
-  w.keys_in = reinterpret_cast<std::uint32_t*>(take(n * sizeof(std::uint32_t)));
-  w.keys = reinterpret_cast<std::uint32_t*>(take(n * sizeof(std::uint32_t)));
-  w.offsets_in = reinterpret_cast<std::int64_t*>(take(n * sizeof(std::int64_t)));
-  w.offsets = reinterpret_cast<std::int64_t*>(take(n * sizeof(std::int64_t)));
-  w.run_keys = reinterpret_cast<std::uint32_t*>(take(n * sizeof(std::uint32_t)));
-  w.run_lengths = reinterpret_cast<int*>(take(n * sizeof(int)));
-  w.run_starts = reinterpret_cast<int*>(take(n * sizeof(int)));
-  w.chunks = reinterpret_cast<int*>(take(n * sizeof(int)));
-  w.chunk_starts = reinterpret_cast<int*>(take(n * sizeof(int)));
-  w.num_runs = reinterpret_cast<int*>(take(sizeof(int)));
-  w.partials = reinterpret_cast<float*>(
-      take(static_cast<std::size_t>(l.max_chunks) * static_cast<std::size_t>(dim) * sizeof(float)));
+  WorkspaceLayout layout(base);
+  w.keys_in = layout.take<std::uint32_t>(n);
+  w.keys = layout.take<std::uint32_t>(n);
+  w.offsets_in = layout.take<std::int64_t>(n);
+  w.offsets = layout.take<std::int64_t>(n);
+  w.run_keys = layout.take<std::uint32_t>(n);
+  w.run_lengths = layout.take<int>(n);
+  w.run_starts = layout.take<int>(n);
+  w.chunks = layout.take<int>(n);
+  w.chunk_starts = layout.take<int>(n);
+  w.num_runs = layout.take<int>(1);
+  w.partials =
+      layout.take<float>(static_cast<std::size_t>(l.max_chunks) * static_cast<std::size_t>(dim));
 
   std::size_t sort_bytes = 0, encode_bytes = 0, scan_bytes = 0;
   check(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, w.keys_in, w.keys, w.offsets_in,
@@ -401,32 +379,13 @@ Workspace plan(const KeyLayout& l, std::int64_t dim, char* base, cudaStream_t st
                                       stream),
         "cub::DeviceScan::ExclusiveSum (size query)");
   w.cub_bytes = std::max(sort_bytes, std::max(encode_bytes, scan_bytes));
-  w.cub = take(w.cub_bytes);
-  w.total = at + kAlign - 1;  // room to align a caller's workspace (base is aligned here)
+  w.cub = layout.take_bytes(w.cub_bytes);
+  w.required_bytes = layout.required_bytes();
   return w;
 }
 
-// Frees a workspace the call allocated, in stream order, however the call ends.
-class StreamAllocation {
- public:
-  StreamAllocation(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
-    check(cudaMallocAsync(&pointer_, bytes, stream), "cudaMallocAsync (embed_backward workspace)");
-  }
-  ~StreamAllocation() {
-    if (pointer_ != nullptr) (void)cudaFreeAsync(pointer_, stream_);
-  }
-  StreamAllocation(const StreamAllocation&) = delete;
-  StreamAllocation& operator=(const StreamAllocation&) = delete;
-  char* get() const { return static_cast<char*>(pointer_); }
-
- private:
-  void* pointer_ = nullptr;
-  cudaStream_t stream_;
-};
-
 template <typename T, int W>
-void launch_reductions(const Params& p, const KeyLayout& l, const Workspace& w,
-                       cudaStream_t stream) {
+void launch_reductions(const Params& p, const KeyLayout& l, const Pieces& w, cudaStream_t stream) {
   const dim3 block(32, kWarpsPerBlock);
   partial_sums_kernel<T, W><<<grid_for(l.max_chunks, kWarpsPerBlock), block, 0, stream>>>(
       p, l, w.offsets, w.run_starts, w.run_lengths, w.chunks, w.chunk_starts, w.num_runs,
@@ -441,17 +400,9 @@ void launch_reductions(const Params& p, const KeyLayout& l, const Workspace& w,
 template <typename T>
 void deterministic(const Params& p, cudaStream_t stream) {
   const KeyLayout l = key_layout(p);
-  Workspace w = plan(l, p.rows.dim, nullptr, stream);
-  std::optional<StreamAllocation> owned;
-  char* base = static_cast<char*>(p.workspace);
-  if (base == nullptr) {
-    owned.emplace(w.total, stream);
-    base = owned->get();
-  }
-  // Every piece starts on a kAlign boundary, as CUB's temporary storage expects.
-  const auto address = reinterpret_cast<std::uintptr_t>(base);
-  base += (kAlign - address % kAlign) % kAlign;
-  w = plan(l, p.rows.dim, base, stream);
+  const Workspace workspace(p.workspace, plan(l, p.rows.dim, nullptr, stream).required_bytes,
+                            stream, "embed_backward");
+  const Pieces w = plan(l, p.rows.dim, workspace.base(), stream);
 
   keys_kernel<<<grid_for(l.items, 256), 256, 0, stream>>>(p, l, w.keys_in, w.offsets_in);
   check_launch("keys_kernel");
@@ -476,7 +427,7 @@ void deterministic(const Params& p, cudaStream_t stream) {
   check(cub::DeviceScan::ExclusiveSum(w.cub, bytes, w.chunks, w.chunk_starts, l.items, stream),
         "cub::DeviceScan::ExclusiveSum (chunks)");
   if (fits_vector_path<T>(p)) {
-    launch_reductions<T, 16 / sizeof(T)>(p, l, w, stream);
+    launch_reductions<T, kVec16<T>>(p, l, w, stream);
   } else {
     launch_reductions<T, 1>(p, l, w, stream);
   }
@@ -487,7 +438,7 @@ void atomic(const Params& p, cudaStream_t stream) {
   const dim3 block(32, kWarpsPerBlock);
   const unsigned grid = grid_for(p.rows.rows, kWarpsPerBlock);
   if (fits_vector_path<T>(p)) {
-    atomic_kernel<T, 16 / sizeof(T)><<<grid, block, 0, stream>>>(p);
+    atomic_kernel<T, kVec16<T>><<<grid, block, 0, stream>>>(p);
   } else {
     atomic_kernel<T, 1><<<grid, block, 0, stream>>>(p);
   }
@@ -507,20 +458,14 @@ void run(const Params& p, cudaStream_t stream) {
 
 void embed_backward(const detail::EmbedBackwardParams& p, Device device, Stream stream) {
   DeviceGuard guard(device);
-  switch (p.rows.dtype) {
-    case DType::float16:
-      return run<Half>(p, to_cuda(stream));
-    case DType::bfloat16:
-      return run<BFloat16>(p, to_cuda(stream));
-    default:
-      return run<float>(p, to_cuda(stream));
-  }
+  detail::dispatch_value_dtype(
+      p.rows.dtype, [&](auto t) { run<typename decltype(t)::type>(p, to_cuda(stream)); });
 }
 
 std::size_t embed_backward_workspace_size(const detail::EmbedBackwardParams& p, Device device) {
   if (uses_atomics(p)) return 0;
   DeviceGuard guard(device);
-  return plan(key_layout(p), p.rows.dim, nullptr, cudaStream_t{}).total;
+  return plan(key_layout(p), p.rows.dim, nullptr, cudaStream_t{}).required_bytes;
 }
 
-}  // namespace embrope::cuda
+}  // namespace embrope::gpu

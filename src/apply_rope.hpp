@@ -1,11 +1,12 @@
-// The argument names apply_rope's validation speaks of. apply_rope_backward runs the same
-// validation and kernels (with the rotation transposed), so its errors name its own op and
-// arguments (dq, dk, ...) through the same checks instead of a second copy of them.
+// The host side of apply_rope shared with apply_rope_backward, which runs the same
+// validation and kernels with the rotation transposed. Its errors name its own op and
+// arguments (dq, dk, ...) through the same checks: the checks take the names to speak of.
 #pragma once
 
 #include <optional>
 
-#include "embrope/rope.hpp"
+#include "bad_index.hpp"
+#include "embrope/apply_rope.hpp"
 
 namespace embrope::detail {
 

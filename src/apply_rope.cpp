@@ -1,9 +1,7 @@
-// apply_rope: validate once, fill RopeParams, dispatch to the CPU or CUDA kernel.
-#include "embrope/rope.hpp"
+// apply_rope: validate once and fill RopeParams (prepare), then run the CPU or CUDA kernel.
+#include "apply_rope.hpp"
 
 #include "backend.hpp"
-#include "bad_index.hpp"
-#include "rope_names.hpp"
 #include "validate.hpp"
 
 namespace embrope {
@@ -50,8 +48,10 @@ void check_output(const RopeNames& names, const char* name, const Tensor& out, c
   validate::check_last_contiguous(names.op, name, out);
 }
 
-void apply(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
-           const Tensor& positions, const CosSinTable& table, const RopeOptions& options) {
+// Validates every argument and fills the parameters of the call.
+detail::RopeParams prepare(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
+                           const Tensor& positions, const CosSinTable& table,
+                           const RopeOptions& options) {
   validate::check_view(names.op, names.q, q, 3, 4);
   validate::check_value_dtype(names.op, names.q, q);
   validate::check_last_contiguous(names.op, names.q, q);
@@ -167,18 +167,17 @@ void apply(const RopeNames& names, const Tensor& q, const std::optional<Tensor>&
     }
   }
 
+  return p;
+}
+
+void apply(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
+           const Tensor& positions, const CosSinTable& table, const RopeOptions& options) {
+  detail::RopeParams p = prepare(names, q, k, positions, table, options);
   // No rows (no tokens, or no heads in q and k): nothing is rotated and no position is read,
   // on either backend.
-  if (batch * seq == 0 || p.q.heads + (p.has_k ? p.k.heads : 0) == 0) return;
-  run_with_bad_index_policy(names.op, device, options.stream, options.deferred,
-                            [&](detail::BadIndexRecord* record) {
-                              p.bad = record;
-                              if (device.kind == DeviceKind::cpu) {
-                                cpu::apply_rope(p);
-                              } else {
-                                cuda::apply_rope(p, device, options.stream);
-                              }
-                            });
+  if (p.batch * p.seq == 0 || p.q.heads + (p.has_k ? p.k.heads : 0) == 0) return;
+  run_kernel(names.op, q.device(), options.stream, options.deferred, p, p.bad, cpu::apply_rope,
+             gpu::apply_rope);
 }
 
 }  // namespace

@@ -7,45 +7,35 @@
 #include <cstdint>
 
 #include "../src/backend.hpp"
+#include "../src/dispatch.hpp"
+#include "../src/embed_row.hpp"
 #include "common.cuh"
-#include "embrope/detail/embed_math.hpp"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/sinusoid.hpp"
+#include "vector.cuh"
 
-namespace embrope::cuda {
+namespace embrope::gpu {
 namespace {
 
-using detail::BFloat16;
 using detail::from_float;
-using detail::Half;
-using detail::to_float;
 
 constexpr int kThreadsPerBlock = 256;
-
-template <typename T, int W>
-struct alignas(W * sizeof(T)) Chunk {
-  T v[W];
-};
-
-// W consecutive elements of a row as float32 (one 16-byte load when W * sizeof(T) == 16).
-template <typename T, int W>
-__device__ __forceinline__ void load_chunk(const T* src, float* dst) {
-  const Chunk<T, W> c = *reinterpret_cast<const Chunk<T, W>*>(src);
-#pragma unroll
-  for (int w = 0; w < W; ++w) dst[w] = to_float(c.v[w]);
-}
 
 // W is the number of consecutive elements a lane handles: 16 / sizeof(T) on the fast path
 // (aligned rows, D a multiple of W), 1 on the general path. G lanes (blockDim.x) share a row;
 // blockDim.y rows run side by side in a block.
-template <typename T, int W, int G>
-__global__ void __launch_bounds__(kThreadsPerBlock)
+// kSinusoidal: the call adds sinusoidal positions (its own instantiations: the device
+// library's sinf/cosf reserve a stack frame for their large-argument path, which the other
+// paths should not carry).
+// At least 4 blocks per multiprocessor, at most 64 registers: left to itself, ptxas chose
+// 32 for the scalar float16 path and spilled.
+template <typename T, int W, int G, bool kSinusoidal>
+__global__ void __launch_bounds__(kThreadsPerBlock, 4)
     embed_kernel(const __grid_constant__ detail::EmbedParams p) {
   constexpr int kRowsPerBlock = kThreadsPerBlock / G;
   const int lane = threadIdx.x;
   const std::int64_t dim = p.dim;
   const std::int64_t half = dim / 2;
-  const bool sinusoidal = p.positions == PositionEncoding::sinusoidal;
   const bool split = p.sinusoid_layout == SinusoidLayout::split;
   const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * kRowsPerBlock;
   for (std::int64_t n = blockIdx.x * static_cast<std::int64_t>(kRowsPerBlock) + threadIdx.y;
@@ -84,7 +74,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         load_chunk<T, W>(pos + j, add);
 #pragma unroll
         for (int w = 0; w < W; ++w) v[w] += add[w];
-      } else if (sinusoidal) {
+      } else if constexpr (kSinusoidal) {
 #pragma unroll
         for (int w = 0; w < W; ++w) {
           const std::int64_t e = j + w;
@@ -108,31 +98,22 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
   if (last_block_done(p.bad)) {
     const std::int64_t key = current_key(p.bad);
-    if (key != detail::kNoBadIndex && key / 8 < p.rows) {
-      const detail::EmbedRow r = detail::resolve_embed_row(p, key / 8);
-      if (r.bad_key == key) {
-        p.bad->value = r.bad_value;
-        p.bad->lower = r.bad_lower;
-        p.bad->upper = r.bad_upper;
-        p.bad->op = static_cast<std::int32_t>(detail::BadIndexOp::embed);
-      }
+    if (key != detail::kNoBadIndex && detail::bad_index_row(key) < p.rows) {
+      const detail::EmbedRow r = detail::resolve_embed_row(p, detail::bad_index_row(key));
+      if (r.bad_key == key) detail::describe_bad_index(p.bad, detail::BadIndexOp::embed, r.bad);
     }
   }
-}
-
-bool aligned(const void* pointer, std::size_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
 }
 
 // The fast path needs D and every row start (pointers and row strides) in whole 16-byte
 // chunks.
 template <typename T>
 bool fits_vector_path(const detail::EmbedParams& p) {
-  constexpr std::int64_t w = 16 / sizeof(T);
+  constexpr std::int64_t w = kVec16<T>;
   if (p.dim % w != 0) return false;
   for (const void* table :
        {p.table, p.position_table, p.type_table, static_cast<const void*>(p.out)}) {
-    if (!aligned(table, 16)) return false;  // null (absent) tables are aligned
+    if (!is_aligned(table, 16)) return false;  // null (absent) tables are aligned
   }
   if (p.table_stride % w != 0 || p.position_table_stride % w != 0 || p.type_table_stride % w != 0) {
     return false;
@@ -146,13 +127,18 @@ bool fits_vector_path(const detail::EmbedParams& p) {
 template <typename T, int W, int G>
 void launch_group(const detail::EmbedParams& p, cudaStream_t stream) {
   const dim3 block(G, kThreadsPerBlock / G);
-  embed_kernel<T, W, G><<<grid_for(p.rows, kThreadsPerBlock / G), block, 0, stream>>>(p);
+  const unsigned grid = grid_for(p.rows, kThreadsPerBlock / G);
+  if (p.positions == PositionEncoding::sinusoidal) {
+    embed_kernel<T, W, G, true><<<grid, block, 0, stream>>>(p);
+  } else {
+    embed_kernel<T, W, G, false><<<grid, block, 0, stream>>>(p);
+  }
 }
 
 template <typename T>
 void launch(const detail::EmbedParams& p, cudaStream_t stream) {
   if (fits_vector_path<T>(p)) {
-    constexpr int w = 16 / sizeof(T);
+    constexpr int w = kVec16<T>;
     // The smallest group whose lanes cover a row in one 16-byte step each (at least 4 lanes).
     const std::int64_t chunks = p.dim / w;
     if (chunks <= 4) {
@@ -174,14 +160,8 @@ void launch(const detail::EmbedParams& p, cudaStream_t stream) {
 
 void embed(const detail::EmbedParams& p, Device device, Stream stream) {
   DeviceGuard guard(device);
-  switch (p.dtype) {
-    case DType::float16:
-      return launch<Half>(p, to_cuda(stream));
-    case DType::bfloat16:
-      return launch<BFloat16>(p, to_cuda(stream));
-    default:
-      return launch<float>(p, to_cuda(stream));
-  }
+  detail::dispatch_value_dtype(
+      p.dtype, [&](auto t) { launch<typename decltype(t)::type>(p, to_cuda(stream)); });
 }
 
-}  // namespace embrope::cuda
+}  // namespace embrope::gpu

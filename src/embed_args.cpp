@@ -1,9 +1,31 @@
-// Row index arguments shared by embed and embed_backward (embed_rows.hpp).
-#include "embed_rows.hpp"
+// Row index arguments shared by embed and embed_backward (embed_args.hpp).
+#include "embed_args.hpp"
 
 #include "validate.hpp"
 
 namespace embrope {
+
+void set_rows(const Tensor& ids, const Tensor& out, detail::EmbedParams& p) {
+  p.rows = ids.numel();
+  p.dim = out.shape(ids.ndim());
+  p.index.ndim = ids.ndim();
+  for (int d = 0; d < ids.ndim(); ++d) {
+    p.index.shape[d] = ids.shape(d);
+    p.index.stride[detail::RowIndex::ids][d] = ids.stride(d);
+    p.index.stride[detail::RowIndex::out][d] = out.stride(d);
+  }
+  p.ids = ids.data();
+  p.id_dtype = ids.dtype();
+  p.out = out.data();
+}
+
+void check_vocab_start(const char* op, std::int64_t vocab_start, std::int64_t vocab_size) {
+  if (vocab_start < 0) validate::fail(op, "vocab_start {} must not be negative", vocab_start);
+  if (vocab_start > INT64_MAX - vocab_size) {
+    validate::fail(op, "vocab_start {} plus the vocabulary size {} overflows int64", vocab_start,
+                   vocab_size);
+  }
+}
 
 void check_like_ids(const char* op, const char* name, const Tensor& t, const Tensor& ids) {
   validate::check_view(op, name, t, ids.ndim(), ids.ndim());

@@ -11,15 +11,15 @@
 #include <vector>
 
 #include "../backend.hpp"
+#include "../dispatch.hpp"
+#include "../embed_row.hpp"
 #include "embrope/detail/embed_backward_math.hpp"
 #include "embrope/detail/numeric_types.hpp"
 
 namespace embrope::cpu {
 namespace {
 
-using detail::BFloat16;
 using detail::from_float;
-using detail::Half;
 using detail::to_float;
 using Params = detail::EmbedBackwardParams;
 
@@ -116,27 +116,17 @@ void embed_backward_kernel(const Params& p) {
     }
   }
 
-  if (first_bad != detail::kNoBadIndex && first_bad < p.rows.bad->key) {
-    const detail::EmbedRow r = detail::resolve_embed_row(p.rows, first_bad / 8);
-    p.rows.bad->key = r.bad_key;
-    p.rows.bad->value = r.bad_value;
-    p.rows.bad->lower = r.bad_lower;
-    p.rows.bad->upper = r.bad_upper;
-    p.rows.bad->op = static_cast<std::int32_t>(detail::BadIndexOp::embed_backward);
-  }
+  detail::lower_bad_index(
+      p.rows.bad, first_bad, detail::BadIndexOp::embed_backward, [&](std::int64_t key) {
+        return detail::resolve_embed_row(p.rows, detail::bad_index_row(key)).bad;
+      });
 }
 
 }  // namespace
 
 void embed_backward(const detail::EmbedBackwardParams& p) {
-  switch (p.rows.dtype) {
-    case DType::float16:
-      return embed_backward_kernel<Half>(p);
-    case DType::bfloat16:
-      return embed_backward_kernel<BFloat16>(p);
-    default:
-      return embed_backward_kernel<float>(p);
-  }
+  detail::dispatch_value_dtype(
+      p.rows.dtype, [&](auto t) { embed_backward_kernel<typename decltype(t)::type>(p); });
 }
 
 }  // namespace embrope::cpu

@@ -1,10 +1,11 @@
-// DeferredStatus and the bad-index policy of every op (DESIGN.md section 5).
+// Bad-index records turned into errors, under the caller's policy (bad_index.hpp).
+#include "bad_index.hpp"
+
 #include <fmt/format.h>
 
 #include <unordered_map>
 
 #include "backend.hpp"
-#include "bad_index.hpp"
 #include "embrope/error.hpp"
 #include "validate.hpp"
 
@@ -15,8 +16,8 @@ using detail::BadIndexOp;
 using detail::BadIndexRecord;
 
 std::string describe_bad_index(const BadIndexRecord& record) {
-  const std::int64_t row = record.key / 8;
-  const auto arg = static_cast<BadIndexArg>(record.key % 8);
+  const std::int64_t row = detail::bad_index_row(record.key);
+  const BadIndexArg arg = detail::bad_index_arg(record.key);
   const auto which = static_cast<BadIndexOp>(record.op);
   const char* op = which == BadIndexOp::apply_rope            ? "apply_rope"
                    : which == BadIndexOp::apply_rope_backward ? "apply_rope_backward"
@@ -71,12 +72,12 @@ namespace {
 class ScratchRecords {
  public:
   ~ScratchRecords() {
-    for (auto& [index, pointer] : records_) cuda::release(pointer, Device::cuda(index));
+    for (auto& [index, pointer] : records_) gpu::release(pointer, Device::cuda(index));
   }
   BadIndexRecord* get(Device device) {
     auto& pointer = records_[device.index];
     if (pointer == nullptr) {
-      pointer = static_cast<BadIndexRecord*>(cuda::allocate(sizeof(BadIndexRecord), device));
+      pointer = static_cast<BadIndexRecord*>(gpu::allocate(sizeof(BadIndexRecord), device));
     }
     return pointer;
   }
@@ -102,59 +103,11 @@ void run_with_bad_index_policy(const char* op, Device device, Stream stream,
   } else {
     thread_local ScratchRecords scratch;
     BadIndexRecord* on_device = scratch.get(device);
-    cuda::copy_to_device(on_device, &record, sizeof record, device, stream);
+    gpu::copy_to_device(on_device, &record, sizeof record, device, stream);
     launch(on_device);
-    cuda::copy_to_host(&record, on_device, sizeof record, device, stream);  // synchronises
+    gpu::copy_to_host(&record, on_device, sizeof record, device, stream);  // synchronises
   }
   if (record.key != detail::kNoBadIndex) throw_bad_index(record);
-}
-
-DeferredStatus::DeferredStatus(Device device) : device_(device) {
-  if (device.kind == DeviceKind::cpu) {
-    record_ = new BadIndexRecord();
-  } else {
-    validate::check_device_usable("DeferredStatus", device);
-    record_ = static_cast<BadIndexRecord*>(cuda::allocate(sizeof(BadIndexRecord), device));
-    const BadIndexRecord empty;
-    cuda::copy_to_device(record_, &empty, sizeof empty, device, Stream{});
-    cuda::synchronize(Stream{}, device);
-  }
-}
-
-DeferredStatus::~DeferredStatus() {
-  if (device_.kind == DeviceKind::cpu) {
-    delete record_;
-  } else {
-    cuda::release(record_, device_);
-  }
-}
-
-BadIndexRecord DeferredStatus::read(Stream stream) {
-  BadIndexRecord record;
-  if (device_.kind == DeviceKind::cpu) {
-    record = *record_;
-    *record_ = BadIndexRecord();
-  } else {
-    cuda::copy_to_host(&record, record_, sizeof record, device_, stream);
-    const BadIndexRecord empty;
-    cuda::copy_to_device(record_, &empty, sizeof empty, device_, stream);
-  }
-  return record;
-}
-
-void DeferredStatus::check(Stream stream) {
-  const BadIndexRecord record = read(stream);
-  if (record.key != detail::kNoBadIndex) throw_bad_index(record);
-}
-
-bool DeferredStatus::ok(Stream stream) {
-  BadIndexRecord record;
-  if (device_.kind == DeviceKind::cpu) {
-    record = *record_;
-  } else {
-    cuda::copy_to_host(&record, record_, sizeof record, device_, stream);
-  }
-  return record.key == detail::kNoBadIndex;
 }
 
 }  // namespace embrope

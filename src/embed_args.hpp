@@ -5,10 +5,18 @@
 
 #include <optional>
 
-#include "embrope/detail/params.hpp"
 #include "embrope/tensor.hpp"
+#include "params.hpp"
 
 namespace embrope {
+
+// The rows of a call: ids of any shape (one row each) and out's leading dimensions (out is
+// grad_out for the backward); D is out's last dimension. Fills rows, dim, the row index and
+// the ids and out pointers.
+void set_rows(const Tensor& ids, const Tensor& out, detail::EmbedParams& p);
+
+// vocab_start is not negative, and vocab_start + vocab_size fits int64.
+void check_vocab_start(const char* op, std::int64_t vocab_start, std::int64_t vocab_size);
 
 // An index tensor shaped like ids, on the ids' device.
 void check_like_ids(const char* op, const char* name, const Tensor& t, const Tensor& ids);

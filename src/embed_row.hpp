@@ -1,11 +1,13 @@
-// Per-row logic of embed, shared by the CPU and CUDA backends: which token row, position and
-// type row a flat row n uses, and whether any of them is out of range (DESIGN.md 3.1, 3.2).
+// Per-row logic of embed and embed_backward, shared by the CPU and CUDA backends: which
+// token row, position and type row a flat row n uses, whether any of them is out of range
+// (docs/ops.md, "embed"), and which gradient rows it feeds.
 #pragma once
 
 #include <cstdint>
 
+#include "bad_index.hpp"
 #include "embrope/detail/config.hpp"
-#include "embrope/detail/params.hpp"
+#include "params.hpp"
 
 namespace embrope::detail {
 
@@ -16,16 +18,14 @@ struct EmbedRow {
   std::int64_t position = 0;           // position (learned or sinusoidal)
   std::int64_t type = 0;               // row of the type table
   std::int64_t bad_key = kNoBadIndex;  // bad_index_key of the first bad argument, if any
-  std::int64_t bad_value = 0, bad_lower = 0, bad_upper = 0;
+  BadIndexValue bad;                   // and its value and range
 };
 
 EMBROPE_HD void mark_bad(EmbedRow& r, std::int64_t row, BadIndexArg arg, std::int64_t value,
                          std::int64_t lower, std::int64_t upper) {
   if (r.bad_key != kNoBadIndex) return;  // the first argument in order wins
   r.bad_key = bad_index_key(row, arg);
-  r.bad_value = value;
-  r.bad_lower = lower;
-  r.bad_upper = upper;
+  r.bad = {value, lower, upper};
 }
 
 EMBROPE_HD EmbedRow resolve_embed_row(const EmbedParams& p, std::int64_t row) {
@@ -68,6 +68,34 @@ EMBROPE_HD EmbedRow resolve_embed_row(const EmbedParams& p, std::int64_t row) {
     }
   }
   return r;
+}
+
+// Where row n of grad_out goes: the row of each gradient table (-1: nowhere), and the bad
+// index found, if any (a bad row gives nothing to any table: its forward output was zero).
+struct BackwardRow {
+  std::int64_t out_offset = 0;  // element offset of the row in grad_out
+  std::int64_t target[EmbedBackwardParams::count] = {-1, -1, -1};
+  std::int64_t bad_key = kNoBadIndex;
+};
+
+EMBROPE_HD BackwardRow resolve_backward_row(const EmbedBackwardParams& p, std::int64_t n) {
+  const EmbedRow r = resolve_embed_row(p.rows, n);
+  BackwardRow b;
+  b.out_offset = r.out_offset;
+  b.bad_key = r.bad_key;
+  if (r.bad_key != kNoBadIndex) return b;
+  // r.token + vocab_start is the id itself (it was in the shard), so no overflow.
+  const bool padding = p.has_padding && r.token + p.rows.vocab_start == p.padding_idx;
+  if (p.targets[EmbedBackwardParams::token].grad != nullptr && r.token_hit && !padding) {
+    b.target[EmbedBackwardParams::token] = r.token;
+  }
+  if (p.targets[EmbedBackwardParams::position].grad != nullptr) {
+    b.target[EmbedBackwardParams::position] = r.position;
+  }
+  if (p.targets[EmbedBackwardParams::type].grad != nullptr) {
+    b.target[EmbedBackwardParams::type] = r.type;
+  }
+  return b;
 }
 
 }  // namespace embrope::detail

@@ -1,9 +1,7 @@
 // apply_rope_backward: apply_rope with the rotation transposed (options.inverse flipped).
 // The forward's validation and kernels serve it, speaking of dq and dk; its kernels already
-// rotate by -theta when asked (DESIGN.md 3.3: "inverse (backward) rotation uses -sin").
-#include "embrope/rope_backward.hpp"
-
-#include "rope_names.hpp"
+// rotate by -theta when asked (docs/ops.md, "apply_rope_backward").
+#include "apply_rope.hpp"
 
 namespace embrope {
 namespace {

@@ -1,12 +1,10 @@
-// embed: validate once, fill EmbedParams, dispatch to the CPU or CUDA kernel.
-#include "embrope/embedding.hpp"
-
+// embed: validate once and fill EmbedParams (prepare), then run the CPU or CUDA kernel.
 #include <cmath>
 #include <utility>
 
 #include "backend.hpp"
-#include "bad_index.hpp"
-#include "embed_rows.hpp"
+#include "embed_args.hpp"
+#include "embrope/embed.hpp"
 #include "validate.hpp"
 
 namespace embrope {
@@ -24,9 +22,9 @@ void check_table(const char* name, const Tensor& t, const Tensor& table) {
   validate::check_dim(kOp, name, t, 1, table.shape(1), "the embedding dim D of table");
 }
 
-}  // namespace
-
-void embed(const Tensor& table, const Tensor& ids, const Tensor& out, const EmbedOptions& o) {
+// Validates every argument and fills the parameters of the call.
+detail::EmbedParams prepare(const Tensor& table, const Tensor& ids, const Tensor& out,
+                            const EmbedOptions& o) {
   validate::check_view(kOp, "table", table, 2, 2);
   validate::check_value_dtype(kOp, "table", table);
   validate::check_last_contiguous(kOp, "table", table);
@@ -50,28 +48,14 @@ void embed(const Tensor& table, const Tensor& ids, const Tensor& out, const Embe
 
   detail::EmbedParams p;
   p.dtype = table.dtype();
-  p.rows = ids.numel();
-  p.dim = dim;
-  p.index.ndim = ids.ndim();
-  for (int d = 0; d < ids.ndim(); ++d) {
-    p.index.shape[d] = ids.shape(d);
-    p.index.stride[detail::RowIndex::ids][d] = ids.stride(d);
-    p.index.stride[detail::RowIndex::out][d] = out.stride(d);
-  }
-  p.ids = ids.data();
-  p.id_dtype = ids.dtype();
-  p.out = out.data();
+  set_rows(ids, out, p);
   p.table = table.data();
   p.vocab_size = table.shape(0);
   p.table_stride = table.stride(0);
   p.vocab_start = o.vocab_start;
   p.vocab_shard = o.vocab_shard;
   p.scale = o.scale;
-  if (o.vocab_start < 0) fail(kOp, "vocab_start {} must not be negative", o.vocab_start);
-  if (o.vocab_start > INT64_MAX - table.shape(0)) {
-    fail(kOp, "vocab_start {} plus the vocabulary size {} overflows int64", o.vocab_start,
-         table.shape(0));
-  }
+  check_vocab_start(kOp, o.vocab_start, table.shape(0));
 
   p.positions = o.positions;
   const bool uses_positions = o.positions != PositionEncoding::none;
@@ -121,15 +105,15 @@ void embed(const Tensor& table, const Tensor& ids, const Tensor& out, const Embe
     if (*input) validate::check_no_overlap(kOp, "out", out, name, **input);
   }
 
-  if (p.rows == 0 || dim == 0) return;
-  run_with_bad_index_policy(kOp, device, o.stream, o.deferred, [&](detail::BadIndexRecord* r) {
-    p.bad = r;
-    if (device.kind == DeviceKind::cpu) {
-      cpu::embed(p);
-    } else {
-      cuda::embed(p, device, o.stream);
-    }
-  });
+  return p;
+}
+
+}  // namespace
+
+void embed(const Tensor& table, const Tensor& ids, const Tensor& out, const EmbedOptions& o) {
+  detail::EmbedParams p = prepare(table, ids, out, o);
+  if (p.rows == 0 || p.dim == 0) return;
+  run_kernel(kOp, table.device(), o.stream, o.deferred, p, p.bad, cpu::embed, gpu::embed);
 }
 
 }  // namespace embrope

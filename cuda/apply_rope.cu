@@ -16,16 +16,16 @@
 #include <cstdint>
 
 #include "../src/backend.hpp"
+#include "../src/dispatch.hpp"
 #include "common.cuh"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
+#include "vector.cuh"
 
-namespace embrope::cuda {
+namespace embrope::gpu {
 namespace {
 
-using detail::BFloat16;
 using detail::from_float;
-using detail::Half;
 using detail::to_float;
 
 constexpr int kWarpsPerBlock = 8;
@@ -34,18 +34,14 @@ constexpr int kWarpsPerBlock = 8;
 // position is out of range, write that position and the range.
 __device__ void describe_bad_position(const detail::RopeParams& p) {
   const std::int64_t key = current_key(p.bad);
-  if (key == detail::kNoBadIndex || key / 8 >= p.batch * p.seq ||
-      key % 8 != static_cast<std::int64_t>(detail::BadIndexArg::positions)) {
+  const std::int64_t t = detail::bad_index_row(key);
+  if (key == detail::kNoBadIndex || t >= p.batch * p.seq ||
+      detail::bad_index_arg(key) != detail::BadIndexArg::positions) {
     return;
   }
-  const std::int64_t t = key / 8;
   const std::int64_t b = t / p.seq;
-  const int stream = detail::rope_bad_stream(p, b, t - b * p.seq);
-  if (stream >= 0) {
-    p.bad->value = detail::rope_position(p, b, t - b * p.seq, stream);
-    p.bad->lower = 0;
-    p.bad->upper = p.table_rows;
-    p.bad->op = static_cast<std::int32_t>(p.bad_op);
+  if (detail::rope_bad_stream(p, b, t - b * p.seq) >= 0) {
+    detail::describe_bad_index(p.bad, p.bad_op, detail::rope_bad_position(p, t));
   }
 }
 
@@ -73,14 +69,15 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
         report_bad_row(p.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
       continue;
     }
-    // Stream positions (mrope: temporal, height, width; otherwise one).
-    std::int64_t position[3];
-    position[0] = detail::rope_position(p, b, s, 0);
-    position[1] = p.mrope ? detail::rope_position(p, b, s, 1) : position[0];
-    position[2] = p.mrope ? detail::rope_position(p, b, s, 2) : position[0];
+    // Stream positions (mrope: temporal, height, width; otherwise one). Three scalars picked
+    // by selects, not an array indexed at run time, which would live in local memory.
+    const std::int64_t position0 = detail::rope_position(p, b, s, 0);
+    const std::int64_t position1 = p.mrope ? detail::rope_position(p, b, s, 1) : position0;
+    const std::int64_t position2 = p.mrope ? detail::rope_position(p, b, s, 2) : position0;
     for (std::int64_t i = lane; i < half; i += 32) {
+      const int stream = p.mrope ? detail::mrope_stream(i, p.mrope_end) : 0;
       const std::int64_t table_row =
-          p.mrope ? position[detail::mrope_stream(i, p.mrope_end)] : position[0];
+          stream == 0 ? position0 : (stream == 1 ? position1 : position2);
       const C* cos_row = static_cast<const C*>(p.cos) + table_row * p.cos_stride;
       const C* sin_row = static_cast<const C*>(p.sin) + table_row * p.sin_stride;
       const std::int64_t ia = p.layout == RopeLayout::neox ? i : 2 * i;
@@ -108,39 +105,13 @@ void launch(const detail::RopeParams& p, cudaStream_t stream) {
 
 // ---------------------------------------------------------------- fast path ----
 
-template <typename T>
-struct alignas(16) Vector {
-  static constexpr int kSize = 16 / sizeof(T);
-  T v[kSize];
-};
-
-// Loads N floats from an address aligned to min(N, 4) floats.
-template <int N>
-__device__ __forceinline__ void load_floats(const float* src, float* dst) {
-  if constexpr (N % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < N; i += 4) {
-      const float4 f = *reinterpret_cast<const float4*>(src + i);
-      dst[i] = f.x;
-      dst[i + 1] = f.y;
-      dst[i + 2] = f.z;
-      dst[i + 3] = f.w;
-    }
-  } else {
-    static_assert(N == 2, "cos/sin chunks are 2, 4 or 8 floats");
-    const float2 f = *reinterpret_cast<const float2*>(src);
-    dst[0] = f.x;
-    dst[1] = f.y;
-  }
-}
-
 // kRotaryDim: the rotary dim as a compile-time constant for the common head sizes (address
 // arithmetic and loop bounds fold), or 0 for any other size (read from the parameters).
 template <typename T, RopeLayout kLayout, int kRotaryDim>
 __global__ void __launch_bounds__(256)
     rope_vector_kernel(const __grid_constant__ detail::RopeParams p, std::int64_t heads_per_block) {
-  using V = Vector<T>;
-  constexpr int kVec = V::kSize;
+  constexpr int kVec = kVec16<T>;
+  using V = Chunk<T, kVec>;
   // Floats of cos (and of sin) a chunk needs: one per pair it holds.
   constexpr int kPairs = kLayout == RopeLayout::neox ? kVec : kVec / 2;
   const std::int64_t tokens = p.batch * p.seq;
@@ -234,15 +205,11 @@ __global__ void __launch_bounds__(256)
   if (last_block_done(p.bad)) describe_bad_position(p);
 }
 
-bool aligned(const void* pointer, std::size_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
-}
-
 // The fast path needs: a float32 table, whole 16-byte chunks everywhere (rotary part,
 // pass-through part, every pointer and stride), and at most 256 threads per head row.
 template <typename T>
 bool fits_vector_path(const detail::RopeParams& p) {
-  constexpr std::int64_t vec = 16 / sizeof(T);
+  constexpr std::int64_t vec = kVec16<T>;
   if (p.table_dtype != DType::float32) return false;
   const bool neox = p.layout == RopeLayout::neox;
   if (neox ? (p.rotary_dim / 2) % vec != 0 : p.rotary_dim % vec != 0) return false;
@@ -250,14 +217,14 @@ bool fits_vector_path(const detail::RopeParams& p) {
   const std::int64_t chunks = neox ? p.rotary_dim / 2 / vec : p.rotary_dim / vec;
   if (chunks > 256) return false;
   auto heads_ok = [&](const detail::RopeHeads& x) {
-    return aligned(x.in, 16) && aligned(x.out, 16) && x.in_stride_b % vec == 0 &&
+    return is_aligned(x.in, 16) && is_aligned(x.out, 16) && x.in_stride_b % vec == 0 &&
            x.in_stride_s % vec == 0 && x.in_stride_h % vec == 0 && x.out_stride_b % vec == 0 &&
            x.out_stride_s % vec == 0 && x.out_stride_h % vec == 0;
   };
   if (!heads_ok(p.q) || (p.has_k && !heads_ok(p.k))) return false;
   const std::int64_t pairs = neox ? vec : vec / 2;  // floats of cos per chunk
   const std::size_t table_align = static_cast<std::size_t>(pairs >= 4 ? 16 : 4 * pairs);
-  return aligned(p.cos, table_align) && aligned(p.sin, table_align) &&
+  return is_aligned(p.cos, table_align) && is_aligned(p.sin, table_align) &&
          p.cos_stride % (pairs >= 4 ? 4 : pairs) == 0 &&
          p.sin_stride % (pairs >= 4 ? 4 : pairs) == 0;
 }
@@ -282,7 +249,7 @@ int multiprocessor_count() {
 
 template <typename T, RopeLayout kLayout>
 void launch_vector(const detail::RopeParams& p, cudaStream_t stream) {
-  constexpr std::int64_t vec = 16 / sizeof(T);
+  constexpr std::int64_t vec = kVec16<T>;
   const std::int64_t chunks =
       kLayout == RopeLayout::neox ? p.rotary_dim / 2 / vec : p.rotary_dim / vec;
   const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
@@ -338,28 +305,16 @@ void launch_for_table(const detail::RopeParams& p, cudaStream_t stream) {
     if (p.layout == RopeLayout::neox) return launch_vector<T, RopeLayout::neox>(p, stream);
     return launch_vector<T, RopeLayout::interleaved>(p, stream);
   }
-  switch (p.table_dtype) {
-    case DType::float16:
-      return launch<T, Half>(p, stream);
-    case DType::bfloat16:
-      return launch<T, BFloat16>(p, stream);
-    default:
-      return launch<T, float>(p, stream);
-  }
+  detail::dispatch_value_dtype(p.table_dtype,
+                               [&](auto c) { launch<T, typename decltype(c)::type>(p, stream); });
 }
 
 }  // namespace
 
 void apply_rope(const detail::RopeParams& p, Device device, Stream stream) {
   DeviceGuard guard(device);
-  switch (p.dtype) {
-    case DType::float16:
-      return launch_for_table<Half>(p, to_cuda(stream));
-    case DType::bfloat16:
-      return launch_for_table<BFloat16>(p, to_cuda(stream));
-    default:
-      return launch_for_table<float>(p, to_cuda(stream));
-  }
+  detail::dispatch_value_dtype(
+      p.dtype, [&](auto t) { launch_for_table<typename decltype(t)::type>(p, to_cuda(stream)); });
 }
 
-}  // namespace embrope::cuda
+}  // namespace embrope::gpu

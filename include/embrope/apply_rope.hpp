@@ -1,23 +1,18 @@
-// apply_rope: rotary position embedding of queries and keys (DESIGN.md 3.3).
+// apply_rope: rotary position embedding of queries and keys (docs/ops.md, "apply_rope"),
+// and apply_rope_backward, its gradient (docs/ops.md, "apply_rope_backward").
 #pragma once
-
-#include "embrope/detail/export.hpp"
 
 #include <array>
 #include <cstdint>
 #include <optional>
 
+#include "embrope/deferred_status.hpp"
+#include "embrope/export.hpp"
 #include "embrope/rope_cache.hpp"
-#include "embrope/status.hpp"
 #include "embrope/tensor.hpp"
+#include "embrope/types.hpp"
 
 namespace embrope {
-
-// Which elements form a rotation pair within the first rotary_dim elements of a head.
-enum class RopeLayout : std::uint8_t {
-  neox,         // (x[i], x[i + R/2]): GPT-NeoX, HF Llama rotate_half
-  interleaved,  // (x[2i], x[2i + 1]): GPT-J, RoFormer, Meta's complex form
-};
 
 struct RopeOptions {
   RopeLayout layout = RopeLayout::neox;
@@ -32,12 +27,13 @@ struct RopeOptions {
   // Absent: q (k) is rotated in place. Elements at and past rotary_dim are copied.
   std::optional<Tensor> q_out;
   std::optional<Tensor> k_out;
-  // Multimodal RoPE (Qwen2-VL mrope_section, DESIGN.md 3.4): all zero = off. Otherwise three
+  // Multimodal RoPE (Qwen2-VL mrope_section, docs/ops.md): all zero = off. Otherwise three
   // non-negative section sizes summing to rotary_dim / 2; positions then carry three streams,
   // [3, T] or [3, B, S] (temporal, height, width), and frequency i takes its angle from stream
   // j of the section j that holds i (HF apply_multimodal_rotary_pos_emb, both halves alike).
   std::array<std::int64_t, 3> mrope_section{};
-  // Null: a bad position makes the call throw. Otherwise it is recorded there (status.hpp).
+  // Null: a bad position makes the call throw. Otherwise it is recorded there
+  // (deferred_status.hpp).
   DeferredStatus* deferred = nullptr;
   Stream stream{};
 };
@@ -47,7 +43,7 @@ struct RopeOptions {
 // int64; [3, T] or [3, B, S] with mrope_section). q and k are float32, float16 or bfloat16 (the
 // same dtype); every dimension but the last may have any non-negative stride; the last has
 // stride 1. Arithmetic is float32 with one rounding to the output dtype. A position outside [0,
-// table rows) zero-fills its token's output rows and is reported (status.hpp).
+// table rows) zero-fills its token's output rows and is reported (deferred_status.hpp).
 EMBROPE_EXPORT void apply_rope(const Tensor& q, const std::optional<Tensor>& k,
                                const Tensor& positions, const RopeCache& cache,
                                const RopeOptions& options = {});
@@ -58,5 +54,30 @@ EMBROPE_EXPORT void apply_rope(const Tensor& q, const std::optional<Tensor>& k,
 EMBROPE_EXPORT void apply_rope(const Tensor& q, const std::optional<Tensor>& k,
                                const Tensor& positions, const Tensor& cos, const Tensor& sin,
                                const RopeOptions& options = {});
+
+// ------------------------------------------------------------- apply_rope_backward ----
+
+// RoPE is a linear map per token and pair, y = m R(theta) x, with R a rotation and m the
+// attention factor folded into the cos/sin table. Its gradient is the transpose,
+// dx = m R(theta)^T dy = m R(-theta) dy: the same rotation with -sin, which is what this
+// computes, in one launch for dq and dk, in place by default.
+//
+// dq and dk (optional) are the gradients of the forward's outputs, shaped like its q and k;
+// positions, the table (cache, or cos and sin) and options are those of the forward call.
+// options.inverse names the forward's direction: a forward with inverse = true rotated by
+// -theta, so its gradient rotates by +theta. options.q_out / k_out, when given, receive the
+// gradients out of place (elements at and past rotary_dim are copied: their gradient passes
+// through); absent, dq and dk are overwritten. Positions outside the table zero-fill their
+// token's rows and are reported as apply_rope's are (deferred_status.hpp; a deferred record names
+// apply_rope). Argument errors name apply_rope_backward.
+EMBROPE_EXPORT void apply_rope_backward(const Tensor& dq, const std::optional<Tensor>& dk,
+                                        const Tensor& positions, const RopeCache& cache,
+                                        const RopeOptions& options = {});
+
+// The same with a caller-supplied table: cos and sin [max_positions, rotary_dim / 2], as in
+// apply_rope.
+EMBROPE_EXPORT void apply_rope_backward(const Tensor& dq, const std::optional<Tensor>& dk,
+                                        const Tensor& positions, const Tensor& cos,
+                                        const Tensor& sin, const RopeOptions& options = {});
 
 }  // namespace embrope

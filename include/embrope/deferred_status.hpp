@@ -1,4 +1,5 @@
-// Bad ids and positions found by kernels (DESIGN.md section 5).
+// DeferredStatus: where bad ids and positions found by kernels are kept until the caller
+// checks (docs/errors.md).
 //
 // A kernel that meets an id outside the vocabulary or a position outside the cache reads and
 // writes nothing out of bounds, zero-fills the affected output rows and records the first
@@ -8,14 +9,14 @@
 // caller calls check() when it chooses to.
 #pragma once
 
-#include "embrope/detail/export.hpp"
-
-#include <cstdint>
-
-#include "embrope/detail/bad_index.hpp"
-#include "embrope/tensor.hpp"
+#include "embrope/export.hpp"
+#include "embrope/types.hpp"
 
 namespace embrope {
+
+namespace detail {
+struct BadIndexRecord;  // what a kernel writes; defined by the library
+}  // namespace detail
 
 // Collects bad-index reports of any number of ops until check(). Not thread-safe: on the CPU
 // a call updates the record after its kernel with plain loads and stores, and check() reads
@@ -43,7 +44,8 @@ class EMBROPE_EXPORT DeferredStatus {
   detail::BadIndexRecord* record() const { return record_; }
 
  private:
-  detail::BadIndexRecord read(Stream stream);
+  // Copies the record to the host (synchronising a CUDA stream) and, when `clear`, resets it.
+  void read(Stream stream, bool clear, detail::BadIndexRecord* out);
   Device device_;
   detail::BadIndexRecord* record_ = nullptr;
 };

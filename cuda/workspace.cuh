@@ -1,0 +1,74 @@
+// Device workspaces, after CUB's two-phase temporary storage: an op first asks how many
+// bytes its call needs (a size query that reads no data and launches nothing), and the
+// caller may pass that much device memory; otherwise the call allocates it on its stream
+// and frees it in stream order (cudaMallocAsync / cudaFreeAsync, no synchronisation).
+//
+// A workspace is laid out by a WorkspaceLayout walked twice with the same requests: once
+// without a base (sizes only), once on the real base. Every piece starts on a
+// kWorkspaceAlign boundary, as CUB's temporary storage expects.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace embrope::gpu {
+
+constexpr std::size_t kWorkspaceAlign = 256;
+
+class WorkspaceLayout {
+ public:
+  // base null: sizes only (every piece is null).
+  explicit WorkspaceLayout(char* base) : base_(base) {}
+
+  // The next piece of `count` elements of T.
+  template <typename T>
+  T* take(std::size_t count) {
+    return static_cast<T*>(take_bytes(count * sizeof(T)));
+  }
+  void* take_bytes(std::size_t bytes) {
+    char* piece = base_ == nullptr ? nullptr : base_ + used_;
+    used_ += (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+    return piece;
+  }
+  // Bytes a caller must provide: the pieces, and room to align an arbitrary base.
+  std::size_t required_bytes() const { return used_ + kWorkspaceAlign - 1; }
+
+ private:
+  char* base_;
+  std::size_t used_ = 0;
+};
+
+// The workspace of one call: the caller's memory (given: at least the required bytes,
+// checked by the op's host code), or an allocation on `stream` freed in stream order however
+// the call ends. base() is aligned to kWorkspaceAlign.
+class Workspace {
+ public:
+  Workspace(void* caller_memory, std::size_t required_bytes, cudaStream_t stream, const char* op)
+      : stream_(stream) {
+    char* base = static_cast<char*>(caller_memory);
+    if (base == nullptr) {
+      check(cudaMallocAsync(&owned_, required_bytes, stream),
+            (std::string("cudaMallocAsync (") + op + " workspace)").c_str());
+      base = static_cast<char*>(owned_);
+    }
+    const auto address = reinterpret_cast<std::uintptr_t>(base);
+    base_ = base + (kWorkspaceAlign - address % kWorkspaceAlign) % kWorkspaceAlign;
+  }
+  ~Workspace() {
+    if (owned_ != nullptr) (void)cudaFreeAsync(owned_, stream_);
+  }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  char* base() const { return base_; }
+
+ private:
+  void* owned_ = nullptr;
+  char* base_ = nullptr;
+  cudaStream_t stream_;
+};
+
+}  // namespace embrope::gpu

@@ -1,0 +1,92 @@
+// The vocabulary every other header speaks: dtypes, devices, the stream handle and the
+// enums of the ops' options. Depends on nothing but <cstdint>, so that any layer (the
+// numerics in detail/, the kernels' parameters, the C API) can use it.
+#pragma once
+
+#include <cstdint>
+
+namespace embrope {
+
+enum class DType : std::uint8_t { float32, float16, bfloat16, int32, int64 };
+
+// Bytes per element of a dtype.
+constexpr int dtype_size(DType dtype) {
+  return dtype == DType::float16 || dtype == DType::bfloat16 ? 2 : dtype == DType::int64 ? 8 : 4;
+}
+constexpr bool is_value_dtype(DType d) {
+  return d == DType::float32 || d == DType::float16 || d == DType::bfloat16;
+}
+constexpr bool is_index_dtype(DType d) {
+  return d == DType::int32 || d == DType::int64;
+}
+
+enum class DeviceKind : std::uint8_t { cpu, cuda };
+
+struct Device {
+  DeviceKind kind = DeviceKind::cpu;
+  int index = 0;  // the CUDA device ordinal; 0 for the CPU
+
+  static constexpr Device cpu() { return {DeviceKind::cpu, 0}; }
+  static constexpr Device cuda(int index = 0) { return {DeviceKind::cuda, index}; }
+  friend constexpr bool operator==(Device a, Device b) {
+    return a.kind == b.kind && a.index == b.index;
+  }
+  friend constexpr bool operator!=(Device a, Device b) { return !(a == b); }
+};
+
+// A cudaStream_t passed as an opaque handle, so that public headers need no CUDA headers.
+// The null handle is the legacy default stream. Ignored for CPU tensors.
+struct Stream {
+  void* handle = nullptr;
+};
+
+// The most dimensions a tensor view has.
+constexpr int kMaxDims = 8;
+
+// embed: the absolute position added to each token row.
+enum class PositionEncoding : std::uint8_t {
+  none,        // out = scale * table[id]
+  learned,     // + position_table[p]                  (BERT, GPT-2, OPT)
+  sinusoidal,  // + sinusoid(p), Vaswani et al. 2017
+};
+
+// embed: where sin and cos go in a sinusoidal position vector, w_i = base^(-2i/D).
+enum class SinusoidLayout : std::uint8_t {
+  interleaved,  // P[2i] = sin(p w_i), P[2i+1] = cos(p w_i)  (the paper)
+  split,        // P[i] = sin(p w_i), P[D/2 + i] = cos(p w_i)  (tensor2tensor, fairseq)
+};
+
+// apply_rope: which elements form a rotation pair within the first rotary_dim of a head.
+enum class RopeLayout : std::uint8_t {
+  neox,         // (x[i], x[i + R/2]): GPT-NeoX, HF Llama rotate_half
+  interleaved,  // (x[2i], x[2i + 1]): GPT-J, RoFormer, Meta's complex form
+};
+
+// RopeCache: how the frequencies are modified for context extension (docs/ops.md). The
+// definitions follow HF transformers' modeling_rope_utils.py.
+enum class RopeScaling : std::uint8_t {
+  none,      // inv_freq_i = base^(-2i/R)
+  linear,    // inv_freq_i / factor (position interpolation, Chen et al. 2023)
+  dynamic,   // NTK-aware: base grows with the sequence length past original_max_positions
+  yarn,      // Peng et al. 2023: ramp between interpolated and original frequencies
+  llama3,    // Llama 3.1: low frequencies / factor, high kept, a smooth band between
+  longrope,  // Phi-3 (Ding et al. 2024): per-frequency short or long factors
+};
+
+// embed_backward: how a GPU sums the grad_out rows that share a table row (the CPU path is
+// always deterministic).
+enum class BackwardMode : std::uint8_t {
+  // Sort (id, row) pairs with CUB's radix sort, run-length encode the ids, sum each run in a
+  // fixed order and write each table row once (after PyTorch's embedding_dense_backward in
+  // aten/src/ATen/native/cuda/Embedding.cu). Bitwise reproducible from run to run, on the
+  // same GPU and build. Needs a workspace (embed_backward_workspace_size).
+  deterministic,
+  // float32 atomicAdd of every grad_out row into its table row: one pass and no workspace,
+  // but the order of the additions, hence the rounding, changes from run to run. Applies
+  // when every gradient given is float32; a call with a float16 or bfloat16 gradient runs
+  // the deterministic path instead (a float32 scratch copy of a whole [V, D] table would cost
+  // more than the sort).
+  atomic,
+};
+
+}  // namespace embrope
