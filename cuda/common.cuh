@@ -47,14 +47,13 @@ inline void check_launch(const char* kernel) {
 // the same row, whatever the order in which blocks ran). A key left by an earlier call on the
 // same DeferredStatus stays described as that call described it, as on the CPU.
 __device__ __forceinline__ void report_bad_row(detail::BadIndexRecord* record, std::int64_t key) {
-  const unsigned long long old = atomicMin(reinterpret_cast<unsigned long long*>(&record->key),
-                                           static_cast<unsigned long long>(key));
-  if (static_cast<unsigned long long>(key) < old) atomicExch(&record->lowered, 1);
+  const long long old = atomicMin(&record->key, static_cast<long long>(key));
+  if (key < old) atomicExch(&record->lowered, 1);
 }
 
 // The key as the other blocks left it (a volatile load: not served from this SM's L1).
 __device__ __forceinline__ std::int64_t current_key(const detail::BadIndexRecord* record) {
-  return *reinterpret_cast<const volatile long long*>(&record->key);
+  return *static_cast<const volatile long long*>(&record->key);
 }
 
 // Call with all threads of the block after their last report_bad_row. Returns true in one
@@ -67,7 +66,7 @@ __device__ __forceinline__ bool last_block_done(detail::BadIndexRecord* record) 
   if (threadIdx.x == 0 && threadIdx.y == 0) {
     __threadfence();
     const unsigned total = gridDim.x * gridDim.y * gridDim.z;
-    const unsigned ticket = atomicAdd(reinterpret_cast<unsigned*>(&record->finished_blocks), 1u);
+    const unsigned ticket = atomicAdd(&record->finished_blocks, 1u);
     describe = false;
     if (ticket == total - 1) {
       __threadfence();

@@ -122,10 +122,9 @@ __global__ void count_chunks_kernel(const __grid_constant__ KeyLayout layout,
 // accumulators in registers (left to itself, ptxas chose 32 and spilled).
 template <typename T, int W>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock, 4)
-    partial_sums_kernel(const __grid_constant__ Params p, const __grid_constant__ KeyLayout layout,
-                        const std::int64_t* offsets, const int* run_starts, const int* run_lengths,
-                        const int* chunks, const int* chunk_starts, const int* num_runs,
-                        float* partials) {
+    partial_sums_kernel(const __grid_constant__ Params p, const std::int64_t* offsets,
+                        const int* run_starts, const int* run_lengths, const int* chunks,
+                        const int* chunk_starts, const int* num_runs, float* partials) {
   const int runs = *num_runs;
   if (runs == 0) return;
   const int total = chunk_starts[runs - 1] + chunks[runs - 1];
@@ -388,8 +387,7 @@ template <typename T, int W>
 void launch_reductions(const Params& p, const KeyLayout& l, const Pieces& w, cudaStream_t stream) {
   const dim3 block(32, kWarpsPerBlock);
   partial_sums_kernel<T, W><<<grid_for(l.max_chunks, kWarpsPerBlock), block, 0, stream>>>(
-      p, l, w.offsets, w.run_starts, w.run_lengths, w.chunks, w.chunk_starts, w.num_runs,
-      w.partials);
+      p, w.offsets, w.run_starts, w.run_lengths, w.chunks, w.chunk_starts, w.num_runs, w.partials);
   check_launch("partial_sums_kernel");
   reduce_runs_kernel<T, W><<<grid_for(l.items, kWarpsPerBlock), block, 0, stream>>>(
       p, l, w.offsets, w.run_keys, w.run_starts, w.run_lengths, w.chunks, w.chunk_starts,

@@ -45,7 +45,9 @@ constexpr std::int64_t kNoBadIndex = INT64_MAX;
 // smallest key is "the first offending row" whatever order threads ran in (an atomic min on
 // the GPU, a min-reduction on the CPU).
 struct BadIndexRecord {
-  std::int64_t key = kNoBadIndex;
+  // long long (64 bits, like std::int64_t): the type CUDA's atomicMin takes, so the GPU
+  // lowers it without a pointer cast.
+  long long key = kNoBadIndex;
   std::int64_t value = 0;  // the offending id or position, as given
   std::int64_t lower = 0;  // the valid range is [lower, upper)
   std::int64_t upper = 0;
@@ -53,10 +55,11 @@ struct BadIndexRecord {
   // Used by the CUDA kernels during a launch, zero between launches: the blocks finished so
   // far, and whether this launch lowered the key (a DeferredStatus may hold an earlier call's
   // report, which a later call must not re-describe).
-  std::int32_t finished_blocks = 0;
+  std::uint32_t finished_blocks = 0;
   std::int32_t lowered = 0;
   std::int32_t padding = 0;
 };
+static_assert(sizeof(long long) == 8 && sizeof(BadIndexRecord) == 48, "one record layout");
 
 EMBROPE_HD constexpr std::int64_t bad_index_key(std::int64_t row, BadIndexArg arg) {
   return row * kBadIndexArgs + static_cast<std::int64_t>(arg);
