@@ -15,65 +15,71 @@
 #include <utility>
 #include <vector>
 
+#include "../apply_rope_cases.hpp"
 #include "gpu_support.hpp"
 
 using namespace gpu_test;
+using op_cases::Arrangement;
+using op_cases::MropeCase;
+using op_cases::RopeCase;
+using op_cases::TableKind;
 
 namespace {
 
-struct RopeCase {
-  DType dtype;
-  embrope::RopeLayout layout;
-  std::int64_t head_dim, rotary_dim, hq, hk, tokens;
-  bool strided, in_place;
-};
-
+// Runs one case of the sweep on the CPU and on the GPU and compares the outputs. The sweep's
+// cases are [T, H, D] tensors with int64 positions drawn below max_positions and a RopeCache,
+// in place or out of place, contiguous or views into one fused [T, Hq + Hk + Hk, D + 8]
+// buffer; their data comes from seeds of their own.
 void run_rope_case(const RopeCase& c) {
-  INFO("dtype " << embrope::dtype_name(c.dtype) << " layout " << static_cast<int>(c.layout) << " D "
-                << c.head_dim << " R " << c.rotary_dim << " Hq " << c.hq << " Hk " << c.hk << " T "
-                << c.tokens << " strided " << c.strided << " in_place " << c.in_place);
+  INFO(describe(c));
+  if (c.batch != 0 || c.arrangement == Arrangement::transposed || c.table != TableKind::cache ||
+      c.pos_dtype != DType::int64 || c.inverse || c.position_stride != 1 || !c.positions.empty()) {
+    FAIL("not a case of the GPU sweep: " << describe(c));
+  }
+  const bool strided = c.arrangement == Arrangement::fused_qkv;
+  const bool in_place = !c.out_of_place;
+  const std::int64_t tokens = c.seq;
   const int es = embrope::dtype_size(c.dtype);
   // Strided: q and k are views into one fused [T, Hq + Hk + Hk, D + pad] buffer.
-  const std::int64_t pad = c.strided ? 8 : 0;
+  const std::int64_t pad = strided ? 8 : 0;
   const std::int64_t row = c.head_dim + pad;
   const std::int64_t token_stride = (c.hq + 2 * c.hk) * row;
-  const std::int64_t elements = c.tokens * token_stride;
-  Buffer qkv(elements * es), out(elements * es), pos(c.tokens * 8);
-  fill_random(qkv, c.dtype, elements, 1234 + c.tokens * 7 + c.head_dim);
-  const std::int64_t max_positions = 5000;
+  const std::int64_t elements = tokens * token_stride;
+  Buffer qkv(elements * es), out(elements * es), pos(tokens * 8);
+  fill_random(qkv, c.dtype, elements, 1234 + tokens * 7 + c.head_dim);
   std::mt19937_64 rng(99);
-  for (std::int64_t t = 0; t < c.tokens; ++t) {
-    const std::int64_t p = static_cast<std::int64_t>(rng() % max_positions);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    const std::int64_t p = static_cast<std::int64_t>(rng() % c.max_positions);
     std::memcpy(pos.host.data() + 8 * t, &p, 8);
   }
   qkv.upload();
   pos.upload();
   out.poison_both(0xff);
 
-  embrope::RopeCache cpu_cache({c.rotary_dim, 10000.0, max_positions});
-  embrope::RopeCache gpu_cache({c.rotary_dim, 10000.0, max_positions}, Device::cuda(0));
+  embrope::RopeCache cpu_cache({c.rotary_dim, c.base, c.max_positions});
+  embrope::RopeCache gpu_cache({c.rotary_dim, c.base, c.max_positions}, Device::cuda(0));
 
   auto views = [&](void* base, void* out_base, Device d, embrope::RopeOptions& o) {
-    Tensor q(base, c.dtype, {c.tokens, c.hq, c.head_dim}, {token_stride, row, 1}, d);
+    Tensor q(base, c.dtype, {tokens, c.hq, c.head_dim}, {token_stride, row, 1}, d);
     Tensor k(static_cast<unsigned char*>(base) + c.hq * row * es, c.dtype,
-             {c.tokens, c.hk, c.head_dim}, {token_stride, row, 1}, d);
-    if (!c.in_place) {
-      o.q_out = Tensor(out_base, c.dtype, {c.tokens, c.hq, c.head_dim}, {token_stride, row, 1}, d);
+             {tokens, c.hk, c.head_dim}, {token_stride, row, 1}, d);
+    if (!in_place) {
+      o.q_out = Tensor(out_base, c.dtype, {tokens, c.hq, c.head_dim}, {token_stride, row, 1}, d);
       o.k_out = Tensor(static_cast<unsigned char*>(out_base) + c.hq * row * es, c.dtype,
-                       {c.tokens, c.hk, c.head_dim}, {token_stride, row, 1}, d);
+                       {tokens, c.hk, c.head_dim}, {token_stride, row, 1}, d);
     }
     return std::make_pair(q, k);
   };
   embrope::RopeOptions cpu_opts, gpu_opts;
-  cpu_opts.layout = gpu_opts.layout = c.layout;
+  cpu_opts.layout = gpu_opts.layout =
+      c.interleaved ? embrope::RopeLayout::interleaved : embrope::RopeLayout::neox;
   auto [cq, ck] = views(qkv.host.data(), out.host.data(), Device::cpu(), cpu_opts);
   auto [gq, gk] = views(qkv.device, out.device, Device::cuda(0), gpu_opts);
-  embrope::apply_rope(cq, ck, Tensor(pos.host.data(), DType::int64, {c.tokens}), cpu_cache,
-                      cpu_opts);
-  embrope::apply_rope(gq, gk, Tensor(pos.device, DType::int64, {c.tokens}, Device::cuda(0)),
+  embrope::apply_rope(cq, ck, Tensor(pos.host.data(), DType::int64, {tokens}), cpu_cache, cpu_opts);
+  embrope::apply_rope(gq, gk, Tensor(pos.device, DType::int64, {tokens}, Device::cuda(0)),
                       gpu_cache, gpu_opts);
   cuda_check(cudaDeviceSynchronize());
-  const Buffer& result = c.in_place ? qkv : out;
+  const Buffer& result = in_place ? qkv : out;
   compare_rows(result.download(), result.host, c.dtype, elements, row);
 }
 
@@ -102,8 +108,18 @@ TEST_CASE("GPU RoPE equals CPU RoPE over the grid", "[gpu][rope][sweep]") {
                   // 1/1 heads, but with 32/8 heads at D = 128 only: the CPU reference and the
                   // comparison of 32/8 heads at every size would take minutes.
                   if (tokens == 4097 && heads.first == 32 && d != 128) continue;
-                  run_rope_case({dtype, layout, d, partial ? d / 2 : d, heads.first, heads.second,
-                                 tokens, strided, in_place});
+                  RopeCase c;
+                  c.dtype = dtype;
+                  c.interleaved = layout == embrope::RopeLayout::interleaved;
+                  c.head_dim = d;
+                  c.rotary_dim = partial ? d / 2 : d;
+                  c.hq = heads.first;
+                  c.hk = heads.second;
+                  c.seq = tokens;
+                  c.arrangement = strided ? Arrangement::fused_qkv : Arrangement::contiguous;
+                  c.out_of_place = !in_place;
+                  c.max_positions = 5000;
+                  run_rope_case(c);
                 }
               }
             }
@@ -170,36 +186,49 @@ TEST_CASE("GPU bad positions: rows zero-filled, error names the first, context u
 
 TEST_CASE("GPU mrope equals CPU mrope, including chunks that straddle a section",
           "[gpu][rope][mrope]") {
-  struct Sections {
-    std::int64_t head_dim, rotary_dim;
-    std::array<std::int64_t, 3> section;
+  // The shapes and sections; dtype, layout and token count vary below.
+  auto shape = [](std::int64_t head_dim, std::int64_t rotary_dim,
+                  std::array<std::int64_t, 3> section) {
+    MropeCase c;
+    c.head_dim = head_dim;
+    c.rotary_dim = rotary_dim;
+    c.section = section;
+    c.hq = 7;
+    c.hk = 2;
+    c.max_positions = 3000;
+    return c;
   };
-  const Sections all[] = {{128, 128, {16, 24, 24}}, {128, 64, {10, 11, 11}}, {80, 80, {0, 20, 20}}};
+  const MropeCase all[] = {shape(128, 128, {16, 24, 24}), shape(128, 64, {10, 11, 11}),
+                           shape(80, 80, {0, 20, 20})};
   for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
     for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
-      for (const Sections& sec : all) {
+      for (const MropeCase& shaped : all) {
         for (std::int64_t tokens : {1, 5, 300}) {
+          MropeCase c = shaped;
+          c.dtype = dtype;
+          c.interleaved = layout == embrope::RopeLayout::interleaved;
+          c.seq = tokens;
           INFO("dtype " << embrope::dtype_name(dtype) << " layout " << static_cast<int>(layout)
-                        << " D " << sec.head_dim << " R " << sec.rotary_dim << " T " << tokens);
+                        << " D " << c.head_dim << " R " << c.rotary_dim << " T " << tokens);
           const int es = embrope::dtype_size(dtype);
-          const std::int64_t hq = 7, hk = 2, d = sec.head_dim;
+          const std::int64_t hq = c.hq, hk = c.hk, d = c.head_dim;
           Buffer q(tokens * hq * d * es), k(tokens * hk * d * es), pos(3 * tokens * 8);
           fill_random(q, dtype, tokens * hq * d, 31 + tokens);
           fill_random(k, dtype, tokens * hk * d, 37 + tokens);
           std::mt19937_64 rng(tokens);
           for (std::int64_t i = 0; i < 3 * tokens; ++i) {
-            const std::int64_t p = static_cast<std::int64_t>(rng() % 3000);
+            const std::int64_t p = static_cast<std::int64_t>(rng() % c.max_positions);
             std::memcpy(pos.host.data() + 8 * i, &p, 8);
           }
           q.upload();
           k.upload();
           pos.upload();
-          const embrope::RopeConfig config{sec.rotary_dim, 1000000.0, 3000};
+          const embrope::RopeConfig config{c.rotary_dim, 1000000.0, c.max_positions};
           embrope::RopeCache cpu_cache(config);
           embrope::RopeCache gpu_cache(config, Device::cuda(0));
           embrope::RopeOptions opt;
           opt.layout = layout;
-          opt.mrope_section = sec.section;
+          opt.mrope_section = c.section;
           embrope::apply_rope(Tensor(q.host.data(), dtype, {tokens, hq, d}),
                               Tensor(k.host.data(), dtype, {tokens, hk, d}),
                               Tensor(pos.host.data(), DType::int64, {3, tokens}), cpu_cache, opt);

@@ -8,20 +8,32 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <vector>
 
+#include "../embed_backward_cases.hpp"
 #include "gpu_support.hpp"
 
 using namespace gpu_test;
+using op_cases::BackwardCase;
 
 namespace {
 
-struct BackwardSetup {
-  DType dtype = DType::float32, grad_dtype = DType::float32;
-  std::int64_t vocab = 1000, dim = 64, rows = 0, max_pos = 512, types = 3;
-  std::vector<std::int64_t> ids;  // the id of each row
-};
+// The case the GPU runs start from: V 1000, D 64, every gradient table in one call (learned
+// positions by explicit int32 ids over 512 rows, 3 token types), scale 1.5, padding_idx 3.
+// The tests set the dtypes, D, the ids (one per row, ids_shape [N]) and the mode.
+BackwardCase gpu_case() {
+  BackwardCase c;
+  c.vocab = 1000;
+  c.dim = 64;
+  c.scale = 1.5;
+  c.padding = 3;
+  c.learned = true;
+  c.max_positions = 512;
+  c.num_types = 3;
+  return c;
+}
 
 // Runs embed_backward on the CPU and on the GPU (twice, the second time with a caller
 // workspace on another stream) from the same initial gradients. Returns the GPU results of
@@ -32,11 +44,20 @@ struct BackwardResults {
   std::vector<std::int64_t> count;  // per element: the number of terms
 };
 
-BackwardResults run_backward_case(const BackwardSetup& s, embrope::BackwardMode mode) {
+BackwardResults run_backward_case(const BackwardCase& s) {
+  INFO(describe(s));
+  if (s.id_dtype != DType::int64 || s.ids_shape.size() != 1 ||
+      s.ids_shape[0] != static_cast<std::int64_t>(s.ids.size()) || s.id_stride != 1 ||
+      s.out_pad != 0 || s.grad_pad != 0 || s.vocab_start != 0 || s.shard || !s.token ||
+      !s.learned || !s.explicit_positions || s.num_types <= 0 || s.zero_init ||
+      !s.position_ids.empty() || !s.type_ids.empty() || !s.offsets.empty()) {
+    FAIL("not a case the GPU runs: " << describe(s));
+  }
+  const embrope::BackwardMode mode = s.mode;
   const int es = embrope::dtype_size(s.dtype);
   const int gs = embrope::dtype_size(s.grad_dtype);
-  const std::int64_t n = s.rows, d = s.dim;
-  const std::int64_t grad_rows = s.vocab + s.max_pos + s.types;
+  const std::int64_t n = s.ids_shape[0], d = s.dim;
+  const std::int64_t grad_rows = s.vocab + s.max_positions + s.num_types;
   Buffer grad_out(n * d * es), ids(n * 8), pids(n * 4), tids(n * 8), grads(grad_rows * d * gs);
   fill_random(grad_out, s.dtype, n * d, 71);
   fill_random(grads, s.grad_dtype, grad_rows * d, 72);
@@ -44,8 +65,8 @@ BackwardResults run_backward_case(const BackwardSetup& s, embrope::BackwardMode 
   std::vector<std::int64_t> pos(n), typ(n);
   for (std::int64_t r = 0; r < n; ++r) {
     std::memcpy(ids.host.data() + 8 * r, &s.ids[r], 8);
-    const std::int32_t p = static_cast<std::int32_t>(rng() % s.max_pos);
-    const std::int64_t t = static_cast<std::int64_t>(rng() % s.types);
+    const std::int32_t p = static_cast<std::int32_t>(rng() % s.max_positions);
+    const std::int64_t t = static_cast<std::int64_t>(rng() % s.num_types);
     pos[r] = p;
     typ[r] = t;
     std::memcpy(pids.host.data() + 4 * r, &p, 4);
@@ -53,8 +74,8 @@ BackwardResults run_backward_case(const BackwardSetup& s, embrope::BackwardMode 
   }
   for (Buffer* b : {&grad_out, &ids, &pids, &tids, &grads}) b->upload();
   const std::vector<unsigned char> initial = grads.host;
-  const float scale = 1.5f;
-  const std::int64_t padding = 3;
+  const float scale = static_cast<float>(s.scale);
+  const std::optional<std::int64_t> padding = s.padding;
 
   BackwardResults out;
   out.magnitude.assign(static_cast<std::size_t>(grad_rows * d), 0.0);
@@ -65,14 +86,14 @@ BackwardResults run_backward_case(const BackwardSetup& s, embrope::BackwardMode 
   for (std::int64_t r = 0; r < n; ++r) {
     for (std::int64_t j = 0; j < d; ++j) {
       const double g = std::fabs(load_value(grad_out.host.data(), s.dtype, r * d + j));
-      if (s.ids[r] != padding) {
+      if (!(padding && s.ids[r] == *padding)) {
         out.magnitude[s.ids[r] * d + j] += scale * g;
         out.count[s.ids[r] * d + j] += 1;
       }
       out.magnitude[(s.vocab + pos[r]) * d + j] += g;
       out.count[(s.vocab + pos[r]) * d + j] += 1;
-      out.magnitude[(s.vocab + s.max_pos + typ[r]) * d + j] += g;
-      out.count[(s.vocab + s.max_pos + typ[r]) * d + j] += 1;
+      out.magnitude[(s.vocab + s.max_positions + typ[r]) * d + j] += g;
+      out.count[(s.vocab + s.max_positions + typ[r]) * d + j] += 1;
     }
   }
 
@@ -86,10 +107,10 @@ BackwardResults run_backward_case(const BackwardSetup& s, embrope::BackwardMode 
     o.padding_idx = padding;
     o.mode = mode;
     o.grad_position_table =
-        Tensor(ptr(grads) + s.vocab * d * gs, s.grad_dtype, {s.max_pos, d}, dev);
+        Tensor(ptr(grads) + s.vocab * d * gs, s.grad_dtype, {s.max_positions, d}, dev);
     o.position_ids = Tensor(ptr(pids), DType::int32, {n}, dev);
-    o.grad_type_table =
-        Tensor(ptr(grads) + (s.vocab + s.max_pos) * d * gs, s.grad_dtype, {s.types, d}, dev);
+    o.grad_type_table = Tensor(ptr(grads) + (s.vocab + s.max_positions) * d * gs, s.grad_dtype,
+                               {s.num_types, d}, dev);
     o.type_ids = Tensor(ptr(tids), DType::int64, {n}, dev);
     o.workspace = workspace;
     o.workspace_bytes = workspace_bytes;
@@ -117,11 +138,11 @@ BackwardResults run_backward_case(const BackwardSetup& s, embrope::BackwardMode 
     embrope::EmbedBackwardOptions o;
     o.mode = mode;
     o.grad_position_table = Tensor(static_cast<unsigned char*>(grads.device) + s.vocab * d * gs,
-                                   s.grad_dtype, {s.max_pos, d}, Device::cuda(0));
+                                   s.grad_dtype, {s.max_positions, d}, Device::cuda(0));
     o.position_ids = Tensor(pids.device, DType::int32, {n}, Device::cuda(0));
     o.grad_type_table =
-        Tensor(static_cast<unsigned char*>(grads.device) + (s.vocab + s.max_pos) * d * gs,
-               s.grad_dtype, {s.types, d}, Device::cuda(0));
+        Tensor(static_cast<unsigned char*>(grads.device) + (s.vocab + s.max_positions) * d * gs,
+               s.grad_dtype, {s.num_types, d}, Device::cuda(0));
     o.type_ids = Tensor(tids.device, DType::int64, {n}, Device::cuda(0));
     return embrope::embed_backward_workspace_size(
         Tensor(grad_out.device, s.dtype, {n, d}, Device::cuda(0)),
@@ -171,18 +192,20 @@ TEST_CASE("GPU embed_backward deterministic: bitwise reproducible, equal to the 
         for (std::int64_t dim : {64, 100}) {
           INFO("dtype " << embrope::dtype_name(dtype) << " grad " << embrope::dtype_name(grad_dtype)
                         << " pattern " << pattern << " D " << dim);
-          BackwardSetup s;
+          BackwardCase s = gpu_case();
           s.dtype = dtype;
           s.grad_dtype = grad_dtype;
           s.dim = dim;
-          s.rows = pattern == 2 ? s.vocab : 5000;
+          const std::int64_t rows = pattern == 2 ? s.vocab : 5000;
+          s.ids_shape = {rows};
+          s.mode = embrope::BackwardMode::deterministic;
           std::mt19937_64 rng(81);
-          for (std::int64_t r = 0; r < s.rows; ++r) {
+          for (std::int64_t r = 0; r < rows; ++r) {
             s.ids.push_back(pattern == 0   ? static_cast<std::int64_t>(rng() % s.vocab)
                             : pattern == 1 ? 7  // one id on every row: one long run
                                            : (r * 7 + 1) % s.vocab);  // all distinct
           }
-          const BackwardResults r = run_backward_case(s, embrope::BackwardMode::deterministic);
+          const BackwardResults r = run_backward_case(s);
           REQUIRE(r.gpu_first == r.gpu_second);
           compare_gradients(r, grad_dtype);
         }
@@ -195,14 +218,16 @@ TEST_CASE("GPU embed_backward atomic: float32 within the summation bound of the 
           "[gpu][embed_backward]") {
   for (DType dtype : {DType::float32, DType::bfloat16}) {
     for (int pattern = 0; pattern < 2; ++pattern) {
-      BackwardSetup s;
+      BackwardCase s = gpu_case();
       s.dtype = dtype;
-      s.rows = 4096;
+      const std::int64_t rows = 4096;
+      s.ids_shape = {rows};
+      s.mode = embrope::BackwardMode::atomic;
       std::mt19937_64 rng(91);
-      for (std::int64_t r = 0; r < s.rows; ++r) {
+      for (std::int64_t r = 0; r < rows; ++r) {
         s.ids.push_back(pattern == 0 ? static_cast<std::int64_t>(rng() % s.vocab) : 11);
       }
-      const BackwardResults r = run_backward_case(s, embrope::BackwardMode::atomic);
+      const BackwardResults r = run_backward_case(s);
       compare_gradients(r, DType::float32);
     }
   }
