@@ -11,7 +11,7 @@
 // Each test case of hostile inputs runs a table of cases under a group name; the file that
 // holds it lists the table through its <op>_hostile_case_names() (declared below), and
 // tests/test_hostile_count.cpp checks that names are unique within a group, prints the total
-// count, and compares each group that ran in the same process with its list.
+// count, and compares each group that ran earlier in the same process with its list.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -303,7 +303,7 @@ inline void count(const std::string& group, Surface s) {
   (s == Surface::cpp ? k.cpp : k.c) += 1;
 }
 
-// ------------------------------------------------------------- single calls ----------------
+// ---------------------------------------------------------------- case kinds ----------------
 
 // A case of one call that needs no guarded tensors: run() makes the call.
 struct CallCase {

@@ -51,7 +51,7 @@ TEST_CASE("hostile inputs: every case has its own name; the number of cases", "[
   }
   // The figure the README quotes (each case on each surface and table kind is one call).
   std::printf("hostile inputs: %d C++ calls, %d C calls, %d in all\n", cpp, c, cpp + c);
-  // Each group whose test case ran in this process ran exactly the cases listed.
+  // Each group whose test case ran earlier in this process ran exactly the cases listed.
   for (const auto& [group, made] : hostile::calls_made()) {
     INFO("group: " << group);
     const hostile::Calls want = listed.count(group) ? listed.at(group) : hostile::Calls{};

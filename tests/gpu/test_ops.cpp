@@ -1,5 +1,5 @@
-// Cases that span ops on the GPU: empty calls of every op, and a bad id or position at the
-// int32/int64 limits followed by a call of the other op on the same context.
+// Cases that span ops on the GPU: apply_rope and embed with no tokens, and a bad id or position
+// at the int32/int64 limits followed by a call of the other op on the same context.
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
