@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "apply_rope_cases.hpp"
 #include "embrope/embrope.hpp"
 #include "reference.hpp"
 #include "test_support.hpp"
@@ -27,56 +28,9 @@ using embrope::RopeConfig;
 using embrope::RopeLayout;
 using embrope::RopeOptions;
 using embrope::Tensor;
-
-// How q and k sit in memory.
-enum class Arrangement {
-  contiguous,  // separate row-major buffers
-  fused_qkv,   // one buffer per token: q heads, k heads, v heads; padding after each head,
-               // after each token and after each batch row
-  transposed,  // separate [B, H, S, D + 2] buffers viewed as [B, S, H, D]
-};
-const char* arrangement_name(Arrangement a) {
-  return a == Arrangement::contiguous  ? "contiguous"
-         : a == Arrangement::fused_qkv ? "fused_qkv"
-                                       : "transposed";
-}
-
-enum class TableKind { cache, caller };
-
-struct RopeCase {
-  DType dtype = DType::float32;
-  DType pos_dtype = DType::int64;
-  bool interleaved = false;
-  bool inverse = false;
-  std::int64_t head_dim = 64, rotary_dim = 64;
-  std::int64_t batch = 0;  // 0: [T, H, D] tensors and positions [T] (T = seq)
-  std::int64_t seq = 5;
-  std::int64_t hq = 4, hk = 2;  // hk 0: k is std::nullopt
-  Arrangement arrangement = Arrangement::contiguous;
-  bool out_of_place = false;
-  TableKind table = TableKind::cache;
-  DType table_dtype = DType::float32;  // of caller tables
-  double base = 10000.0;
-  std::int64_t max_positions = 64;
-  std::int64_t position_stride = 1;     // element stride of the positions' last dimension
-  std::vector<std::int64_t> positions;  // explicit (flat, B*S); empty: random in range
-  std::int64_t seed = 1;
-};
-
-std::string describe(const RopeCase& c) {
-  std::ostringstream os;
-  os << "dtype " << embrope::dtype_name(c.dtype) << ", positions "
-     << embrope::dtype_name(c.pos_dtype) << ", " << (c.interleaved ? "interleaved" : "neox")
-     << (c.inverse ? ", inverse" : "") << ", head_dim " << c.head_dim << ", rotary_dim "
-     << c.rotary_dim << ", " << (c.batch == 0 ? "[T,H,D] T=" : "[B,S,H,D] B=") << c.batch
-     << " S=" << c.seq << ", Hq " << c.hq << ", Hk " << c.hk << ", "
-     << arrangement_name(c.arrangement) << (c.out_of_place ? ", out of place" : ", in place")
-     << ", " << (c.table == TableKind::cache ? "RopeCache" : "caller cos/sin ")
-     << (c.table == TableKind::caller ? embrope::dtype_name(c.table_dtype) : "")
-     << ", max_positions " << c.max_positions << ", position stride " << c.position_stride
-     << ", seed " << c.seed;
-  return os.str();
-}
+using op_cases::Arrangement;
+using op_cases::RopeCase;
+using op_cases::TableKind;
 
 // Where one of q, k (or an output) lives in its buffer: element offset and strides.
 struct Placement {

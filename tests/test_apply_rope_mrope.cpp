@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "apply_rope_cases.hpp"
 #include "embrope/embrope.hpp"
 #include "reference.hpp"
 #include "test_support.hpp"
@@ -24,17 +25,7 @@ using embrope::RopeCache;
 using embrope::RopeConfig;
 using embrope::RopeLayout;
 using embrope::RopeOptions;
-
-struct MropeCase {
-  DType dtype = DType::float32;
-  DType pos_dtype = DType::int64;
-  bool interleaved = false;
-  std::int64_t head_dim = 128, rotary_dim = 128;
-  std::array<std::int64_t, 3> section = {16, 24, 24};
-  std::int64_t batch = 0, seq = 7, hq = 4, hk = 2;
-  bool positions_token_major = false;  // positions stored [T, 3] and viewed as [3, T]
-  std::int64_t max_positions = 4096;
-};
+using op_cases::MropeCase;
 
 // Stream j of frequency i, written from the section list (cumulative bounds).
 int stream_of(const std::array<std::int64_t, 3>& section, std::int64_t i) {

@@ -1,0 +1,401 @@
+// apply_rope on the GPU against the CPU: the sweep over dtypes, layouts, head sizes, head
+// counts, token counts, fused views and out of place; bad positions; mrope; scaled caches;
+// [B, S, H, D] views, caller cos/sin tables, no heads.
+#include <cuda_runtime.h>
+
+#include <catch2/catch.hpp>
+#include <embrope/embrope.hpp>
+
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../apply_rope_cases.hpp"
+#include "gpu_support.hpp"
+
+using namespace gpu_test;
+using op_cases::Arrangement;
+using op_cases::MropeCase;
+using op_cases::RopeCase;
+using op_cases::TableKind;
+
+namespace {
+
+// Runs one case of the sweep on the CPU and on the GPU and compares the outputs. The sweep's
+// cases are [T, H, D] tensors with int64 positions drawn below max_positions and a RopeCache,
+// in place or out of place, contiguous or views into one fused [T, Hq + Hk + Hk, D + 8]
+// buffer; their data comes from seeds of their own.
+void run_rope_case(const RopeCase& c) {
+  INFO(describe(c));
+  if (c.batch != 0 || c.arrangement == Arrangement::transposed || c.table != TableKind::cache ||
+      c.pos_dtype != DType::int64 || c.inverse || c.position_stride != 1 || !c.positions.empty()) {
+    FAIL("not a case of the GPU sweep: " << describe(c));
+  }
+  const bool strided = c.arrangement == Arrangement::fused_qkv;
+  const bool in_place = !c.out_of_place;
+  const std::int64_t tokens = c.seq;
+  const int es = embrope::dtype_size(c.dtype);
+  // Strided: q and k are views into one fused [T, Hq + Hk + Hk, D + pad] buffer.
+  const std::int64_t pad = strided ? 8 : 0;
+  const std::int64_t row = c.head_dim + pad;
+  const std::int64_t token_stride = (c.hq + 2 * c.hk) * row;
+  const std::int64_t elements = tokens * token_stride;
+  Buffer qkv(elements * es), out(elements * es), pos(tokens * 8);
+  fill_random(qkv, c.dtype, elements, 1234 + tokens * 7 + c.head_dim);
+  std::mt19937_64 rng(99);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    const std::int64_t p = static_cast<std::int64_t>(rng() % c.max_positions);
+    std::memcpy(pos.host.data() + 8 * t, &p, 8);
+  }
+  qkv.upload();
+  pos.upload();
+  out.poison_both(0xff);
+
+  embrope::RopeCache cpu_cache({c.rotary_dim, c.base, c.max_positions});
+  embrope::RopeCache gpu_cache({c.rotary_dim, c.base, c.max_positions}, Device::cuda(0));
+
+  auto views = [&](void* base, void* out_base, Device d, embrope::RopeOptions& o) {
+    Tensor q(base, c.dtype, {tokens, c.hq, c.head_dim}, {token_stride, row, 1}, d);
+    Tensor k(static_cast<unsigned char*>(base) + c.hq * row * es, c.dtype,
+             {tokens, c.hk, c.head_dim}, {token_stride, row, 1}, d);
+    if (!in_place) {
+      o.q_out = Tensor(out_base, c.dtype, {tokens, c.hq, c.head_dim}, {token_stride, row, 1}, d);
+      o.k_out = Tensor(static_cast<unsigned char*>(out_base) + c.hq * row * es, c.dtype,
+                       {tokens, c.hk, c.head_dim}, {token_stride, row, 1}, d);
+    }
+    return std::make_pair(q, k);
+  };
+  embrope::RopeOptions cpu_opts, gpu_opts;
+  cpu_opts.layout = gpu_opts.layout =
+      c.interleaved ? embrope::RopeLayout::interleaved : embrope::RopeLayout::neox;
+  auto [cq, ck] = views(qkv.host.data(), out.host.data(), Device::cpu(), cpu_opts);
+  auto [gq, gk] = views(qkv.device, out.device, Device::cuda(0), gpu_opts);
+  embrope::apply_rope(cq, ck, Tensor(pos.host.data(), DType::int64, {tokens}), cpu_cache, cpu_opts);
+  embrope::apply_rope(gq, gk, Tensor(pos.device, DType::int64, {tokens}, Device::cuda(0)),
+                      gpu_cache, gpu_opts);
+  cuda_check(cudaDeviceSynchronize());
+  const Buffer& result = in_place ? qkv : out;
+  compare_rows(result.download(), result.host, c.dtype, elements, row);
+}
+
+// EMBROPE_GPU_SWEEP=reduced (set under compute-sanitizer, which slows every launch down)
+// keeps the sweep's decode token counts (1 and 64) and drops 3 and 4097.
+bool reduced_sweep() {
+  const char* v = std::getenv("EMBROPE_GPU_SWEEP");
+  return v != nullptr && std::string(v) == "reduced";
+}
+
+}  // namespace
+
+TEST_CASE("GPU RoPE equals CPU RoPE over the grid", "[gpu][rope][sweep]") {
+  const bool reduced = reduced_sweep();
+  if (reduced) WARN("EMBROPE_GPU_SWEEP=reduced: token counts 1 and 64 only");
+  for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+    for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
+      for (std::int64_t d : {64, 80, 96, 128, 256}) {
+        for (bool partial : {false, true}) {
+          for (auto heads : {std::pair<std::int64_t, std::int64_t>{32, 8}, {7, 1}, {1, 1}}) {
+            for (std::int64_t tokens : {1, 3, 64, 4097}) {
+              for (bool strided : {false, true}) {
+                for (bool in_place : {true, false}) {
+                  if (reduced && (tokens == 3 || tokens == 4097)) continue;
+                  // 4097 tokens (the prefill launch shape) with every head size for 7/1 and
+                  // 1/1 heads, but with 32/8 heads at D = 128 only: the CPU reference and the
+                  // comparison of 32/8 heads at every size would take minutes.
+                  if (tokens == 4097 && heads.first == 32 && d != 128) continue;
+                  RopeCase c;
+                  c.dtype = dtype;
+                  c.interleaved = layout == embrope::RopeLayout::interleaved;
+                  c.head_dim = d;
+                  c.rotary_dim = partial ? d / 2 : d;
+                  c.hq = heads.first;
+                  c.hk = heads.second;
+                  c.seq = tokens;
+                  c.arrangement = strided ? Arrangement::fused_qkv : Arrangement::contiguous;
+                  c.out_of_place = !in_place;
+                  c.max_positions = 5000;
+                  run_rope_case(c);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("GPU bad positions: rows zero-filled, error names the first, context usable",
+          "[gpu][rope][errors]") {
+  const std::int64_t tokens = 100, heads = 4, dim = 64;
+  Buffer q(tokens * heads * dim * 4), pos(tokens * 8);
+  fill_random(q, DType::float32, tokens * heads * dim, 5);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    const std::int64_t p = (t == 37 || t == 90) ? 4096 + t : t;
+    std::memcpy(pos.host.data() + 8 * t, &p, 8);
+  }
+  q.upload();
+  pos.upload();
+  embrope::RopeCache cache({dim, 10000.0, 4096}, Device::cuda(0));
+  const Tensor gq(q.device, DType::float32, {tokens, heads, dim}, Device::cuda(0));
+  const Tensor gp(pos.device, DType::int64, {tokens}, Device::cuda(0));
+  REQUIRE_THROWS_WITH(embrope::apply_rope(gq, std::nullopt, gp, cache),
+                      Catch::Contains("positions[37] = 4133"));
+  const auto result = q.download();
+  for (std::int64_t j = 0; j < heads * dim; ++j) {
+    REQUIRE(load_value(result.data(), DType::float32, 37 * heads * dim + j) == 0.0f);
+    REQUIRE(load_value(result.data(), DType::float32, 90 * heads * dim + j) == 0.0f);
+  }
+  // Deferred policy, then a correct call on the same context.
+  embrope::DeferredStatus status(Device::cuda(0));
+  embrope::RopeOptions options;
+  options.deferred = &status;
+  embrope::apply_rope(gq, std::nullopt, gp, cache, options);
+  REQUIRE_FALSE(status.ok());
+  REQUIRE_THROWS_WITH(status.check(), Catch::Contains("positions[37]"));
+  REQUIRE(status.ok());
+  // Two calls, the same row bad in both: the first call's report is kept (as on the CPU), not
+  // re-described with the second call's value; a later, lower row replaces it.
+  embrope::apply_rope(gq, std::nullopt, gp, cache, options);  // positions[37] = 4133
+  const std::int64_t other = 5000;
+  std::memcpy(pos.host.data() + 8 * 37, &other, 8);
+  pos.upload();
+  embrope::apply_rope(gq, std::nullopt, gp, cache, options);  // positions[37] = 5000
+  REQUIRE_THROWS_WITH(status.check(), Catch::Contains("positions[37] = 4133"));
+  embrope::apply_rope(gq, std::nullopt, gp, cache, options);  // positions[37] = 5000
+  const std::int64_t lower = -1;
+  std::memcpy(pos.host.data() + 8 * 12, &lower, 8);
+  pos.upload();
+  embrope::apply_rope(gq, std::nullopt, gp, cache, options);  // positions[12] = -1 first
+  REQUIRE_THROWS_WITH(status.check(), Catch::Contains("positions[12] = -1"));
+  REQUIRE(status.ok());
+  for (std::int64_t t = 0; t < tokens; ++t) std::memcpy(pos.host.data() + 8 * t, &t, 8);
+  pos.upload();
+  q.upload();
+  embrope::apply_rope(gq, std::nullopt, gp, cache);
+  embrope::RopeCache cpu_cache({dim, 10000.0, 4096});
+  embrope::apply_rope(Tensor(q.host.data(), DType::float32, {tokens, heads, dim}), std::nullopt,
+                      Tensor(pos.host.data(), DType::int64, {tokens}), cpu_cache);
+  compare_rows(q.download(), q.host, DType::float32, tokens * heads * dim, dim);
+}
+
+TEST_CASE("GPU mrope equals CPU mrope, including chunks that straddle a section",
+          "[gpu][rope][mrope]") {
+  // The shapes and sections; dtype, layout and token count vary below.
+  auto shape = [](std::int64_t head_dim, std::int64_t rotary_dim,
+                  std::array<std::int64_t, 3> section) {
+    MropeCase c;
+    c.head_dim = head_dim;
+    c.rotary_dim = rotary_dim;
+    c.section = section;
+    c.hq = 7;
+    c.hk = 2;
+    c.max_positions = 3000;
+    return c;
+  };
+  const MropeCase all[] = {shape(128, 128, {16, 24, 24}), shape(128, 64, {10, 11, 11}),
+                           shape(80, 80, {0, 20, 20})};
+  for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+    for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
+      for (const MropeCase& shaped : all) {
+        for (std::int64_t tokens : {1, 5, 300}) {
+          MropeCase c = shaped;
+          c.dtype = dtype;
+          c.interleaved = layout == embrope::RopeLayout::interleaved;
+          c.seq = tokens;
+          INFO("dtype " << embrope::dtype_name(dtype) << " layout " << static_cast<int>(layout)
+                        << " D " << c.head_dim << " R " << c.rotary_dim << " T " << tokens);
+          const int es = embrope::dtype_size(dtype);
+          const std::int64_t hq = c.hq, hk = c.hk, d = c.head_dim;
+          Buffer q(tokens * hq * d * es), k(tokens * hk * d * es), pos(3 * tokens * 8);
+          fill_random(q, dtype, tokens * hq * d, 31 + tokens);
+          fill_random(k, dtype, tokens * hk * d, 37 + tokens);
+          std::mt19937_64 rng(tokens);
+          for (std::int64_t i = 0; i < 3 * tokens; ++i) {
+            const std::int64_t p = static_cast<std::int64_t>(rng() % c.max_positions);
+            std::memcpy(pos.host.data() + 8 * i, &p, 8);
+          }
+          q.upload();
+          k.upload();
+          pos.upload();
+          const embrope::RopeConfig config{c.rotary_dim, 1000000.0, c.max_positions};
+          embrope::RopeCache cpu_cache(config);
+          embrope::RopeCache gpu_cache(config, Device::cuda(0));
+          embrope::RopeOptions opt;
+          opt.layout = layout;
+          opt.mrope_section = c.section;
+          embrope::apply_rope(Tensor(q.host.data(), dtype, {tokens, hq, d}),
+                              Tensor(k.host.data(), dtype, {tokens, hk, d}),
+                              Tensor(pos.host.data(), DType::int64, {3, tokens}), cpu_cache, opt);
+          const Device g = Device::cuda(0);
+          embrope::apply_rope(Tensor(q.device, dtype, {tokens, hq, d}, g),
+                              Tensor(k.device, dtype, {tokens, hk, d}, g),
+                              Tensor(pos.device, DType::int64, {3, tokens}, g), gpu_cache, opt);
+          cuda_check(cudaDeviceSynchronize());
+          compare_rows(q.download(), q.host, dtype, tokens * hq * d, d);
+          compare_rows(k.download(), k.host, dtype, tokens * hk * d, d);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("GPU RoPE with scaled caches equals the CPU at long positions", "[gpu][rope][scaling]") {
+  for (const auto& [name, config] : scaled_configs()) {
+    INFO(name);
+    const std::int64_t tokens = 64, hq = 8, hk = 2, d = config.rotary_dim;
+    Buffer q(tokens * hq * d * 2), k(tokens * hk * d * 2), pos(tokens * 8);
+    fill_random(q, DType::bfloat16, tokens * hq * d, 5);
+    fill_random(k, DType::bfloat16, tokens * hk * d, 6);
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const std::int64_t p = t < 32 ? t * 4093 : 131071 - t;
+      std::memcpy(pos.host.data() + 8 * t, &p, 8);
+    }
+    q.upload();
+    k.upload();
+    pos.upload();
+    embrope::RopeCache cpu_cache(config);
+    embrope::RopeCache gpu_cache(config, Device::cuda(0));
+    const Device g = Device::cuda(0);
+    embrope::apply_rope(Tensor(q.host.data(), DType::bfloat16, {tokens, hq, d}),
+                        Tensor(k.host.data(), DType::bfloat16, {tokens, hk, d}),
+                        Tensor(pos.host.data(), DType::int64, {tokens}), cpu_cache);
+    embrope::apply_rope(Tensor(q.device, DType::bfloat16, {tokens, hq, d}, g),
+                        Tensor(k.device, DType::bfloat16, {tokens, hk, d}, g),
+                        Tensor(pos.device, DType::int64, {tokens}, g), gpu_cache);
+    cuda_check(cudaDeviceSynchronize());
+    compare_rows(q.download(), q.host, DType::bfloat16, tokens * hq * d, d);
+    compare_rows(k.download(), k.host, DType::bfloat16, tokens * hk * d, d);
+  }
+}
+
+TEST_CASE("GPU RoPE: [B, S, H, D] views of a [B, H, S, D] buffer, int32 positions, inverse",
+          "[gpu][rope]") {
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    for (bool inverse : {false, true}) {
+      for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
+        // pad 8 with offset 0: the 16-byte vector path with B > 1; pad 2, or q starting one
+        // element into its buffer: the scalar path.
+        for (std::int64_t pad : {2, 8}) {
+          for (std::int64_t offset : {0, 1}) {
+            INFO("dtype " << embrope::dtype_name(dtype) << " inverse " << inverse << " layout "
+                          << static_cast<int>(layout) << " pad " << pad << " offset " << offset);
+            const std::int64_t b = 3, s = 17, hq = 6, hk = 2, d = 128, r = 96;
+            const int es = embrope::dtype_size(dtype);
+            // q stored [B, Hq, S, D + pad] and viewed as [B, S, Hq, D] through its strides.
+            const std::int64_t row = d + pad;
+            const std::int64_t q_elements = offset + b * hq * s * row;
+            Buffer q(q_elements * es), k(b * s * hk * d * es), pos(b * s * 4);
+            fill_random(q, dtype, q_elements, 11);
+            fill_random(k, dtype, b * s * hk * d, 12);
+            std::mt19937_64 rng(13);
+            for (std::int64_t i = 0; i < b * s; ++i) {
+              const auto p = static_cast<std::int32_t>(rng() % 2048);
+              std::memcpy(pos.host.data() + 4 * i, &p, 4);
+            }
+            q.upload();
+            k.upload();
+            pos.upload();
+            const embrope::RopeConfig config{r, 10000.0, 2048};
+            embrope::RopeCache cpu_cache(config);
+            embrope::RopeCache gpu_cache(config, Device::cuda(0));
+            embrope::RopeOptions opt;
+            opt.layout = layout;
+            opt.inverse = inverse;
+            auto run = [&](bool gpu) {
+              const Device dev = gpu ? Device::cuda(0) : Device::cpu();
+              auto* qp = static_cast<unsigned char*>(gpu ? q.device : q.host.data()) + offset * es;
+              void* kp = gpu ? k.device : k.host.data();
+              void* pp = gpu ? pos.device : pos.host.data();
+              embrope::apply_rope(
+                  Tensor(qp, dtype, {b, s, hq, d}, {hq * s * row, row, s * row, 1}, dev),
+                  Tensor(kp, dtype, {b, s, hk, d}, dev), Tensor(pp, DType::int32, {b, s}, dev),
+                  gpu ? gpu_cache : cpu_cache, opt);
+            };
+            run(false);
+            run(true);
+            cuda_check(cudaDeviceSynchronize());
+            std::vector<unsigned char> gq = q.download(), cq = q.host;
+            // The element before q's view is compared too: it must be untouched.
+            REQUIRE(std::memcmp(gq.data(), cq.data(), static_cast<std::size_t>(offset * es)) == 0);
+            gq.erase(gq.begin(), gq.begin() + offset * es);
+            cq.erase(cq.begin(), cq.begin() + offset * es);
+            compare_rows(gq, cq, dtype, b * hq * s * row, row);
+            compare_rows(k.download(), k.host, dtype, b * s * hk * d, d);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("GPU RoPE with caller cos/sin tables of every value dtype", "[gpu][rope]") {
+  for (DType table_dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+    for (DType dtype : {DType::float32, DType::float16}) {
+      INFO("table " << embrope::dtype_name(table_dtype) << " q " << embrope::dtype_name(dtype));
+      const std::int64_t t = 33, h = 5, d = 64, max_pos = 300;
+      const int es = embrope::dtype_size(dtype), ts = embrope::dtype_size(table_dtype);
+      Buffer q(t * h * d * es), cos(max_pos * d / 2 * ts), sin(max_pos * d / 2 * ts), pos(t * 8);
+      fill_random(q, dtype, t * h * d, 21);
+      fill_random(cos, table_dtype, max_pos * d / 2, 22);
+      fill_random(sin, table_dtype, max_pos * d / 2, 23);
+      for (std::int64_t i = 0; i < t; ++i) {
+        const std::int64_t p = (i * 37) % max_pos;
+        std::memcpy(pos.host.data() + 8 * i, &p, 8);
+      }
+      for (Buffer* x : {&q, &cos, &sin, &pos}) x->upload();
+      auto run = [&](bool gpu) {
+        const Device dev = gpu ? Device::cuda(0) : Device::cpu();
+        auto ptr = [&](Buffer& x) -> void* { return gpu ? x.device : x.host.data(); };
+        embrope::apply_rope(Tensor(ptr(q), dtype, {t, h, d}, dev), std::nullopt,
+                            Tensor(ptr(pos), DType::int64, {t}, dev),
+                            Tensor(ptr(cos), table_dtype, {max_pos, d / 2}, dev),
+                            Tensor(ptr(sin), table_dtype, {max_pos, d / 2}, dev));
+      };
+      run(false);
+      run(true);
+      cuda_check(cudaDeviceSynchronize());
+      compare_rows(q.download(), q.host, dtype, t * h * d, d);
+    }
+  }
+}
+
+TEST_CASE("GPU RoPE with no heads in q, in k, or in both", "[gpu][rope]") {
+  const std::int64_t tokens = 3, heads = 2, dim = 8;
+  const Device g = Device::cuda(0);
+  embrope::RopeCache cpu_cache({dim, 10000.0, 16});
+  embrope::RopeCache gpu_cache({dim, 10000.0, 16}, g);
+  Buffer none(4), x(tokens * heads * dim * 4), pos(tokens * 8);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    const std::int64_t p = 5 * t;
+    std::memcpy(pos.host.data() + 8 * t, &p, 8);
+  }
+  pos.upload();
+  const Tensor empty_gpu(none.device, DType::float32, {tokens, 0, dim}, g);
+  const Tensor empty_cpu(none.host.data(), DType::float32, {tokens, 0, dim});
+  CHECK_NOTHROW(embrope::apply_rope(empty_gpu, empty_gpu,
+                                    Tensor(pos.device, DType::int64, {tokens}, g), gpu_cache));
+  for (bool empty_q : {true, false}) {
+    INFO("no heads in " << (empty_q ? "q" : "k"));
+    fill_random(x, DType::float32, tokens * heads * dim, 3);
+    x.upload();
+    const Tensor xg(x.device, DType::float32, {tokens, heads, dim}, g);
+    const Tensor xc(x.host.data(), DType::float32, {tokens, heads, dim});
+    const Tensor pg(pos.device, DType::int64, {tokens}, g);
+    const Tensor pc(pos.host.data(), DType::int64, {tokens});
+    if (empty_q) {
+      embrope::apply_rope(empty_gpu, xg, pg, gpu_cache);
+      embrope::apply_rope(empty_cpu, xc, pc, cpu_cache);
+    } else {
+      embrope::apply_rope(xg, empty_gpu, pg, gpu_cache);
+      embrope::apply_rope(xc, empty_cpu, pc, cpu_cache);
+    }
+    cuda_check(cudaDeviceSynchronize());
+    compare_rows(x.download(), x.host, DType::float32, tokens * heads * dim, dim);
+  }
+}

@@ -1,0 +1,170 @@
+// embed on the GPU against the CPU: every dtype, position encoding and head size, explicit
+// arguments and the deferred status; bad ids; vocab shards, split sinusoids, a strided out.
+#include <cuda_runtime.h>
+
+#include <catch2/catch.hpp>
+#include <embrope/embrope.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+
+#include "gpu_support.hpp"
+
+using namespace gpu_test;
+
+TEST_CASE("GPU embed equals CPU embed", "[gpu][embed]") {
+  for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+    for (auto positions : {embrope::PositionEncoding::none, embrope::PositionEncoding::learned,
+                           embrope::PositionEncoding::sinusoidal}) {
+      // 8..128: sub-warp groups of 4, 8, 16 lanes on the 16-byte path; 100: the scalar path
+      // for 16-bit values; 102: the scalar path for every dtype.
+      for (std::int64_t dim : {8, 16, 32, 64, 100, 102, 128, 4096}) {
+        // explicit: ids strided (every other element), int32 type ids, explicit position ids
+        // (instead of per-row offsets), and a DeferredStatus instead of the checked call.
+        for (bool explicit_args : {false, true}) {
+          INFO("dtype " << embrope::dtype_name(dtype) << " positions "
+                        << static_cast<int>(positions) << " D " << dim << " explicit "
+                        << explicit_args);
+          const std::int64_t vocab = 1000, batch = 3, seq = 37, max_pos = 512, types = 2;
+          const int es = embrope::dtype_size(dtype);
+          const std::int64_t id_step = explicit_args ? 2 : 1;
+          const DType type_dtype = explicit_args ? DType::int32 : DType::int64;
+          const int ts = embrope::dtype_size(type_dtype);
+          Buffer table(vocab * dim * es), ptable(max_pos * dim * es), ttable(types * dim * es);
+          Buffer ids(batch * seq * id_step * 4), tids(batch * seq * ts), offsets(batch * 8);
+          Buffer pids(batch * seq * 8), out(batch * seq * dim * es);
+          fill_random(table, dtype, vocab * dim, 1);
+          fill_random(ptable, dtype, max_pos * dim, 2);
+          fill_random(ttable, dtype, types * dim, 3);
+          std::mt19937_64 rng(4);
+          for (std::int64_t n = 0; n < batch * seq; ++n) {
+            const std::int32_t id = static_cast<std::int32_t>(rng() % vocab);
+            const std::int64_t tid = static_cast<std::int64_t>(rng() % types);
+            const std::int32_t tid32 = static_cast<std::int32_t>(tid);
+            const std::int64_t pid = static_cast<std::int64_t>(rng() % max_pos);
+            std::memcpy(ids.host.data() + 4 * n * id_step, &id, 4);
+            if (explicit_args) {
+              std::memcpy(ids.host.data() + 4 * (n * id_step + 1), &id, 4);  // not read
+              std::memcpy(tids.host.data() + 4 * n, &tid32, 4);
+            } else {
+              std::memcpy(tids.host.data() + 8 * n, &tid, 8);
+            }
+            std::memcpy(pids.host.data() + 8 * n, &pid, 8);
+          }
+          for (std::int64_t b = 0; b < batch; ++b) {
+            const std::int64_t o = 100 * b;
+            std::memcpy(offsets.host.data() + 8 * b, &o, 8);
+          }
+          for (Buffer* b : {&table, &ptable, &ttable, &ids, &tids, &offsets, &pids}) b->upload();
+          out.poison_both(0xff);
+          auto run = [&](bool gpu) {
+            const Device d = gpu ? Device::cuda(0) : Device::cpu();
+            auto ptr = [&](Buffer& b) -> void* { return gpu ? b.device : b.host.data(); };
+            embrope::DeferredStatus status(d);
+            embrope::EmbedOptions o;
+            o.scale = 1.5f;
+            o.positions = positions;
+            if (positions == embrope::PositionEncoding::learned) {
+              o.position_table = Tensor(ptr(ptable), dtype, {max_pos, dim}, d);
+            }
+            if (positions != embrope::PositionEncoding::none) {
+              if (explicit_args) {
+                o.position_ids = Tensor(ptr(pids), DType::int64, {batch, seq}, d);
+              } else {
+                o.position_offsets = Tensor(ptr(offsets), DType::int64, {batch}, d);
+              }
+            }
+            o.type_table = Tensor(ptr(ttable), dtype, {types, dim}, d);
+            o.type_ids = Tensor(ptr(tids), type_dtype, {batch, seq}, d);
+            if (explicit_args) o.deferred = &status;
+            embrope::embed(
+                Tensor(ptr(table), dtype, {vocab, dim}, d),
+                Tensor(ptr(ids), DType::int32, {batch, seq}, {seq * id_step, id_step}, d),
+                Tensor(ptr(out), dtype, {batch, seq, dim}, d), o);
+            CHECK(status.ok());
+          };
+          run(false);
+          run(true);
+          cuda_check(cudaDeviceSynchronize());
+          compare_rows(out.download(), out.host, dtype, batch * seq * dim, dim);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("GPU embed: bad ids zero their rows, the error names the first, context usable",
+          "[gpu][embed][errors]") {
+  const std::int64_t vocab = 50, dim = 64, rows = 1000;
+  Buffer table(vocab * dim * 4), ids(rows * 8), out(rows * dim * 4);
+  fill_random(table, DType::float32, vocab * dim, 11);
+  for (std::int64_t n = 0; n < rows; ++n) {
+    const std::int64_t id = n == 611 ? -3 : (n == 900 ? vocab : n % vocab);
+    std::memcpy(ids.host.data() + 8 * n, &id, 8);
+  }
+  table.upload();
+  ids.upload();
+  out.poison_both(0xff);
+  const Device gpu = Device::cuda(0);
+  const Tensor tt(table.device, DType::float32, {vocab, dim}, gpu);
+  const Tensor ti(ids.device, DType::int64, {rows}, gpu);
+  const Tensor to(out.device, DType::float32, {rows, dim}, gpu);
+  REQUIRE_THROWS_WITH(embrope::embed(tt, ti, to), Catch::Contains("ids[611] = -3"));
+  embrope::embed(Tensor(table.host.data(), DType::float32, {vocab, dim}),
+                 Tensor(ids.host.data(), DType::int64, {rows}),
+                 Tensor(out.host.data(), DType::float32, {rows, dim}), [] {
+                   embrope::EmbedOptions o;
+                   o.vocab_shard = true;  // CPU oracle for the good rows; bad rows are zero
+                   return o;
+                 }());
+  compare_rows(out.download(), out.host, DType::float32, rows * dim, dim);
+  // Vocab-parallel shard on the GPU: the same ids are no error.
+  embrope::EmbedOptions shard;
+  shard.vocab_shard = true;
+  embrope::embed(tt, ti, to, shard);
+  compare_rows(out.download(), out.host, DType::float32, rows * dim, dim);
+}
+
+TEST_CASE("GPU embed: vocab shards, explicit positions, split sinusoids, strided out",
+          "[gpu][embed]") {
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    for (bool split : {false, true}) {
+      INFO("dtype " << embrope::dtype_name(dtype) << " split " << split);
+      const std::int64_t vocab = 500, vocab_start = 1000, n = 77, dim = 96, pad = 8;
+      const int es = embrope::dtype_size(dtype);
+      Buffer table(vocab * dim * es), ids(n * 8), pids(n * 8), out(n * (dim + pad) * es);
+      fill_random(table, dtype, vocab * dim, 31);
+      std::mt19937_64 rng(32);
+      for (std::int64_t i = 0; i < n; ++i) {
+        // About a third of the ids fall outside the shard [1000, 1500): zero token rows.
+        const std::int64_t id = 800 + static_cast<std::int64_t>(rng() % 900);
+        const std::int64_t p = static_cast<std::int64_t>(rng() % 100000);
+        std::memcpy(ids.host.data() + 8 * i, &id, 8);
+        std::memcpy(pids.host.data() + 8 * i, &p, 8);
+      }
+      for (Buffer* x : {&table, &ids, &pids}) x->upload();
+      out.poison_both(0x3c);  // small finite values in every dtype
+      auto run = [&](bool gpu) {
+        const Device dev = gpu ? Device::cuda(0) : Device::cpu();
+        auto ptr = [&](Buffer& x) -> void* { return gpu ? x.device : x.host.data(); };
+        embrope::EmbedOptions o;
+        o.vocab_start = vocab_start;
+        o.vocab_shard = true;
+        o.scale = 0.5f;
+        o.positions = embrope::PositionEncoding::sinusoidal;
+        o.sinusoid_layout =
+            split ? embrope::SinusoidLayout::split : embrope::SinusoidLayout::interleaved;
+        o.position_ids = Tensor(ptr(pids), DType::int64, {n}, dev);
+        embrope::embed(Tensor(ptr(table), dtype, {vocab, dim}, dev),
+                       Tensor(ptr(ids), DType::int64, {n}, dev),
+                       Tensor(ptr(out), dtype, {n, dim}, {dim + pad, 1}, dev), o);
+      };
+      run(false);
+      run(true);
+      cuda_check(cudaDeviceSynchronize());
+      // Rows of dim + pad: the padding must still hold the poison on both sides.
+      compare_rows(out.download(), out.host, dtype, n * (dim + pad), dim + pad);
+    }
+  }
+}
