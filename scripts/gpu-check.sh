@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything a GPU machine should check, in one run:
 #   build     configure and build (Release, CUDA on, sm_90 unless CMAKE_CUDA_ARCHITECTURES is
-#             set in the environment's cache);
+#             set in the environment's cache), then the static checks of the compiled kernels
+#             (scripts/check-cuda-binary.sh);
 #   test      the GPU parity suite (JUnit XML), then the CPU suite (ctest);
 #   sanitize  the GPU suite under compute-sanitizer memcheck (with EMBROPE_GPU_SWEEP=reduced:
 #             the sweep's 1- and 64-token cases) and racecheck (every case but the sweep);
@@ -69,6 +70,7 @@ build=build-gpu
 step configure cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBROPE_CUDA=ON \
   "${prefix_args[@]}" || { say "gpu-check: FAILED (configure)"; exit 1; }
 step build cmake --build $build -j "$(nproc)" || { say "gpu-check: FAILED (build)"; exit 1; }
+step static-checks scripts/check-cuda-binary.sh $build
 gpu_tests=$build/tests/gpu/embrope_gpu_tests
 
 if wants test; then

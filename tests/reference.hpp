@@ -1,6 +1,6 @@
-// An independent float64 reference for the tests (DESIGN.md section 7), written from the
-// formulas of DESIGN.md sections 3 and 4, not from the library's code: it must not include
-// anything from embrope/detail/. Also the test helpers: owning host buffers of any dtype,
+// An independent float64 reference for the tests (docs/architecture.md, "Tests and CI"), written
+// from the formulas of docs/ops.md and docs/numerics.md, not from the library's code: it must not
+// include anything from embrope/detail/. Also the test helpers: owning host buffers of any dtype,
 // random fill, poisoning, independent float16/bfloat16 codecs and the tolerance rules.
 #pragma once
 
@@ -323,7 +323,7 @@ inline void poison(Buffer& b) {
 
 // ------------------------------------------------------------------ RoPE ----------------
 
-// inv_freq_i = base^(-2i/R) (DESIGN.md 3.3).
+// inv_freq_i = base^(-2i/R) (docs/ops.md, "apply_rope").
 inline double rope_inv_freq(std::int64_t i, std::int64_t rotary_dim, double base) {
   return std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rotary_dim));
 }
@@ -397,7 +397,7 @@ inline std::vector<double> rope(const std::vector<double>& x, std::int64_t posit
 
 // ---------------------------------------------------- sinusoidal positions --------------
 
-// w_i = base^(-2i/D) (DESIGN.md 3.2).
+// w_i = base^(-2i/D) (docs/ops.md, "embed").
 inline double sinusoid_freq(std::int64_t i, std::int64_t dim, double base) {
   return std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(dim));
 }
@@ -437,7 +437,7 @@ struct EmbedSpec {
   std::int64_t num_types = 0, type_stride = 0;
 };
 
-// The float64 reference of one row (DESIGN.md 3.1, 3.2):
+// The float64 reference of one row (docs/ops.md, "embed"):
 //   out = scale * table[id - vocab_start] (zero for a shard miss) + P(pos) + type_table[type].
 // Returns false when the row is bad (an id outside a non-shard table, a position outside the
 // learned table or negative, a type id outside its table): its expected output is zeros.
@@ -491,7 +491,7 @@ inline bool embed_row(const EmbedSpec& s, std::int64_t id, std::int64_t position
 // ------------------------------------------------------------- tolerances ---------------
 
 // The relative tolerance of float32 outputs against the float64 reference, relative to the
-// norm of the vector (head row, embedding row) the element belongs to (DESIGN.md 4).
+// norm of the vector (head row, embedding row) the element belongs to (docs/numerics.md).
 constexpr double kFloat32RelTol = 2e-6;
 
 inline double norm(const std::vector<double>& v) {

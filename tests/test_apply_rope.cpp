@@ -1,7 +1,7 @@
-// apply_rope (DESIGN.md 3.3, 3.5, 4, 5) against the float64 reference of tests/reference.hpp:
-// both overloads, every value dtype, both index dtypes, both pairings, full and partial
-// rotary dims, [T, H, D] and [B, S, H, D], strided views, in place and out of place, the
-// inverse; properties of the rotation; argument errors and bad positions.
+// apply_rope (docs/ops.md, docs/numerics.md, docs/errors.md) against the float64 reference of
+// tests/reference.hpp: both overloads, every value dtype, both index dtypes, both pairings, full
+// and partial rotary dims, [T, H, D] and [B, S, H, D], strided views, in place and out of place,
+// the inverse; properties of the rotation; argument errors and bad positions.
 #include <catch2/catch.hpp>
 
 #include <cmath>

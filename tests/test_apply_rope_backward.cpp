@@ -1,4 +1,4 @@
-// apply_rope_backward (DESIGN.md 3.3, 3.6): the gradient of apply_rope with respect to q and
+// apply_rope_backward (docs/ops.md): the gradient of apply_rope with respect to q and
 // k. Checked three independent ways: a central finite difference of the library's own
 // forward (d/dx of sum(w * rope(x)) must equal rope_backward(w), for every element);
 // against the float64 reference of the transposed rotation m R(-theta) with an attention

@@ -1,5 +1,5 @@
-// Hostile inputs to apply_rope_backward and embrope_apply_rope_backward (DESIGN.md sections 2
-// and 5): the forward's checks under the backward's name. The harness is in hostile.hpp.
+// Hostile inputs to apply_rope_backward and embrope_apply_rope_backward (docs/ops.md,
+// docs/errors.md): the forward's checks under the backward's name. The harness is in hostile.hpp.
 #include <catch2/catch.hpp>
 
 #include <cstdint>

@@ -1,9 +1,8 @@
-// Hostile inputs to apply_rope, embrope_apply_rope and embrope_apply_rope_cos_sin (DESIGN.md
-// sections 2 and 5): one table of cases run on both surfaces and with both table kinds
-// (RopeCache and caller cos/sin): null data, bad dtypes and devices, bad sizes and strides,
-// overlapping views, bad rotary dims, positions at the int32/int64 limits, empty caches, NaN
-// and infinity in values. Then the multimodal sections (mrope_section) through the C API.
-// The harness is in hostile.hpp.
+// Hostile inputs to apply_rope, embrope_apply_rope and embrope_apply_rope_cos_sin (docs/ops.md,
+// docs/errors.md): one table of cases run on both surfaces and with both table kinds (RopeCache and
+// caller cos/sin): null data, bad dtypes and devices, bad sizes and strides, overlapping views, bad
+// rotary dims, positions at the int32/int64 limits, empty caches, NaN and infinity in values. Then
+// the multimodal sections (mrope_section) through the C API. The harness is in hostile.hpp.
 #include <catch2/catch.hpp>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// Multimodal RoPE (Qwen2-VL mrope_section, DESIGN.md 3.4) through apply_rope: three position
+// Multimodal RoPE (Qwen2-VL mrope_section, docs/ops.md) through apply_rope: three position
 // streams, frequency i takes its angle from the stream of the section holding i. Against the
 // float64 reference, with the property that equal streams give plain RoPE bit for bit, bad
 // positions in any stream, and argument errors.

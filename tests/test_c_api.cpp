@@ -1,5 +1,5 @@
-// The C API (include/embrope/embrope.h, DESIGN.md 2 and 5): version, per-thread last error,
-// device count, cos/sin cache handles, apply_rope and embed over DLTensors (null strides,
+// The C API (include/embrope/embrope.h, docs/ops.md, docs/errors.md): version, per-thread last
+// error, device count, cos/sin cache handles, apply_rope and embed over DLTensors (null strides,
 // byte_offset, every dtype) against the float64 reference, and status codes for errors.
 #include <catch2/catch.hpp>
 

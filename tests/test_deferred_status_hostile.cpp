@@ -1,4 +1,4 @@
-// Hostile inputs to the C deferred-status functions (DESIGN.md sections 2 and 5): NULL
+// Hostile inputs to the C deferred-status functions (docs/ops.md, docs/errors.md): NULL
 // handles and out-parameters, an unknown device type. The harness is in hostile.hpp.
 #include <catch2/catch.hpp>
 

@@ -1,7 +1,7 @@
-// embed (DESIGN.md 3.1, 3.2, 4, 5) against the float64 reference of tests/reference.hpp:
-// every value dtype and id dtype, id shapes from a scalar to 3-D, strided ids, tables and
-// outputs, scale, vocab_start, vocab shards, learned and sinusoidal positions, token types,
-// all fused; argument errors, bad ids/positions/types and the deferred policy.
+// embed (docs/ops.md, docs/numerics.md, docs/errors.md) against the float64 reference of
+// tests/reference.hpp: every value dtype and id dtype, id shapes from a scalar to 3-D, strided ids,
+// tables and outputs, scale, vocab_start, vocab shards, learned and sinusoidal positions, token
+// types, all fused; argument errors, bad ids/positions/types and the deferred policy.
 #include <catch2/catch.hpp>
 
 #include <cmath>

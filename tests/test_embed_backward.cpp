@@ -1,7 +1,7 @@
-// embed_backward (DESIGN.md 3.6, 4, 5) against an independent float64 reference written here:
-// a plain loop that adds every grad_out row into the table row of its id (position, type),
-// skipping padding, shard misses and bad rows. Every grad_out dtype and gradient dtype,
-// heavy repetition (one id everywhere), all-distinct ids, padding, shard boundaries, scale,
+// embed_backward (docs/ops.md, docs/numerics.md, docs/errors.md) against an independent float64
+// reference written here: a plain loop that adds every grad_out row into the table row of its id
+// (position, type), skipping padding, shard misses and bad rows. Every grad_out dtype and gradient
+// dtype, heavy repetition (one id everywhere), all-distinct ids, padding, shard boundaries, scale,
 // accumulation into non-zero gradients, learned positions (explicit and implicit) and types
 // fused in one call, bitwise determinism across runs and OpenMP thread counts, bad indices
 // under both policies, and argument errors.
@@ -208,7 +208,7 @@ Outcome run_backward(const BackwardCase& c, DeferredStatus* deferred = nullptr) 
     result.error = e;
   }
 
-  // The reference: a plain loop over rows (DESIGN.md 3.6).
+  // The reference: a plain loop over rows (docs/ops.md, "embed_backward").
   const double scale = static_cast<double>(static_cast<float>(c.scale));
   std::vector<double> g(static_cast<std::size_t>(d));
   for (std::int64_t n = 0; n < n_rows; ++n) {

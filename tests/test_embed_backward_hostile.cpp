@@ -1,4 +1,4 @@
-// Hostile inputs to embed_backward and embrope_embed_backward (DESIGN.md sections 2 and 5):
+// Hostile inputs to embed_backward and embrope_embed_backward (docs/ops.md, docs/errors.md):
 // bad dtypes and shapes, aliasing gradients, zero strides, ids at the int64 limits, a NaN
 // scale, no gradient at all, an unknown mode. The harness is in hostile.hpp.
 #include <catch2/catch.hpp>

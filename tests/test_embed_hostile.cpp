@@ -1,4 +1,4 @@
-// Hostile inputs to embed and embrope_embed (DESIGN.md sections 2 and 5), one table of cases
+// Hostile inputs to embed and embrope_embed (docs/ops.md, docs/errors.md), one table of cases
 // run on both surfaces: null data, bad dtypes and devices, bad sizes and strides, overlapping
 // views, shape products past 64 bits, ids and positions at the int32/int64 limits, bad
 // options, NaN and infinity in values. The harness is in hostile.hpp.

@@ -1,4 +1,4 @@
-// Tables and tensors past 2^31 elements (DESIGN.md section 2: offsets are computed in 64
+// Tables and tensors past 2^31 elements (docs/ops.md, "Tensors": offsets are computed in 64
 // bits), on the CPU, without allocating that much: a large range of address space is reserved
 // with mmap(MAP_NORESERVE) and only the pages of the rows a call touches become resident.
 // Where the address space cannot be reserved (a ulimit -v, vm.overcommit_memory = 2) a test

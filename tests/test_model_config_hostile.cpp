@@ -1,4 +1,4 @@
-// Hostile HF config.json text to model_config_from_hf_json (DESIGN.md sections 2 and 5): empty,
+// Hostile HF config.json text to model_config_from_hf_json (docs/ops.md, docs/errors.md): empty,
 // truncated and deeply nested text, numbers out of range, values of the wrong type. The
 // harness is in hostile.hpp.
 #include <catch2/catch.hpp>

@@ -1,4 +1,4 @@
-// float16 and bfloat16 conversions (include/embrope/detail/numeric_types.hpp, DESIGN.md 4)
+// float16 and bfloat16 conversions (include/embrope/detail/numeric_types.hpp, docs/numerics.md)
 // against the independent codecs of tests/reference.hpp: every 16-bit pattern, every tie,
 // random floats, overflow, subnormals and NaN.
 #include <catch2/catch.hpp>

@@ -1,7 +1,7 @@
-// ONNX RotaryEmbedding (opset 23) conformance vectors from shared/conformance/ (DESIGN.md 7),
-// run through apply_rope with caller cos/sin tables, through both the C++ API and the C API.
-// The folder comes from the compile definition EMBROPE_CONFORMANCE_DIR; a missing folder or
-// vector is a failure, never a silent pass.
+// ONNX RotaryEmbedding (opset 23) conformance vectors from shared/conformance/
+// (docs/architecture.md), run through apply_rope with caller cos/sin tables, through both the C++
+// API and the C API. The folder comes from the compile definition EMBROPE_CONFORMANCE_DIR; a
+// missing folder or vector is a failure, never a silent pass.
 #include <catch2/catch.hpp>
 
 #include <cmath>

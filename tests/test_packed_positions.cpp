@@ -18,6 +18,7 @@ using embrope::DeferredStatus;
 using embrope::DType;
 using embrope::ErrorCode;
 using embrope::PackedPositionsOptions;
+using embrope::Tensor;
 
 // The expected positions, written from the definition: sequence b's k-th token is at
 // start[b] + k.
@@ -259,4 +260,20 @@ TEST_CASE("embrope_packed_positions through the C API", "[packed_positions][c_ap
   CHECK(ref::mentions(embrope_last_error(), "cu_seqlens[3]"));
   CHECK(embrope_deferred_status_check(status, nullptr) == EMBROPE_OK);
   CHECK(embrope_deferred_status_destroy(status) == EMBROPE_OK);
+}
+
+TEST_CASE("packed_positions_workspace_size: none on the CPU, arguments validated as by the call",
+          "[packed_positions]") {
+  std::vector<std::int64_t> cu = {0, 2, 5};
+  std::vector<std::int64_t> positions(5);
+  const Tensor cu_t(cu.data(), DType::int64, {3});
+  CHECK(embrope::packed_positions_workspace_size(cu_t,
+                                                 Tensor(positions.data(), DType::int64, {5})) == 0);
+  try {
+    embrope::packed_positions_workspace_size(cu_t, Tensor(positions.data(), DType::float32, {5}));
+    FAIL("no error for float32 positions");
+  } catch (const embrope::Error& e) {
+    CHECK(e.code() == embrope::ErrorCode::invalid_argument);
+    CHECK(std::string(e.what()).find("packed_positions: positions has dtype float32") == 0);
+  }
 }

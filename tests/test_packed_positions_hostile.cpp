@@ -1,4 +1,4 @@
-// Hostile inputs to packed_positions and embrope_packed_positions (DESIGN.md sections 2 and 5):
+// Hostile inputs to packed_positions and embrope_packed_positions (docs/ops.md, docs/errors.md):
 // bad dtypes and shapes, positions aliasing cu_seqlens, cu_seqlens and start offsets at the
 // int32/int64 limits, a NULL cu_seqlens. The harness is in hostile.hpp.
 #include <catch2/catch.hpp>

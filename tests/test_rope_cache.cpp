@@ -1,5 +1,5 @@
-// RopeCache (DESIGN.md 3.5): every value is the float32 rounding of the float64 cos and sin
-// of p * base^(-2i/R); the table's layout; argument errors; moved-from caches.
+// RopeCache (docs/ops.md, "RopeCache"): every value is the float32 rounding of the float64 cos and
+// sin of p * base^(-2i/R); the table's layout; argument errors; moved-from caches.
 #include <catch2/catch.hpp>
 
 #include <cmath>

@@ -1,6 +1,6 @@
-// Hostile inputs to RopeCache, AdaptiveRopeCache and the C cache functions (DESIGN.md sections
-// 2 and 5): bad configurations on both surfaces, indices outside the table, a moved-from cache,
-// NULL handles and out-parameters, unknown devices; then the scaling configurations through
+// Hostile inputs to RopeCache, AdaptiveRopeCache and the C cache functions (docs/ops.md,
+// docs/errors.md): bad configurations on both surfaces, indices outside the table, a moved-from
+// cache, NULL handles and out-parameters, unknown devices; then the scaling configurations through
 // the C API, rope_frequencies and AdaptiveRopeCache lengths. The harness is in hostile.hpp.
 #include <catch2/catch.hpp>
 

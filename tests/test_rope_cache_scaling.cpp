@@ -1,4 +1,4 @@
-// RoPE scaling variants (DESIGN.md 3.4): each variant's frequencies and attention factor
+// RoPE scaling variants (docs/ops.md): each variant's frequencies and attention factor
 // against an independent float64 transliteration of HF transformers (reference_rope_scaling.hpp),
 // and apply_rope's float32 outputs against the float64 rotation at positions up to 131071 and
 // around each variant's switch points. Also AdaptiveRopeCache's rules and invalid parameters.

@@ -1,4 +1,4 @@
-// Hostile arguments to the Tensor constructor (DESIGN.md sections 2 and 5): bad ranks, a null
+// Hostile arguments to the Tensor constructor (docs/ops.md, docs/errors.md): bad ranks, a null
 // shape, too few strides. Every op's own cases build tensors too; these are the constructor's.
 // The harness is in hostile.hpp.
 #include <catch2/catch.hpp>

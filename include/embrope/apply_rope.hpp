@@ -68,8 +68,8 @@ EMBROPE_EXPORT void apply_rope(const Tensor& q, const std::optional<Tensor>& k,
 // -theta, so its gradient rotates by +theta. options.q_out / k_out, when given, receive the
 // gradients out of place (elements at and past rotary_dim are copied: their gradient passes
 // through); absent, dq and dk are overwritten. Positions outside the table zero-fill their
-// token's rows and are reported as apply_rope's are (deferred_status.hpp; a deferred record names
-// apply_rope). Argument errors name apply_rope_backward.
+// token's rows and are reported as apply_rope's are (deferred_status.hpp). Errors, argument
+// errors and bad positions alike, name apply_rope_backward, dq and dk.
 EMBROPE_EXPORT void apply_rope_backward(const Tensor& dq, const std::optional<Tensor>& dk,
                                         const Tensor& positions, const RopeCache& cache,
                                         const RopeOptions& options = {});

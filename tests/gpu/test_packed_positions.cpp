@@ -144,3 +144,46 @@ TEST_CASE("GPU packed_positions reports bad entries as the CPU does", "[gpu][pac
     }
   }
 }
+
+// The two-phase workspace: the size query, then a caller's buffer of exactly that many bytes
+// (here starting one byte into an allocation: the call aligns it); a smaller one is rejected
+// before any launch, naming the sizes.
+TEST_CASE("GPU packed_positions with a caller workspace equals the CPU; too small is rejected",
+          "[gpu][packed_positions]") {
+  const std::vector<std::int64_t> cu = {0, 5, 5, 300, 1000};
+  const std::vector<std::int64_t> starts = {7, 0, 123456, 9};
+  const std::int64_t sequences = 4, tokens = cu.back();
+  Buffer cu_b(cu.size() * 8), start_b(starts.size() * 8), pos(tokens * 8);
+  std::memcpy(cu_b.host.data(), cu.data(), cu.size() * 8);
+  std::memcpy(start_b.host.data(), starts.data(), starts.size() * 8);
+  cu_b.upload();
+  start_b.upload();
+  pos.poison_both(0xee);
+  const Device g = Device::cuda(0);
+  embrope::PackedPositionsOptions cpu_opt, gpu_opt;
+  cpu_opt.start_offsets = Tensor(start_b.host.data(), DType::int64, {sequences});
+  gpu_opt.start_offsets = Tensor(start_b.device, DType::int64, {sequences}, g);
+  const Tensor gpu_cu(cu_b.device, DType::int64, {sequences + 1}, g);
+  const Tensor gpu_pos(pos.device, DType::int64, {tokens}, g);
+  embrope::packed_positions(Tensor(cu_b.host.data(), DType::int64, {sequences + 1}),
+                            Tensor(pos.host.data(), DType::int64, {tokens}), cpu_opt);
+
+  const std::size_t bytes = embrope::packed_positions_workspace_size(gpu_cu, gpu_pos, gpu_opt);
+  REQUIRE(bytes >= static_cast<std::size_t>(2 * tokens) * sizeof(int));
+  Buffer workspace(bytes + 1);
+  gpu_opt.workspace = static_cast<char*>(workspace.device) + 1;
+  gpu_opt.workspace_bytes = bytes;
+  embrope::packed_positions(gpu_cu, gpu_pos, gpu_opt);
+  REQUIRE(pos.download() == pos.host);
+
+  pos.poison_both(0xee);
+  gpu_opt.workspace_bytes = bytes - 1;
+  try {
+    embrope::packed_positions(gpu_cu, gpu_pos, gpu_opt);
+    FAIL("no error for a workspace one byte too small");
+  } catch (const embrope::Error& e) {
+    CHECK(e.code() == embrope::ErrorCode::invalid_argument);
+    CHECK(std::string(e.what()).find("packed_positions: workspace_bytes") == 0);
+  }
+  CHECK(pos.download() == pos.host);  // nothing written
+}
