@@ -17,6 +17,7 @@
 
 #include "../src/backend.hpp"
 #include "../src/dispatch.hpp"
+#include "bad_index.cuh"
 #include "common.cuh"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"

@@ -9,6 +9,7 @@
 #include "../src/backend.hpp"
 #include "../src/dispatch.hpp"
 #include "../src/embed_row.hpp"
+#include "bad_index.cuh"
 #include "common.cuh"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/sinusoid.hpp"

@@ -37,6 +37,7 @@
 #include "../src/backend.hpp"
 #include "../src/dispatch.hpp"
 #include "../src/embed_row.hpp"
+#include "bad_index.cuh"
 #include "common.cuh"
 #include "embrope/detail/embed_backward_math.hpp"
 #include "embrope/detail/numeric_types.hpp"

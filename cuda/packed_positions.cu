@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "../src/backend.hpp"
+#include "bad_index.cuh"
 #include "common.cuh"
 #include "workspace.cuh"
 

@@ -4,7 +4,7 @@
 // into an error or leaves it in the caller's DeferredStatus.
 //
 // Kernels of both backends use the record and its helpers; the CUDA-side protocol (atomic
-// minimum, last block describes) is in cuda/common.cuh.
+// minimum, last block describes) is in cuda/bad_index.cuh.
 #pragma once
 
 #include <cstdint>
