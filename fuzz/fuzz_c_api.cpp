@@ -345,7 +345,13 @@ embrope_rope_cache_t* make_cache(Bytes& in, std::int64_t* rotary_dim, std::int64
   if (config.max_positions > 4096 && config.max_positions < (std::int64_t{1} << 59)) {
     config.max_positions = 4096;
   }
-  if (config.rotary_dim > 64 && config.rotary_dim < (std::int64_t{1} << 59)) config.rotary_dim = 64;
+  // A huge rotary dim only where the table size is refused: one the checks accept (max_positions
+  // 1 and R near 2^60, say) asks for that much memory, an out_of_memory error this target does
+  // not expect (tests/test_rope_cache.cpp checks that one).
+  const bool size_refused =
+      config.max_positions <= 0 ||
+      (config.rotary_dim > 0 && config.max_positions > (INT64_MAX / 8) / config.rotary_dim);
+  if (config.rotary_dim > 64 && !size_refused) config.rotary_dim = 64;
   config.base = in.chance(16) ? in.real() : 10000.0;
   // A scaling variant with arbitrary parameters (the factor arrays exactly as long as said).
   std::vector<double> short_factor, long_factor;

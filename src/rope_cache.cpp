@@ -2,6 +2,7 @@
 #include "embrope/rope_cache.hpp"
 
 #include <cmath>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -152,6 +153,15 @@ void check_config(const RopeConfig& c) {
 
 RopeFrequencies rope_frequencies(const RopeConfig& config) {
   check_config(config);
+  // R/2 float64 frequencies for any even R the checks allow (up to 2^60): one that cannot be
+  // held is an out_of_memory error, as a table that cannot be held is, not a std::bad_alloc
+  // escaping the API (or, under AddressSanitizer, an abort). Tried once without throwing.
+  const auto count = static_cast<std::size_t>(config.rotary_dim / 2);
+  if (std::unique_ptr<double[]> probe(new (std::nothrow) double[count]); probe == nullptr) {
+    throw Error(ErrorCode::out_of_memory,
+                fmt::format("{}: cannot allocate the {} frequencies of rotary_dim {}", kOp, count,
+                            config.rotary_dim));
+  }
   RopeFrequencies out;
   switch (config.scaling) {
     case RopeScaling::none:

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -265,5 +266,29 @@ TEST_CASE("a CUDA RopeCache without a usable GPU is a clear error", "[rope_cache
   } catch (const Error& e) {
     CHECK((e.code() == ErrorCode::not_implemented || e.code() == ErrorCode::invalid_argument));
     CHECK_THAT(e.what(), Catch::Contains("RopeCache"));
+  }
+}
+
+// A rotary dim the size checks accept (the table of one position is within 2^60 elements)
+// but whose frequencies cannot be held: an out_of_memory error naming the op, from the cache
+// and from rope_frequencies alike, never std::bad_alloc (nor an abort under AddressSanitizer).
+TEST_CASE("a rotary dim too large to hold its frequencies is an out_of_memory error",
+          "[rope_cache][errors]") {
+  RopeConfig config;
+  config.rotary_dim = std::int64_t{1} << 59;
+  config.max_positions = 1;
+  for (int via_cache = 0; via_cache < 2; ++via_cache) {
+    try {
+      if (via_cache) {
+        RopeCache cache(config);
+      } else {
+        embrope::rope_frequencies(config);
+      }
+      FAIL("no error for 2^58 frequencies");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::out_of_memory);
+      CHECK(std::string(e.what()).find("RopeCache: cannot allocate the 288230376151711744 "
+                                       "frequencies of rotary_dim 576460752303423488") == 0);
+    }
   }
 }
