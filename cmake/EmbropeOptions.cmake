@@ -13,6 +13,8 @@ set(EMBROPE_CONFORMANCE_DIR "" CACHE PATH
 option(EMBROPE_REQUIRE_CONFORMANCE "Fail to configure when the ONNX vectors are missing" OFF)
 set(EMBROPE_SANITIZE "" CACHE STRING
     "Sanitizers for the project's host code, e.g. address,undefined or thread (empty: none)")
+# The Python extension (python/, nanobind); pip install . turns it on (pyproject.toml).
+option(EMBROPE_BUILD_PYTHON "Build the Python extension module (needs nanobind)" OFF)
 option(EMBROPE_WERROR "Treat warnings in embrope's own code as errors" ${PROJECT_IS_TOP_LEVEL})
 option(EMBROPE_BUILD_FUZZERS
        "Build the libFuzzer target fuzz/ (clang; CPU only; adds ASan and UBSan to the build)" OFF)

@@ -7,6 +7,11 @@
 #   scripts/install-deps.sh --cuda-tools  cuobjdump and nvdisasm for
 #                                         scripts/check-cuda-binary.sh, from PyPI into
 #                                         .deps/cuda-tools when the CUDA toolkit lacks them
+#   scripts/install-deps.sh --python      the Python environment .venv for the package and
+#                                         its tests: Python's venv and headers from Debian's
+#                                         packages when missing, then pyproject.toml's `dev`
+#                                         group from PyPI (nanobind, scikit-build-core, pytest,
+#                                         numpy, torch, transformers, matplotlib, ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +24,35 @@ if [ "${1:-}" = "--cuda-tools" ]; then
   echo "install-deps: installing cuobjdump and nvdisasm from PyPI into .deps/cuda-tools"
   python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --target .deps/cuda-tools \
     "nvidia-cuda-cuobjdump>=13,<14" "nvidia-cuda-nvdisasm>=13,<14"
+  exit 0
+fi
+
+apt_install() {
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "$@"
+}
+
+if [ "${1:-}" = "--python" ]; then
+  python=${PYTHON:-python3}
+  if ! command -v "$python" >/dev/null 2>&1; then apt_install python3; python=python3; fi
+  # Debian splits venv/ensurepip and the C headers out of python3.
+  missing=()
+  "$python" -c "import venv, ensurepip" >/dev/null 2>&1 || missing+=(python3-venv)
+  include=$("$python" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+  [ -f "$include/Python.h" ] || missing+=(python3-dev)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "install-deps: installing ${missing[*]}"
+    apt_install "${missing[@]}"
+  fi
+  [ -x .venv/bin/python ] || "$python" -m venv .venv
+  pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+  # Dependency groups (pyproject.toml) need pip 25.1 or later.
+  "${pip[@]}" --upgrade "pip>=25.1"
+  "${pip[@]}" --group dev
+  echo "install-deps: .venv ready ($(.venv/bin/python --version))"
   exit 0
 fi
 
@@ -56,8 +90,4 @@ if [ "${1:-}" = "--check" ]; then
 fi
 
 echo "install-deps: installing ${missing[*]}"
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+apt_install "${missing[@]}"

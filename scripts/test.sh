@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Builds embrope with its tests and runs them (the GPU parity suite reports "skipped" where
-# no GPU is usable). CUDA sources are compiled when nvcc is found (EMBROPE_CUDA=AUTO).
+# Builds embrope with its tests and runs them: the C++ suite (ctest; the GPU parity suite
+# reports "skipped" where no GPU is usable), then the Python package, installed with pip into
+# .venv from this checkout, and its pytest suite. CUDA sources are compiled when nvcc is found
+# (EMBROPE_CUDA=AUTO), in both builds.
 #   scripts/test.sh [BUILD_DIR] [extra cmake arguments...]
+# -DNAME=VALUE arguments reach the Python build too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -11,3 +14,19 @@ jobs=$(nproc 2>/dev/null || echo 2)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
 cmake --build "$build" -j "$jobs"
 ctest --test-dir "$build" --output-on-failure -j "$jobs"
+
+# The Python package: pip install . (incremental in $build/python, without build isolation so
+# that it reuses .venv's nanobind and scikit-build-core), then pytest against the installed
+# package, not the source tree.
+scripts/install-deps.sh --python
+defines=()
+for arg in "$@"; do
+  if [[ $arg == -D*=* ]]; then
+    name=${arg#-D}
+    name=${name%%=*}
+    defines+=("-Ccmake.define.${name%%:*}=${arg#*=}")
+  fi
+done
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation \
+  -Cbuild-dir="$build/python" "${defines[@]}" .
+.venv/bin/python -m pytest tests/python -q -p no:cacheprovider

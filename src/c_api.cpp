@@ -11,6 +11,7 @@
 #include <string>
 
 #include "embrope/embrope.h"
+#include "embrope/dlpack.hpp"
 #include "embrope/embrope.hpp"
 
 struct embrope_rope_cache {
@@ -49,57 +50,8 @@ template <typename... Args>
   fail(function, fmt::format(format, std::forward<Args>(args)...));
 }
 
-embrope::Device to_device(const char* function, const char* name, DLDevice device) {
-  const long long type = raw_enum(device.device_type);
-  switch (type) {
-    case kDLCPU:
-      return embrope::Device::cpu();
-    case kDLCUDA:
-      return embrope::Device::cuda(device.device_id);
-    default:
-      fail(function, fmt::format("{} has DLPack device type {}; only kDLCPU ({}) and kDLCUDA ({}) "
-                                 "are supported",
-                                 name, type, static_cast<int>(kDLCPU), static_cast<int>(kDLCUDA)));
-  }
-}
-
-embrope::DType to_dtype(const char* function, const char* name, DLDataType t) {
-  if (t.lanes == 1) {
-    if (t.code == kDLFloat && t.bits == 32) return embrope::DType::float32;
-    if (t.code == kDLFloat && t.bits == 16) return embrope::DType::float16;
-    if (t.code == kDLBfloat && t.bits == 16) return embrope::DType::bfloat16;
-    if (t.code == kDLInt && t.bits == 32) return embrope::DType::int32;
-    if (t.code == kDLInt && t.bits == 64) return embrope::DType::int64;
-  }
-  fail(function, fmt::format("{} has DLPack dtype (code {}, bits {}, lanes {}); supported are "
-                             "float32, float16, bfloat16, int32 and int64 with one lane",
-                             name, static_cast<int>(t.code), static_cast<int>(t.bits),
-                             static_cast<int>(t.lanes)));
-}
-
 Tensor to_tensor(const char* function, const char* name, const DLTensor* t) {
-  if (t == nullptr) fail(function, fmt::format("{} is null", name));
-  if (t->ndim < 0 || t->ndim > embrope::kMaxDims) {
-    fail(function,
-         fmt::format("{} has ndim {}; at most {} are supported", name, t->ndim, embrope::kMaxDims));
-  }
-  if (t->ndim > 0 && t->shape == nullptr) fail(function, fmt::format("{} has a null shape", name));
-  const embrope::DType dtype = to_dtype(function, name, t->dtype);
-  const int size = embrope::dtype_size(dtype);
-  if (t->byte_offset % static_cast<std::uint64_t>(size) != 0) {
-    fail(function, fmt::format("{} has byte_offset {}, not a multiple of its element size {}", name,
-                               t->byte_offset, size));
-  }
-  // Added as integers: a byte_offset that wraps the address space is an error, not a
-  // pointer overflow.
-  const auto base = reinterpret_cast<std::uintptr_t>(t->data);
-  if (t->data != nullptr && t->byte_offset > UINTPTR_MAX - base) {
-    fail(function, fmt::format("{} has byte_offset {}, which wraps past the end of the address "
-                               "space",
-                               name, t->byte_offset));
-  }
-  void* data = t->data == nullptr ? nullptr : reinterpret_cast<void*>(base + t->byte_offset);
-  return Tensor(data, dtype, t->ndim, t->shape, t->strides, to_device(function, name, t->device));
+  return embrope::tensor_from_dlpack(t, function, name);
 }
 
 std::optional<Tensor> to_optional(const char* function, const char* name, const DLTensor* t) {
@@ -289,7 +241,8 @@ embrope_status_t embrope_rope_cache_create(const embrope_rope_config_t* config, 
     *cache = nullptr;
     if (config == nullptr) fail(fn, "config is null");
     *cache = new embrope_rope_cache{embrope::RopeCache(
-        to_rope_config(fn, *config), to_device(fn, "device", device), embrope::Stream{stream})};
+        to_rope_config(fn, *config), embrope::device_from_dlpack(device, fn, "device"),
+        embrope::Stream{stream})};
   });
 }
 
@@ -481,7 +434,7 @@ embrope_status_t embrope_deferred_status_create(DLDevice device,
   return guarded("embrope_deferred_status_create", "DeferredStatus", [&] {
     if (status == nullptr) fail(fn, "status (the output handle) is null");
     *status = nullptr;
-    *status = new embrope_deferred_status(to_device(fn, "device", device));
+    *status = new embrope_deferred_status(embrope::device_from_dlpack(device, fn, "device"));
   });
 }
 

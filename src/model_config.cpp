@@ -189,6 +189,10 @@ void read_rope(const json& j, ModelConfig& m) {
   const auto original_or = [&](std::int64_t fallback) {
     return integer(p, "original_max_position_embeddings", where).value_or(fallback);
   };
+  // llama3, yarn and longrope: HF (PretrainedConfig.standardize_rope_params) gives a top-level
+  // original_max_position_embeddings priority over rope_scaling's (Phi-3 keeps it there).
+  const std::optional<std::int64_t> top_original =
+      integer(j, "original_max_position_embeddings", "");
   if (type == "default") {
     c.scaling = RopeScaling::none;
   } else if (type == "linear") {
@@ -201,7 +205,7 @@ void read_rope(const json& j, ModelConfig& m) {
   } else if (type == "yarn") {
     c.scaling = RopeScaling::yarn;
     c.factor = required("factor");
-    c.original_max_positions = original_or(max_positions);
+    c.original_max_positions = top_original ? *top_original : original_or(max_positions);
     c.beta_fast = number(p, "beta_fast", where).value_or(32.0);
     c.beta_slow = number(p, "beta_slow", where).value_or(1.0);
     c.mscale = number(p, "mscale", where).value_or(0.0);
@@ -217,21 +221,19 @@ void read_rope(const json& j, ModelConfig& m) {
     c.low_freq_factor = required("low_freq_factor");
     c.high_freq_factor = required("high_freq_factor");
     c.original_max_positions =
-        static_cast<std::int64_t>(required("original_max_position_embeddings"));
+        top_original ? *top_original
+                     : static_cast<std::int64_t>(required("original_max_position_embeddings"));
   } else if (type == "longrope" || type == "su") {
     c.scaling = RopeScaling::longrope;
     c.short_factor = number_array(p, "short_factor", where);
     c.long_factor = number_array(p, "long_factor", where);
     c.attention_factor = number(p, "attention_factor", where).value_or(0.0);
-    // Phi-3 keeps the pretrained length at the top level, and HF then takes the factor as
-    // the ratio of the two lengths; otherwise rope_scaling carries factor (and the original).
-    if (auto top = integer(j, "original_max_position_embeddings", "")) {
-      c.original_max_positions = *top;
-      c.factor = static_cast<double>(max_positions) / static_cast<double>(*top);
-    } else {
-      c.original_max_positions = original_or(max_positions);
-      c.factor = number(p, "factor", where).value_or(1.0);
-    }
+    // HF's _compute_longrope_parameters: without a factor, the ratio of the extended to the
+    // pretrained length (Phi-3 keeps the latter at the top level).
+    c.original_max_positions = top_original ? *top_original : original_or(max_positions);
+    c.factor = number(p, "factor", where)
+                   .value_or(static_cast<double>(max_positions) /
+                             static_cast<double>(c.original_max_positions));
   } else {
     fail(kOp,
          "{}rope_type {} is not supported (default, linear, dynamic, yarn, llama3, "

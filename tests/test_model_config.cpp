@@ -122,6 +122,35 @@ TEST_CASE("Phi-3 config.json: longrope (type su), factor from the two lengths", 
         Approx(std::sqrt(1.0 + 5.0 / 12.0)).epsilon(1e-15));
 }
 
+TEST_CASE("longrope with its original length in rope_scaling and no factor: HF's ratio",
+          "[model_config]") {
+  // HF's _compute_longrope_parameters: factor = max_position_embeddings / original when
+  // rope_scaling gives none, wherever the original length is kept.
+  std::string factors = "[";
+  for (int i = 0; i < 32; ++i) factors += (i ? ", " : "") + std::to_string(1.0 + 0.25 * i);
+  factors += "]";
+  const ModelConfig m = embrope::model_config_from_hf_json(
+      R"({"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4,
+          "max_position_embeddings": 8192, "rope_theta": 10000.0,
+          "rope_scaling": {"rope_type": "longrope", "original_max_position_embeddings": 2048,
+                           "short_factor": )" +
+      factors + R"(, "long_factor": )" + factors + "}}");
+  CHECK(m.rope.original_max_positions == 2048);
+  CHECK(m.rope.factor == 4.0);
+  // sqrt(1 + ln 4 / ln 2048) = sqrt(1 + 2/11)
+  CHECK(embrope::rope_frequencies(m.rope).attention_factor ==
+        Approx(std::sqrt(1.0 + 2.0 / 11.0)).epsilon(1e-15));
+}
+
+TEST_CASE("yarn: a top-level original_max_position_embeddings wins, as in HF", "[model_config]") {
+  const ModelConfig m = embrope::model_config_from_hf_json(
+      R"({"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4,
+          "max_position_embeddings": 8192, "original_max_position_embeddings": 1024,
+          "rope_scaling": {"rope_type": "yarn", "factor": 8.0,
+                           "original_max_position_embeddings": 4096}})");
+  CHECK(m.rope.original_max_positions == 1024);
+}
+
 TEST_CASE("DeepSeek-V3 config.json: yarn with mscale on the 64-dim RoPE part, interleaved",
           "[model_config]") {
   const ModelConfig m = load("deepseek-v3.json");

@@ -33,6 +33,7 @@
 #include "embrope/model_config.hpp"      // model_preset, model_config_from_hf_json
 #include "embrope/packed_positions.hpp"  // packed_positions
 #include "embrope/rope_cache.hpp"        // RopeConfig, RopeCache, AdaptiveRopeCache
+#include "embrope/dlpack.hpp"            // tensor_from_dlpack
 #include "embrope/tensor.hpp"            // Tensor
 #include "embrope/types.hpp"             // DType, Device, Stream, the options' enums
 #include "embrope/version.hpp"

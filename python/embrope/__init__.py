@@ -1,0 +1,66 @@
+"""embrope: token embeddings, absolute positions and rotary position embedding (RoPE).
+
+Every op works on the caller's arrays without copying them: NumPy arrays, PyTorch tensors
+(CPU and CUDA), CuPy and JAX arrays, anything with ``__dlpack__``. New outputs are allocated
+in the framework of the array they are shaped after. Errors are exceptions carrying the
+library's message ("apply_rope: rotary_dim 130 exceeds head_dim 128"): InvalidArgumentError
+is a ValueError, BadIndexError an IndexError, NotAvailableError a NotImplementedError,
+CudaError and InternalError RuntimeErrors, OutOfMemoryError a MemoryError; all derive from
+:class:`embrope.Error`.
+
+PyTorch users who need autograd, ``torch.compile`` or CUDA-graph capture use
+:mod:`embrope.torch`, which registers the same ops as ``torch.library`` custom ops.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _embrope
+from ._embed import embed, embed_backward, embed_backward_workspace_size
+from ._embrope import (
+    BadIndexError,
+    CudaError,
+    Error,
+    InternalError,
+    InvalidArgumentError,
+    ModelConfig,
+    NotAvailableError,
+    OutOfMemoryError,
+    RopeConfig,
+    __version__,
+)
+from ._models import model_config_from_hf, model_preset, model_presets
+from ._rope import (
+    RopeCache,
+    apply_rope,
+    apply_rope_backward,
+    packed_positions,
+    packed_positions_workspace_size,
+    rope_frequencies,
+)
+from ._status import DeferredStatus
+
+
+def cuda_device_count() -> int:
+    """CUDA devices this build can use: 0 without CUDA support, a driver or a device."""
+    return _embrope.cuda_device_count()
+
+
+__all__ = [
+    "BadIndexError", "CudaError", "DeferredStatus", "Error", "InternalError",
+    "InvalidArgumentError", "ModelConfig", "NotAvailableError", "OutOfMemoryError",
+    "RopeCache", "RopeConfig", "apply_rope", "apply_rope_backward", "cuda_device_count",
+    "embed", "embed_backward", "embed_backward_workspace_size", "model_config_from_hf",
+    "model_preset", "model_presets", "packed_positions", "packed_positions_workspace_size",
+    "rope_frequencies", "__version__",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # embrope.torch is imported on first use, so that `import embrope` needs no PyTorch.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'embrope' has no attribute {name!r}")

@@ -1,0 +1,168 @@
+"""Plumbing shared by every op: argument checks, devices, streams and output allocation.
+
+Arrays are never copied: the native module reads and writes the caller's memory through
+DLPack. What this module decides is only what the library cannot see from a DLPack view:
+whether an object is an array at all, whether an array the op writes is writable, and in
+which framework a new output is allocated (the framework of the array it is shaped after).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Optional
+
+import numpy as np
+
+from . import _embrope as _C
+
+_KDL_CPU = 1
+_KDL_CUDA = 2
+
+
+def check_array(op: str, name: str, x: Any) -> None:
+    """Raise TypeError unless `x` is an array embrope can read (DLPack or NumPy)."""
+    if not (hasattr(x, "__dlpack__") or isinstance(x, np.ndarray)):
+        raise TypeError(
+            f"{op}: {name} must be an array with __dlpack__ (NumPy, PyTorch, CuPy, JAX, ...), "
+            f"not {type(x).__name__}"
+        )
+
+
+def check_optional(op: str, name: str, x: Any) -> None:
+    if x is not None:
+        check_array(op, name, x)
+
+
+def is_immutable(x: Any) -> bool:
+    """JAX arrays cannot be written: embrope reads them, and returns new arrays."""
+    return type(x).__module__.split(".")[0] in ("jax", "jaxlib")
+
+
+def check_writable(op: str, name: str, x: Any) -> None:
+    """Raise ValueError for an array the op would write but may not (a read-only NumPy array,
+    an immutable JAX array)."""
+    check_array(op, name, x)
+    if isinstance(x, np.ndarray) and not x.flags.writeable:
+        raise _C.InvalidArgumentError(f"{op}: {name} is read-only, and this call writes it")
+    if is_immutable(x):
+        raise _C.InvalidArgumentError(
+            f"{op}: {name} is a {type(x).__name__}, which is immutable, and this call writes it "
+            "(pass inplace=False, or leave the output to embrope)")
+
+
+def dlpack_device(x: Any) -> tuple[int, int]:
+    """(DLPack device type, ordinal) of an array: (1, 0) for host memory."""
+    if hasattr(x, "__dlpack_device__"):
+        kind, index = x.__dlpack_device__()
+        return int(kind), int(index)
+    return _KDL_CPU, 0
+
+
+def parse_device(device: Any) -> tuple[int, int]:
+    """'cpu', 'cuda', 'cuda:1', a torch.device or an int (CUDA ordinal) -> (0 | 1, index)."""
+    if device is None:
+        return 0, 0
+    if isinstance(device, numbers.Integral) and not isinstance(device, bool):
+        return 1, int(device)
+    text = str(device)
+    if text == "cpu":
+        return 0, 0
+    if text == "cuda":
+        return 1, 0
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return 1, int(text[5:])
+    raise _C.InvalidArgumentError(
+        f"device {text!r} is neither 'cpu' nor 'cuda' / 'cuda:<index>'"
+    )
+
+
+def device_name(pair: tuple[int, int]) -> str:
+    kind, index = pair
+    return "cpu" if kind == 0 else f"cuda:{index}"
+
+
+def stream_handle(stream: Any, like: Any = None) -> int:
+    """The cudaStream_t of `stream` as an int.
+
+    None means the stream the array's framework is using: PyTorch's current stream for a
+    torch CUDA tensor, CuPy's current stream for a CuPy array, else the legacy default stream.
+    Accepted otherwise: an int, an object with ``cuda_stream`` (torch.cuda.Stream), ``ptr``
+    (cupy.cuda.Stream) or ``__cuda_stream__`` (the CUDA stream protocol).
+    """
+    if stream is None:
+        if like is None or dlpack_device(like)[0] != _KDL_CUDA:
+            return 0
+        module = type(like).__module__.split(".")[0]
+        if module == "torch":
+            import torch
+
+            return int(torch.cuda.current_stream(like.device).cuda_stream)
+        if module == "cupy":
+            import cupy
+
+            return int(cupy.cuda.get_current_stream().ptr)
+        return 0
+    if isinstance(stream, numbers.Integral):
+        return int(stream)
+    if hasattr(stream, "__cuda_stream__"):
+        return int(stream.__cuda_stream__()[1])
+    for attribute in ("cuda_stream", "ptr"):
+        if hasattr(stream, attribute):
+            return int(getattr(stream, attribute))
+    raise TypeError(f"stream must be an int or a CUDA stream object, not {type(stream).__name__}")
+
+
+def empty_like(op: str, like: Any, shape: tuple[int, ...], dtype: Any = None) -> Any:
+    """A new uninitialised array in `like`'s framework and on its device.
+
+    For an immutable framework (JAX) this is a NumPy array on the host, which
+    :func:`to_framework` hands back as the framework's array once written.
+    """
+    module = type(like).__module__.split(".")[0]
+    dtype = like.dtype if dtype is None else dtype
+    if module == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=dtype, device=like.device)
+    if isinstance(like, np.ndarray):
+        return np.empty(shape, dtype=dtype)
+    if is_immutable(like):
+        if dlpack_device(like)[0] != _KDL_CPU:
+            raise _C.NotAvailableError(
+                f"{op}: outputs for {type(like).__name__} arrays on a GPU cannot be allocated "
+                "by embrope (they are immutable); pass output arrays of another framework")
+        if str(dtype) == "bfloat16":  # NumPy cannot export bfloat16: a view of uint16 bytes
+            return _C.bfloat16_view(np.empty(shape, dtype=np.uint16))
+        return np.empty(shape, dtype=np.dtype(dtype))
+    namespace = getattr(like, "__array_namespace__", None)
+    if namespace is not None:
+        return namespace().empty(shape, dtype=dtype, device=getattr(like, "device", None))
+    raise TypeError(
+        f"{op}: cannot allocate an output in the framework of {type(like).__name__}; "
+        "pass the output array explicitly"
+    )
+
+
+def to_framework(like: Any, out: Any) -> Any:
+    """An output allocated by :func:`empty_like` as the framework's own array."""
+    if is_immutable(like):
+        import jax
+
+        return jax.numpy.asarray(out) if isinstance(out, np.ndarray) else jax.dlpack.from_dlpack(out)
+    return out
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    return tuple(int(n) for n in x.shape)
+
+
+def enum_value(op: str, name: str, enum: Any, value: Any) -> Any:
+    """A native enum from its name ('neox') or the enum itself."""
+    if isinstance(value, enum):
+        return value
+    members = enum.__members__
+    if isinstance(value, str) and value in members:
+        return members[value]
+    raise _C.InvalidArgumentError(
+        f"{op}: {name} {value!r} is not one of {', '.join(repr(m) for m in members)}"
+    )

@@ -1,0 +1,170 @@
+"""embed and embed_backward."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from . import _arrays, _status
+from . import _embrope as _C
+
+
+def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_start: int = 0,
+          vocab_shard: bool = False, positions: Optional[str] = None,
+          position_table: Any = None, sinusoid_base: float = 10000.0,
+          sinusoid_layout: str = "interleaved", position_ids: Any = None,
+          position_offsets: Any = None, type_table: Any = None, type_ids: Any = None,
+          deferred: Any = None, stream: Any = None) -> Any:
+    """Token-embedding lookup, with absolute positions and token types, in one pass.
+
+    ``out[n] = scale * table[ids[n] - vocab_start] + P(pos_n) + type_table[type_ids[n]]``,
+    in float32 with one rounding to the table's dtype.
+
+    Parameters
+    ----------
+    table : array [V, D]
+        float32, float16 or bfloat16.
+    ids : array of int32 / int64, any shape and strides
+    out : array [*ids.shape, D], optional
+        Written in place; absent, allocated in the table's framework and on its device.
+    scale : float, default 1.0
+        Multiplies the token row (sqrt(D) for Gemma and T5-style models).
+    vocab_start : int, default 0
+        The table holds ids ``[vocab_start, vocab_start + V)`` of a larger vocabulary.
+    vocab_shard : bool, default False
+        Vocab-parallel shard: ids outside the shard give zero token rows (positions and
+        types still added), so that a sum over shards gives the full lookup. Without it such
+        an id is an error.
+    positions : {None, "learned", "sinusoidal"}
+        Absolute positions added to each row. None: "learned" when `position_table` is
+        given, else none.
+    position_table : array [max_positions, D], optional
+        Learned positions, in the table's dtype.
+    sinusoid_base, sinusoid_layout : float, {"interleaved", "split"}
+        Sinusoidal positions (Vaswani et al. 2017): sin/cos interleaved as in the paper, or
+        split halves (tensor2tensor, fairseq).
+    position_ids : array shaped like ids, optional
+        Explicit positions. Absent: ``offset_b + s`` for ids [B, S] (or [S]), with
+    position_offsets : array [B], optional
+        per-sequence first positions (default 0).
+    type_table : array [num_types, D], optional
+    type_ids : array shaped like ids, optional
+        Token types (segments), as in BERT.
+    deferred : DeferredStatus, optional
+        Report bad ids and positions there instead of raising.
+    stream : CUDA stream, optional
+        Default: the current stream of the table's framework.
+
+    Returns
+    -------
+    out
+
+    Raises
+    ------
+    InvalidArgumentError (ValueError), BadIndexError (IndexError)
+        As for every op: a broken rule before anything is written; an id, position or type
+        id outside its table after the other rows are written (its row zero-filled).
+    """
+    op = "embed"
+    _arrays.check_array(op, "table", table)
+    _arrays.check_array(op, "ids", ids)
+    for name, value in (("position_table", position_table), ("position_ids", position_ids),
+                        ("position_offsets", position_offsets), ("type_table", type_table),
+                        ("type_ids", type_ids)):
+        _arrays.check_optional(op, name, value)
+    if positions is None:
+        positions = "learned" if position_table is not None else "none"
+    encoding = _arrays.enum_value(op, "positions", _C.PositionEncoding, positions)
+    allocated = out is None
+    if allocated:
+        table_shape = _arrays.shape_of(table)
+        if len(table_shape) != 2:
+            raise _C.InvalidArgumentError(
+                f"{op}: table has shape {list(table_shape)}; it must be [V, D]")
+        out = _arrays.empty_like(op, table, _arrays.shape_of(ids) + (table_shape[1],))
+    _arrays.check_writable(op, "out", out)
+    _C.embed(table, ids, out, float(scale), int(vocab_start), bool(vocab_shard), encoding,
+             position_table, float(sinusoid_base),
+             _arrays.enum_value(op, "sinusoid_layout", _C.SinusoidLayout, sinusoid_layout),
+             position_ids, position_offsets, type_table, type_ids, _status.native(deferred),
+             _arrays.stream_handle(stream, table))
+    return _arrays.to_framework(table, out) if allocated else out
+
+
+def _backward_args(op: str, grad_out: Any, ids: Any, grad_table: Any, scale: float,
+                   vocab_start: int, vocab_shard: bool, padding_idx: Optional[int],
+                   grad_position_table: Any, position_ids: Any, position_offsets: Any,
+                   grad_type_table: Any, type_ids: Any, mode: str, workspace: Any) -> tuple:
+    _arrays.check_array(op, "grad_out", grad_out)
+    _arrays.check_array(op, "ids", ids)
+    for name, value in (("position_ids", position_ids), ("position_offsets", position_offsets),
+                        ("type_ids", type_ids)):
+        _arrays.check_optional(op, name, value)
+    for name, value in (("grad_table", grad_table), ("grad_position_table", grad_position_table),
+                        ("grad_type_table", grad_type_table), ("workspace", workspace)):
+        if value is not None:
+            _arrays.check_writable(op, name, value)
+    return (grad_out, ids, grad_table, float(scale), int(vocab_start), bool(vocab_shard),
+            None if padding_idx is None else int(padding_idx), grad_position_table,
+            position_ids, position_offsets, grad_type_table, type_ids,
+            _arrays.enum_value(op, "mode", _C.BackwardMode, mode), workspace)
+
+
+def embed_backward(grad_out: Any, ids: Any, grad_table: Any = None, *, scale: float = 1.0,
+                   vocab_start: int = 0, vocab_shard: bool = False,
+                   padding_idx: Optional[int] = None, grad_position_table: Any = None,
+                   position_ids: Any = None, position_offsets: Any = None,
+                   grad_type_table: Any = None, type_ids: Any = None,
+                   mode: str = "deterministic", workspace: Any = None, deferred: Any = None,
+                   stream: Any = None) -> tuple[Any, Any, Any]:
+    """The gradients of :func:`embed` with respect to its tables, accumulated (``+=``).
+
+    For every row n: ``grad_table[ids[n] - vocab_start] += scale * grad_out[n]`` (not for
+    `padding_idx` or, with `vocab_shard`, ids another shard owns),
+    ``grad_position_table[pos_n] += grad_out[n]`` and
+    ``grad_type_table[type_ids[n]] += grad_out[n]``. Sums are formed in float32 in a fixed
+    order (the same on CPU and GPU in "deterministic" mode); the existing value is added last
+    and the result rounded once.
+
+    Parameters
+    ----------
+    grad_out : array [*ids.shape, D]
+        The gradient of embed's output (float32, float16 or bfloat16).
+    ids : array of int32 / int64
+    grad_table, grad_position_table, grad_type_table : arrays, optional
+        ``[rows, D]`` in float32 or grad_out's dtype, accumulated in place; at least one.
+    scale, vocab_start, vocab_shard, position_ids, position_offsets, type_ids
+        Those of the forward call.
+    padding_idx : int, optional
+        Rows with this id give no gradient to grad_table (torch.nn.Embedding's padding_idx).
+    mode : {"deterministic", "atomic"}
+        GPU summation: sorted and bitwise reproducible, or float32 atomics (faster, rounding
+        varies from run to run). The CPU is always deterministic.
+    workspace : array, optional
+        GPU scratch of at least :func:`embed_backward_workspace_size` bytes.
+
+    Returns
+    -------
+    (grad_table, grad_position_table, grad_type_table)
+        The arrays given (None where absent).
+    """
+    op = "embed_backward"
+    args = _backward_args(op, grad_out, ids, grad_table, scale, vocab_start, vocab_shard,
+                          padding_idx, grad_position_table, position_ids, position_offsets,
+                          grad_type_table, type_ids, mode, workspace)
+    _C.embed_backward(False, *args, _status.native(deferred),
+                      _arrays.stream_handle(stream, grad_out))
+    return grad_table, grad_position_table, grad_type_table
+
+
+def embed_backward_workspace_size(grad_out: Any, ids: Any, grad_table: Any = None, *,
+                                  scale: float = 1.0, vocab_start: int = 0,
+                                  vocab_shard: bool = False, padding_idx: Optional[int] = None,
+                                  grad_position_table: Any = None, position_ids: Any = None,
+                                  position_offsets: Any = None, grad_type_table: Any = None,
+                                  type_ids: Any = None, mode: str = "deterministic") -> int:
+    """Bytes of GPU workspace the same :func:`embed_backward` call needs (0 on the CPU).
+    Validates the arguments like embed_backward; reads no array data."""
+    args = _backward_args("embed_backward", grad_out, ids, grad_table, scale, vocab_start,
+                          vocab_shard, padding_idx, grad_position_table, position_ids,
+                          position_offsets, grad_type_table, type_ids, mode, None)
+    return _C.embed_backward(True, *args, None, 0)

@@ -1,0 +1,435 @@
+"""embrope's ops as PyTorch operators: autograd, torch.compile and CUDA graphs.
+
+Every op is registered with ``torch.library.custom_op`` under the ``embrope::`` namespace,
+with a fake (meta) kernel, so that ``torch.compile(fullgraph=True)`` traces it without a
+graph break, and with autograd where it has a gradient:
+
+- :func:`apply_rope` (``embrope::apply_rope``, functional, and ``embrope::apply_rope_``,
+  in place): its gradient is ``embrope::apply_rope_backward``, the transposed rotation.
+- :func:`embed` (``embrope::embed``): its gradients with respect to the token, position and
+  type tables come from ``embrope::embed_backward``, the deterministic backward (sorted,
+  summed in a fixed order: the same bits from run to run, on CPU and GPU alike).
+- :func:`packed_positions` (``embrope::packed_positions``).
+
+Kernels run on PyTorch's current CUDA stream. By default a bad id or position raises
+:class:`embrope.BadIndexError`, which on a GPU costs a stream synchronisation; inside
+:func:`deferred_errors` the ops report to a :class:`embrope.DeferredStatus` instead and never
+synchronise, which is what CUDA-graph capture needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from . import _arrays, _rope
+from . import _embrope as _C
+from ._rope import RopeCache
+from ._status import DeferredStatus
+
+__all__ = [
+    "RotaryEmbedding", "apply_rope", "apply_rope_backward", "deferred_errors", "embed",
+    "embed_backward", "packed_positions", "DeferredStatus",
+]
+
+# ------------------------------------------------------------ deferred reporting ----
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def deferred_errors(status: DeferredStatus) -> Iterator[DeferredStatus]:
+    """Within this block, embrope's torch ops report bad ids and positions to `status`
+    instead of raising, and so never synchronise the stream (safe inside
+    ``torch.cuda.graph`` capture). Call ``status.check()`` when you choose to.
+
+    The setting is per thread; `status` must be on the device of the tensors.
+    """
+    if not isinstance(status, DeferredStatus):
+        raise TypeError(f"deferred_errors: status must be an embrope.DeferredStatus, not "
+                        f"{type(status).__name__}")
+    previous = getattr(_local, "status", None)
+    _local.status = status
+    try:
+        yield status
+    finally:
+        _local.status = previous
+
+
+def _deferred(op: str, like: Tensor) -> Any:
+    status = getattr(_local, "status", None)
+    if status is not None:
+        return status._native
+    if like.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise _C.InvalidArgumentError(
+            f"{op}: called during CUDA graph capture without a DeferredStatus; reporting a bad "
+            "index would synchronise the stream. Wrap the captured code in "
+            "`with embrope.torch.deferred_errors(status):`")
+    return None
+
+
+def _stream(like: Tensor) -> int:
+    return int(torch.cuda.current_stream(like.device).cuda_stream) if like.is_cuda else 0
+
+
+def _new(like: Tensor) -> Tensor:
+    return torch.empty(like.shape, dtype=like.dtype, device=like.device)
+
+
+def _unit_last_stride(t: Optional[Tensor]) -> Optional[Tensor]:
+    # Autograd hands in gradients such as expand()ed ones (stride 0); embrope's ops read
+    # rows with unit stride.
+    return t if t is None or t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
+
+
+def _split_table(cos_sin_cache: Tensor) -> Tuple[Tensor, Tensor]:
+    half = cos_sin_cache.shape[-1] // 2
+    return cos_sin_cache[:, :half], cos_sin_cache[:, half:]
+
+
+# --------------------------------------------------------------------- apply_rope ----
+
+def _rope_impl(op: str, backward: bool, q: Tensor, k: Optional[Tensor], positions: Tensor,
+               cos_sin_cache: Tensor, layout: int, inverse: bool, rotary_dim: int,
+               mrope_section: List[int], q_out: Optional[Tensor],
+               k_out: Optional[Tensor]) -> None:
+    cos, sin = _split_table(cos_sin_cache.detach())
+    _C.apply_rope(q.detach(), None if k is None else k.detach(), positions, None, cos, sin,
+                  q_out, k_out, _C.RopeLayout(layout), inverse, rotary_dim,
+                  tuple(mrope_section), _deferred(op, q), _stream(q), backward)
+
+
+@torch.library.custom_op("embrope::apply_rope", mutates_args=())
+def _apply_rope_op(q: Tensor, k: Optional[Tensor], positions: Tensor, cos_sin_cache: Tensor,
+                   layout: int, inverse: bool, rotary_dim: int,
+                   mrope_section: List[int]) -> Tuple[Tensor, Tensor]:
+    q_out = _new(q)
+    k_out = _new(k) if k is not None else q.new_empty(0)
+    _rope_impl("apply_rope", False, q, k, positions, cos_sin_cache, layout, inverse,
+               rotary_dim, mrope_section, q_out, k_out if k is not None else None)
+    return q_out, k_out
+
+
+@_apply_rope_op.register_fake
+def _(q, k, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope_section):
+    return _new(q), (_new(k) if k is not None else q.new_empty(0))
+
+
+@torch.library.custom_op("embrope::apply_rope_backward", mutates_args=())
+def _apply_rope_backward_op(dq: Tensor, dk: Optional[Tensor], positions: Tensor,
+                            cos_sin_cache: Tensor, layout: int, inverse: bool, rotary_dim: int,
+                            mrope_section: List[int]) -> Tuple[Tensor, Tensor]:
+    dq_out = _new(dq)
+    dk_out = _new(dk) if dk is not None else dq.new_empty(0)
+    _rope_impl("apply_rope_backward", True, dq, dk, positions, cos_sin_cache, layout, inverse,
+               rotary_dim, mrope_section, dq_out, dk_out if dk is not None else None)
+    return dq_out, dk_out
+
+
+@_apply_rope_backward_op.register_fake
+def _(dq, dk, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope_section):
+    return _new(dq), (_new(dk) if dk is not None else dq.new_empty(0))
+
+
+@torch.library.custom_op("embrope::apply_rope_", mutates_args=("q", "k"))
+def _apply_rope_inplace_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
+                           cos_sin_cache: Tensor, layout: int, inverse: bool, rotary_dim: int,
+                           mrope_section: List[int]) -> None:
+    _rope_impl("apply_rope", False, q, k, positions, cos_sin_cache, layout, inverse,
+               rotary_dim, mrope_section, None, None)
+
+
+@_apply_rope_inplace_op.register_fake
+def _(q, k, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope_section):
+    return None
+
+
+def _rope_setup_context(ctx, inputs, output):
+    _, k, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope_section = inputs
+    ctx.save_for_backward(positions, cos_sin_cache)
+    ctx.has_k = k is not None
+    ctx.options = (layout, inverse, rotary_dim, mrope_section)
+
+
+def _rope_backward(ctx, grad_q, grad_k):
+    positions, cos_sin_cache = ctx.saved_tensors
+    grad_k = _unit_last_stride(grad_k) if ctx.has_k else None
+    dq, dk = _apply_rope_backward_op(_unit_last_stride(grad_q), grad_k, positions,
+                                     cos_sin_cache, *ctx.options)
+    return dq, (dk if ctx.has_k else None), None, None, None, None, None, None
+
+
+torch.library.register_autograd("embrope::apply_rope", _rope_backward,
+                                setup_context=_rope_setup_context)
+
+
+def _cos_sin_tensor(op: str, cache: Union[RopeCache, Tensor], device: torch.device) -> Tensor:
+    if isinstance(cache, Tensor):
+        if cache.requires_grad:
+            raise _C.InvalidArgumentError(
+                f"{op}: the cos/sin table requires grad; embrope has no gradient with respect "
+                "to it (detach it)")
+        return cache
+    if isinstance(cache, RopeCache):
+        return _cache_tensor(cache, device)
+    raise TypeError(f"{op}: cache must be a RopeCache or a cos_sin_cache tensor "
+                    f"[max_positions, rotary_dim], not {type(cache).__name__}")
+
+
+def _cache_tensor(cache: RopeCache, device: torch.device) -> Tensor:
+    """The cache's table as a tensor on `device`: zero-copy on the cache's own device, a
+    copy (made once and kept) on another."""
+    key = str(device)
+    table = cache._torch_tables.get(key)
+    if table is None:
+        table = torch.from_dlpack(cache._native.table())
+        if table.device != device:
+            table = table.to(device)
+        cache._torch_tables[key] = table
+    return table
+
+
+def _rope_options(op: str, cache: Any, layout: Optional[str],
+                  mrope_section: Optional[Sequence[int]]) -> Tuple[int, List[int]]:
+    if layout is None:
+        layout = cache.layout if isinstance(cache, RopeCache) else "neox"
+    if mrope_section is None and isinstance(cache, RopeCache):
+        mrope_section = cache.mrope_section
+    sections = _rope._mrope_tuple(op, mrope_section) or (0, 0, 0)
+    return _arrays.enum_value(op, "layout", _C.RopeLayout, layout).value, list(sections)
+
+
+def apply_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
+               cache: Union[RopeCache, Tensor], *, layout: Optional[str] = None,
+               inverse: bool = False, rotary_dim: int = 0,
+               mrope_section: Optional[Sequence[int]] = None,
+               inplace: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+    """Rotary position embedding of q and k, differentiable and traceable.
+
+    The arguments are those of :func:`embrope.apply_rope`; `cache` is a
+    :class:`embrope.RopeCache` or a ``cos_sin_cache`` tensor ``[max_positions, R]`` (cos
+    half, then sin half: vLLM's and FlashInfer's layout). Under ``torch.compile`` pass the
+    tensor (or use :class:`RotaryEmbedding`, which holds it as a buffer).
+
+    inplace : bool, default False
+        False (the PyTorch convention): returns new tensors, with autograd through
+        ``embrope::apply_rope_backward``. True: rotates q and k in place (the serving path;
+        no autograd) and returns them.
+
+    Returns
+    -------
+    (q, k)
+        k is None when no k was given.
+    """
+    op = "apply_rope"
+    table = _cos_sin_tensor(op, cache, q.device)
+    layout_value, sections = _rope_options(op, cache, layout, mrope_section)
+    if inplace:
+        torch.ops.embrope.apply_rope_(q, k, positions, table, layout_value, bool(inverse),
+                                      int(rotary_dim), sections)
+        return q, k
+    q_out, k_out = torch.ops.embrope.apply_rope(q, k, positions, table, layout_value,
+                                                bool(inverse), int(rotary_dim), sections)
+    return q_out, (k_out if k is not None else None)
+
+
+def apply_rope_backward(dq: Tensor, dk: Optional[Tensor], positions: Tensor,
+                        cache: Union[RopeCache, Tensor], *, layout: Optional[str] = None,
+                        inverse: bool = False, rotary_dim: int = 0,
+                        mrope_section: Optional[Sequence[int]] = None
+                        ) -> Tuple[Tensor, Optional[Tensor]]:
+    """The gradient of :func:`apply_rope` (new tensors): ``m R(-angle) dy``."""
+    op = "apply_rope_backward"
+    table = _cos_sin_tensor(op, cache, dq.device)
+    layout_value, sections = _rope_options(op, cache, layout, mrope_section)
+    dq_out, dk_out = torch.ops.embrope.apply_rope_backward(
+        dq, dk, positions, table, layout_value, bool(inverse), int(rotary_dim), sections)
+    return dq_out, (dk_out if dk is not None else None)
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """RoPE as a module holding its cos/sin table as a (non-persistent) buffer, so that it
+    moves with ``.to(device)`` and is a constant to ``torch.compile``.
+
+    Parameters
+    ----------
+    cache : RopeCache or Tensor [max_positions, R]
+        The table (copied into the buffer once; a CPU RopeCache is shared without a copy).
+    layout, mrope_section : optional
+        As in :func:`apply_rope`; default: the cache's.
+    """
+
+    def __init__(self, cache: Union[RopeCache, Tensor], *, layout: Optional[str] = None,
+                 mrope_section: Optional[Sequence[int]] = None) -> None:
+        super().__init__()
+        if isinstance(cache, RopeCache):
+            table = torch.from_dlpack(cache._native.table())
+        else:
+            table = cache.detach()
+        self.layout, self.mrope_section = _rope_options("RotaryEmbedding", cache, layout,
+                                                        mrope_section)
+        self.register_buffer("cos_sin_cache", table, persistent=False)
+
+    def forward(self, positions: Tensor, q: Tensor, k: Optional[Tensor] = None, *,
+                inplace: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+        """Rotates q and k by `positions` (vLLM's argument order)."""
+        if inplace:
+            torch.ops.embrope.apply_rope_(q, k, positions, self.cos_sin_cache, self.layout,
+                                          False, 0, self.mrope_section)
+            return q, k
+        q_out, k_out = torch.ops.embrope.apply_rope(q, k, positions, self.cos_sin_cache,
+                                                    self.layout, False, 0, self.mrope_section)
+        return q_out, (k_out if k is not None else None)
+
+
+# -------------------------------------------------------------------------- embed ----
+
+def _embed_positions(positions: Optional[str], position_table: Optional[Tensor]) -> int:
+    if positions is None:
+        positions = "learned" if position_table is not None else "none"
+    return _arrays.enum_value("embed", "positions", _C.PositionEncoding, positions).value
+
+
+def _detach(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.detach()
+
+
+@torch.library.custom_op("embrope::embed", mutates_args=())
+def _embed_op(table: Tensor, ids: Tensor, position_table: Optional[Tensor],
+              position_ids: Optional[Tensor], position_offsets: Optional[Tensor],
+              type_table: Optional[Tensor], type_ids: Optional[Tensor], scale: float,
+              vocab_start: int, vocab_shard: bool, positions: int, sinusoid_base: float,
+              sinusoid_layout: int, padding_idx: Optional[int]) -> Tensor:
+    out = torch.empty(tuple(ids.shape) + (table.shape[-1],), dtype=table.dtype,
+                      device=table.device)
+    _C.embed(table.detach(), ids, out, scale, vocab_start, vocab_shard,
+             _C.PositionEncoding(positions), _detach(position_table), sinusoid_base,
+             _C.SinusoidLayout(sinusoid_layout), position_ids, position_offsets,
+             _detach(type_table), type_ids, _deferred("embed", table), _stream(table))
+    return out
+
+
+@_embed_op.register_fake
+def _(table, ids, position_table, position_ids, position_offsets, type_table, type_ids, scale,
+      vocab_start, vocab_shard, positions, sinusoid_base, sinusoid_layout, padding_idx):
+    return table.new_empty(tuple(ids.shape) + (table.shape[-1],))
+
+
+@torch.library.custom_op("embrope::embed_backward", mutates_args=())
+def _embed_backward_op(grad_out: Tensor, ids: Tensor, position_ids: Optional[Tensor],
+                       position_offsets: Optional[Tensor], type_ids: Optional[Tensor],
+                       table_rows: int, position_rows: int, type_rows: int, dtype: torch.dtype,
+                       scale: float, vocab_start: int, vocab_shard: bool,
+                       padding_idx: Optional[int]) -> List[Tensor]:
+    """Zero-initialised gradients [rows, D] (0 rows: not wanted), accumulated by
+    embed_backward (deterministic mode)."""
+    width = grad_out.shape[-1]
+    grads = [torch.zeros((rows, width), dtype=dtype, device=grad_out.device)
+             for rows in (table_rows, position_rows, type_rows)]
+    wanted = [g if rows > 0 else None
+              for g, rows in zip(grads, (table_rows, position_rows, type_rows))]
+    _C.embed_backward(False, grad_out.detach(), ids, wanted[0], scale, vocab_start, vocab_shard,
+                      padding_idx, wanted[1], position_ids if position_rows > 0 else None,
+                      position_offsets if position_rows > 0 else None, wanted[2],
+                      type_ids if type_rows > 0 else None, _C.BackwardMode.deterministic, None,
+                      _deferred("embed_backward", grad_out), _stream(grad_out))
+    return grads
+
+
+@_embed_backward_op.register_fake
+def _(grad_out, ids, position_ids, position_offsets, type_ids, table_rows, position_rows,
+      type_rows, dtype, scale, vocab_start, vocab_shard, padding_idx):
+    width = grad_out.shape[-1]
+    return [grad_out.new_empty((rows, width), dtype=dtype)
+            for rows in (table_rows, position_rows, type_rows)]
+
+
+def _embed_setup_context(ctx, inputs, output):
+    (table, ids, position_table, position_ids, position_offsets, type_table, type_ids, scale,
+     vocab_start, vocab_shard, positions, _, _, padding_idx) = inputs
+    ctx.save_for_backward(ids, position_ids, position_offsets, type_ids)
+    learned = positions == _C.PositionEncoding.learned.value and position_table is not None
+    ctx.rows = (
+        table.shape[0] if table.requires_grad else 0,
+        position_table.shape[0] if learned and position_table.requires_grad else 0,
+        type_table.shape[0] if type_table is not None and type_table.requires_grad else 0,
+    )
+    ctx.dtype = table.dtype
+    ctx.options = (scale, vocab_start, vocab_shard, padding_idx)
+
+
+def _embed_backward(ctx, grad_out):
+    ids, position_ids, position_offsets, type_ids = ctx.saved_tensors
+    grads = _embed_backward_op(_unit_last_stride(grad_out), ids, position_ids, position_offsets, type_ids,
+                               *ctx.rows, ctx.dtype, *ctx.options)
+    wanted = [g if rows > 0 else None for g, rows in zip(grads, ctx.rows)]
+    return (wanted[0], None, wanted[1], None, None, wanted[2], None, None, None, None, None,
+            None, None, None)
+
+
+torch.library.register_autograd("embrope::embed", _embed_backward,
+                                setup_context=_embed_setup_context)
+
+
+def embed(table: Tensor, ids: Tensor, *, scale: float = 1.0, vocab_start: int = 0,
+          vocab_shard: bool = False, positions: Optional[str] = None,
+          position_table: Optional[Tensor] = None, sinusoid_base: float = 10000.0,
+          sinusoid_layout: str = "interleaved", position_ids: Optional[Tensor] = None,
+          position_offsets: Optional[Tensor] = None, type_table: Optional[Tensor] = None,
+          type_ids: Optional[Tensor] = None, padding_idx: Optional[int] = None) -> Tensor:
+    """Token-embedding lookup with positions and types: :func:`embrope.embed` as a
+    differentiable operator (gradients for `table`, `position_table` and `type_table` when
+    they require grad; `padding_idx` rows give `table` no gradient, as in
+    ``torch.nn.Embedding``). Returns a new tensor ``[*ids.shape, D]``."""
+    return torch.ops.embrope.embed(
+        table, ids, position_table, position_ids, position_offsets, type_table, type_ids,
+        float(scale), int(vocab_start), bool(vocab_shard),
+        _embed_positions(positions, position_table), float(sinusoid_base),
+        _arrays.enum_value("embed", "sinusoid_layout", _C.SinusoidLayout,
+                           sinusoid_layout).value,
+        None if padding_idx is None else int(padding_idx))
+
+
+def embed_backward(grad_out: Tensor, ids: Tensor, *, table_rows: int = 0,
+                   position_rows: int = 0, type_rows: int = 0,
+                   dtype: Optional[torch.dtype] = None, scale: float = 1.0,
+                   vocab_start: int = 0, vocab_shard: bool = False,
+                   position_ids: Optional[Tensor] = None,
+                   position_offsets: Optional[Tensor] = None, type_ids: Optional[Tensor] = None,
+                   padding_idx: Optional[int] = None) -> List[Optional[Tensor]]:
+    """New gradients of :func:`embed`'s tables, deterministic: ``[grad_table,
+    grad_position_table, grad_type_table]``, each ``[rows, D]`` (None where its rows are 0).
+    `dtype` defaults to grad_out's."""
+    rows = (int(table_rows), int(position_rows), int(type_rows))
+    grads = torch.ops.embrope.embed_backward(
+        grad_out, ids, position_ids, position_offsets, type_ids, *rows,
+        grad_out.dtype if dtype is None else dtype, float(scale), int(vocab_start),
+        bool(vocab_shard), None if padding_idx is None else int(padding_idx))
+    return [g if n > 0 else None for g, n in zip(grads, rows)]
+
+
+# --------------------------------------------------------------- packed_positions ----
+
+@torch.library.custom_op("embrope::packed_positions", mutates_args=())
+def _packed_positions_op(cu_seqlens: Tensor, start_offsets: Optional[Tensor],
+                         num_tokens: int) -> Tensor:
+    positions = torch.empty(num_tokens, dtype=cu_seqlens.dtype, device=cu_seqlens.device)
+    _C.packed_positions(False, cu_seqlens, positions, start_offsets, None,
+                        _deferred("packed_positions", cu_seqlens), _stream(cu_seqlens))
+    return positions
+
+
+@_packed_positions_op.register_fake
+def _(cu_seqlens, start_offsets, num_tokens):
+    return cu_seqlens.new_empty(num_tokens)
+
+
+def packed_positions(cu_seqlens: Tensor, num_tokens: int,
+                     start_offsets: Optional[Tensor] = None) -> Tensor:
+    """RoPE positions ``[num_tokens]`` of a packed batch (:func:`embrope.packed_positions`);
+    `num_tokens` is ``cu_seqlens[-1]``, given so that no host read is needed."""
+    return torch.ops.embrope.packed_positions(cu_seqlens, start_offsets, int(num_tokens))

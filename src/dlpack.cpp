@@ -1,0 +1,100 @@
+// DLTensor -> Tensor (include/embrope/dlpack.hpp): the one place DLPack's codes are read.
+#include "embrope/dlpack.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "embrope/error.hpp"
+
+namespace embrope {
+namespace {
+
+[[noreturn]] void fail(const char* op, const std::string& message) {
+  throw Error(ErrorCode::invalid_argument, fmt::format("{}: {}", op, message));
+}
+
+// A C caller may store any int in an enum field; in C++ loading a value outside the enum's
+// range is undefined, so the bytes are read as the underlying integer.
+template <typename Enum>
+long long raw_enum(const Enum& field) {
+  std::underlying_type_t<Enum> value;
+  std::memcpy(&value, &field, sizeof value);
+  return static_cast<long long>(value);
+}
+
+}  // namespace
+
+Device device_from_dlpack(DLDevice device, const char* op, const char* name) {
+  const long long type = raw_enum(device.device_type);
+  switch (type) {
+    case kDLCPU:
+      return Device::cpu();
+    case kDLCUDA:
+      return Device::cuda(device.device_id);
+    default:
+      fail(op, fmt::format("{} has DLPack device type {}; only kDLCPU ({}) and kDLCUDA ({}) "
+                           "are supported",
+                           name, type, static_cast<int>(kDLCPU), static_cast<int>(kDLCUDA)));
+  }
+}
+
+namespace {
+
+// "float64", "uint8x4": the dtype's name where DLPack's code is one of the common ones.
+std::string dtype_label(DLDataType t) {
+  const char* kind = t.code == kDLFloat    ? "float"
+                     : t.code == kDLInt    ? "int"
+                     : t.code == kDLUInt   ? "uint"
+                     : t.code == kDLBfloat ? "bfloat"
+                                           : nullptr;
+  if (kind == nullptr) return "with an unnamed code";
+  std::string label = kind + std::to_string(t.bits);
+  if (t.lanes != 1) label += "x" + std::to_string(t.lanes);
+  return label;
+}
+
+DType to_dtype(const char* op, const char* name, DLDataType t) {
+  if (t.lanes == 1) {
+    if (t.code == kDLFloat && t.bits == 32) return DType::float32;
+    if (t.code == kDLFloat && t.bits == 16) return DType::float16;
+    if (t.code == kDLBfloat && t.bits == 16) return DType::bfloat16;
+    if (t.code == kDLInt && t.bits == 32) return DType::int32;
+    if (t.code == kDLInt && t.bits == 64) return DType::int64;
+  }
+  fail(op, fmt::format("{} has dtype {} (DLPack dtype code {}, bits {}, lanes {}); supported are "
+                       "float32, float16, bfloat16, int32 and int64 with one lane",
+                       name, dtype_label(t), static_cast<int>(t.code), static_cast<int>(t.bits),
+                       static_cast<int>(t.lanes)));
+}
+
+}  // namespace
+
+Tensor tensor_from_dlpack(const DLTensor* t, const char* op, const char* name) {
+  if (t == nullptr) fail(op, fmt::format("{} is null", name));
+  if (t->ndim < 0 || t->ndim > kMaxDims) {
+    fail(op, fmt::format("{} has ndim {}; at most {} are supported", name, t->ndim, kMaxDims));
+  }
+  if (t->ndim > 0 && t->shape == nullptr) fail(op, fmt::format("{} has a null shape", name));
+  const DType dtype = to_dtype(op, name, t->dtype);
+  const int size = dtype_size(dtype);
+  if (t->byte_offset % static_cast<std::uint64_t>(size) != 0) {
+    fail(op, fmt::format("{} has byte_offset {}, not a multiple of its element size {}", name,
+                         t->byte_offset, size));
+  }
+  // Added as integers: a byte_offset that wraps the address space is an error, not a
+  // pointer overflow.
+  const auto base = reinterpret_cast<std::uintptr_t>(t->data);
+  if (t->data != nullptr && t->byte_offset > UINTPTR_MAX - base) {
+    fail(op, fmt::format("{} has byte_offset {}, which wraps past the end of the address space",
+                         name, t->byte_offset));
+  }
+  void* data = t->data == nullptr ? nullptr : reinterpret_cast<void*>(base + t->byte_offset);
+  return Tensor(data, dtype, t->ndim, t->shape, t->strides,
+                device_from_dlpack(t->device, op, name));
+}
+
+}  // namespace embrope

