@@ -2,7 +2,11 @@
 // device-to-device copy on the GPU, memcpy on the CPU, of the same bytes, read + write
 // counted) and against an unfused baseline inside embrope.
 //
-//   embrope-bench [--device=auto|cpu|gpu] [--quick] [Google Benchmark flags]
+//   embrope-bench [--device=auto|cpu|gpu] [--full] [Google Benchmark flags]
+//
+// Without --full it runs the main cases (the README's table: every op and dtype at the
+// sizes that tell, in about a minute on two cores); --full runs the whole sweep of shapes and
+// token counts. Unless told otherwise, every case runs 3 repetitions and reports medians.
 //
 // Counters per case: GB/s (bytes the op must move / median time), pct_of_copy (that
 // bandwidth over the same-run copy of the same bytes), x_vs_unfused (the unfused baseline's
@@ -14,6 +18,7 @@
 #include <omp.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -37,7 +42,7 @@ using embrope::DType;
 using embrope::Tensor;
 
 bool g_gpu = false;
-bool g_quick = false;
+bool g_full = false;
 std::map<std::int64_t, double> g_copy_gbps;  // bytes -> same-run copy bandwidth
 
 // Memory on the benchmark's device, filled with values in [-1, 1].
@@ -68,27 +73,28 @@ class Memory {
     return data_;
   }
 
-  // Fills with a host-made pattern: random values of dtype, or indices in [0, modulo).
+  // Fills with a host-made pattern: random values of dtype, or indices in [0, modulo). On
+  // the CPU directly in place, on the GPU through a host copy.
   void fill_values(DType dtype) {
     const std::size_t n = bytes_ / embrope::dtype_size(dtype);
-    std::vector<unsigned char> host(bytes_);
-#pragma omp parallel
-    {
-      std::mt19937 rng(1234 + omp_get_thread_num());
-      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-#pragma omp for
-      for (std::size_t i = 0; i < n; ++i) {
-        const float v = u(rng);
-        if (dtype == DType::float32) {
-          std::memcpy(&host[4 * i], &v, 4);
-        } else {
-          const std::uint16_t b = dtype == DType::float16 ? embrope::detail::float_to_half(v)
-                                                          : embrope::detail::float_to_bfloat16(v);
-          std::memcpy(&host[2 * i], &b, 2);
-        }
+    std::vector<unsigned char> staging(g_gpu ? bytes_ : 0);
+    unsigned char* host = g_gpu ? staging.data() : static_cast<unsigned char*>(data_);
+#pragma omp parallel for
+    for (std::size_t i = 0; i < n; ++i) {
+      // A hash of the index to [-1, 1): cheap enough to fill gigabytes, and the same
+      // values on every run.
+      std::uint64_t x = (i + 1) * 0x9e3779b97f4a7c15ull;
+      x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
+      const float v = static_cast<float>(x >> 40) * (2.0f / 16777216.0f) - 1.0f;
+      if (dtype == DType::float32) {
+        std::memcpy(&host[4 * i], &v, 4);
+      } else {
+        const std::uint16_t b = dtype == DType::float16 ? embrope::detail::float_to_half(v)
+                                                        : embrope::detail::float_to_bfloat16(v);
+        std::memcpy(&host[2 * i], &b, 2);
       }
     }
-    upload(host.data());
+    if (g_gpu) upload(host);
   }
   void fill_indices(std::int64_t count, std::int64_t modulo, bool sequential) {
     std::vector<std::int64_t> host(static_cast<std::size_t>(count));
@@ -115,6 +121,44 @@ class Memory {
 
 Device device() {
   return g_gpu ? Device::cuda(0) : Device::cpu();
+}
+
+// Buffers shared by the cases, made once per process: allocating and filling gigabytes per
+// case would take longer than timing them. `key` names what a buffer holds (its contents do
+// not matter to timing, only that they are ordinary values; in-place ops keep rewriting them).
+Memory& shared(const std::string& key, std::size_t bytes,
+               const std::function<void(Memory&)>& fill) {
+  static std::map<std::string, std::unique_ptr<Memory>> buffers;
+  const std::string full_key = key + "/" + std::to_string(bytes);
+  auto it = buffers.find(full_key);
+  if (it == buffers.end()) {
+    it = buffers.emplace(full_key, std::make_unique<Memory>(bytes)).first;
+    fill(*it->second);
+  }
+  return *it->second;
+}
+
+Memory& shared_values(const std::string& key, std::size_t bytes, DType dtype) {
+  return shared(key + "/" + embrope::dtype_name(dtype), bytes,
+                [dtype](Memory& m) { m.fill_values(dtype); });
+}
+
+Memory& shared_indices(const std::string& key, std::int64_t count, std::int64_t modulo,
+                       bool sequential) {
+  return shared(key + "/" + std::to_string(modulo) + (sequential ? "/seq" : "/rand"),
+                static_cast<std::size_t>(count) * 8,
+                [=](Memory& m) { m.fill_indices(count, modulo, sequential); });
+}
+
+// One cos/sin table per rotary dim (building 65536 rows costs more than many RoPE calls).
+const embrope::RopeCache& shared_cache(std::int64_t rotary_dim) {
+  static std::map<std::int64_t, std::unique_ptr<embrope::RopeCache>> caches;
+  auto& cache = caches[rotary_dim];
+  if (!cache) {
+    cache = std::make_unique<embrope::RopeCache>(embrope::RopeConfig{rotary_dim, 500000.0, 65536},
+                                                 device());
+  }
+  return *cache;
 }
 
 // Times body() with CUDA events on `stream` on the GPU (manual time) or wall time on the CPU.
@@ -152,17 +196,19 @@ void run_timed(benchmark::State& state, const std::function<void()>& body, std::
 // The ceiling: copy bytes/2 (read + write = bytes moved).
 void copy_case(benchmark::State& state, std::int64_t bytes) {
   const std::size_t half = static_cast<std::size_t>(bytes / 2);
-  Memory src(half), dst(half);
-  src.fill_values(DType::float32);
+  Memory& src = shared_values("copy_src", half, DType::float32);
+  Memory& dst = shared("copy_dst", half, [](Memory&) {});
   std::function<void()> body;
 #ifdef EMBROPE_BENCH_CUDA
   if (g_gpu)
     body = [&] { cudaMemcpyAsync(dst.data(), src.data(), half, cudaMemcpyDeviceToDevice); };
 #endif
   if (!g_gpu) {
-    body = [&] {
-    // memcpy split over the cores, like the ops it bounds.
-#pragma omp parallel
+    // memcpy split over the cores like the ops it bounds, and, like them, on one thread below
+    // 32768 four-byte elements (where waking a team would cost more than the copy).
+    const bool threaded = half / 4 >= (1 << 15);
+    body = [&, threaded] {
+#pragma omp parallel if (threaded)
       {
         const std::size_t threads = static_cast<std::size_t>(omp_get_num_threads());
         const std::size_t chunk = (half + threads - 1) / threads;
@@ -191,11 +237,10 @@ enum class Launch { checked, deferred, graph };
 void rope_case(benchmark::State& state, RopeShape s, DType dtype, std::int64_t tokens, bool fused,
                Launch launch) {
   const int es = embrope::dtype_size(dtype);
-  Memory q(tokens * s.hq * s.head_dim * es), k(tokens * s.hk * s.head_dim * es), pos(tokens * 8);
-  q.fill_values(dtype);
-  k.fill_values(dtype);
-  pos.fill_indices(tokens, 65536, true);
-  embrope::RopeCache cache({s.rotary_dim, 500000.0, 65536}, device());
+  Memory& q = shared_values("rope_q", tokens * s.hq * s.head_dim * es, dtype);
+  Memory& k = shared_values("rope_k", tokens * s.hk * s.head_dim * es, dtype);
+  Memory& pos = shared_indices("positions", tokens, 65536, true);
+  const embrope::RopeCache& cache = shared_cache(s.rotary_dim);
   const Tensor tq(q.data(), dtype, {tokens, s.hq, s.head_dim}, device());
   const Tensor tk(k.data(), dtype, {tokens, s.hk, s.head_dim}, device());
   const Tensor tp(pos.data(), DType::int64, {tokens}, device());
@@ -250,15 +295,16 @@ void rope_case(benchmark::State& state, RopeShape s, DType dtype, std::int64_t t
 
 void embed_case(benchmark::State& state, DType dtype, std::int64_t dim, std::int64_t tokens,
                 embrope::PositionEncoding positions, bool fused) {
-  const std::int64_t vocab = g_quick ? 32000 : 128256;
+  const std::int64_t vocab = g_full ? 128256 : 32000;
   const std::int64_t max_pos = 32768;
   const int es = embrope::dtype_size(dtype);
-  Memory table(vocab * dim * es), ptable(max_pos * dim * es), ids(tokens * 8), pids(tokens * 8),
-      out(tokens * dim * es), tmp(tokens * dim * es);
-  table.fill_values(dtype);
-  if (positions == embrope::PositionEncoding::learned) ptable.fill_values(dtype);
-  ids.fill_indices(tokens, vocab, false);
-  pids.fill_indices(tokens, max_pos, true);
+  Memory& table = shared_values("table", vocab * dim * es, dtype);
+  const bool learned = positions == embrope::PositionEncoding::learned;
+  Memory* ptable = learned ? &shared_values("position_table", max_pos * dim * es, dtype) : nullptr;
+  Memory& ids = shared_indices("ids", tokens, vocab, false);
+  Memory& pids = shared_indices("position_ids", tokens, max_pos, true);
+  Memory& out = shared("out", tokens * dim * es, [](Memory&) {});
+  Memory& tmp = shared("tmp", tokens * dim * es, [](Memory&) {});
   const Tensor tt(table.data(), dtype, {vocab, dim}, device());
   const Tensor ti(ids.data(), DType::int64, {tokens}, device());
   const Tensor tpi(pids.data(), DType::int64, {tokens}, device());
@@ -267,7 +313,7 @@ void embed_case(benchmark::State& state, DType dtype, std::int64_t dim, std::int
   options.positions = positions;
   options.position_ids = tpi;
   if (positions == embrope::PositionEncoding::learned) {
-    options.position_table = Tensor(ptable.data(), dtype, {max_pos, dim}, device());
+    options.position_table = Tensor(ptable->data(), dtype, {max_pos, dim}, device());
   }
   if (positions == embrope::PositionEncoding::none) options.position_ids.reset();
   const std::int64_t reads = positions == embrope::PositionEncoding::learned ? 2 : 1;
@@ -339,20 +385,32 @@ void register_all() {
       {"hd80", 32, 32, 80, 80, embrope::RopeLayout::neox},
       {"hd256", 16, 16, 256, 256, embrope::RopeLayout::neox},
   };
+  // The main cases: Llama-3-8B at every dtype from decode to 16K tokens, partial rotary
+  // (Pythia, GPT-J) at 16K; --full: every shape at every token count.
   std::vector<std::int64_t> token_counts = {1, 8, 64, 1024, 16384};
-  if (!g_quick && g_gpu) token_counts.push_back(65536);
-  if (g_quick) token_counts = {1, 64, 4096};
+  if (g_gpu) token_counts.push_back(65536);
   for (const char* dt : {"bf16", "f16", "f32"}) {
     const DType dtype = parse_dtype(dt);
     for (const RopeShape& s : shapes) {
-      if (g_quick && std::strcmp(s.model, "llama3-8b") != 0) continue;
-      for (std::int64_t t : token_counts) {
+      const bool main_shape = std::strcmp(s.model, "llama3-8b") == 0;
+      const bool partial_shape =
+          std::strcmp(s.model, "pythia") == 0 || std::strcmp(s.model, "gpt-j") == 0;
+      std::vector<std::int64_t> counts = token_counts;
+      if (!g_full) {
+        if (main_shape) {
+          counts = {1, 256, 4096, 16384};
+        } else if (partial_shape) {
+          counts = {16384};
+        } else {
+          continue;
+        }
+      }
+      for (std::int64_t t : counts) {
         const std::int64_t bytes =
             2 * t * (s.hq + s.hk) * s.rotary_dim * embrope::dtype_size(dtype);
-        const bool main_shape = std::strcmp(s.model, "llama3-8b") == 0;
         // The unfused baseline first, so that the fused row can report its speedup.
         for (bool fused : {false, true}) {
-          if (!fused && !main_shape) continue;
+          if (!fused && !(main_shape && (g_full || t == 16384))) continue;
           const std::string name = std::string("rope/") + s.model + "/" + dt +
                                    "/T=" + std::to_string(t) + (fused ? "" : "/unfused_q_then_k");
           register_pair(name, bytes, [s, dtype, t, fused](benchmark::State& st) {
@@ -373,14 +431,18 @@ void register_all() {
       }
     }
   }
-  for (const char* dt : {"bf16", "f32"}) {
+  for (const char* dt : {"bf16", "f16", "f32"}) {
     const DType dtype = parse_dtype(dt);
     for (std::int64_t dim : {4096, 8192}) {
-      if (g_quick && dim != 4096) continue;
-      for (std::int64_t t : g_quick ? std::vector<std::int64_t>{64, 4096}
-                                    : std::vector<std::int64_t>{1, 64, 1024, 16384}) {
-        for (auto positions : {embrope::PositionEncoding::none, embrope::PositionEncoding::learned,
-                               embrope::PositionEncoding::sinusoidal}) {
+      if (!g_full && dim != 4096) continue;
+      for (auto positions : {embrope::PositionEncoding::none, embrope::PositionEncoding::learned,
+                             embrope::PositionEncoding::sinusoidal}) {
+        const bool sinusoidal = positions == embrope::PositionEncoding::sinusoidal;
+        std::vector<std::int64_t> counts = {1, 64, 1024, 16384};
+        if (!g_full)
+          counts =
+              sinusoidal ? std::vector<std::int64_t>{16384} : std::vector<std::int64_t>{64, 16384};
+        for (std::int64_t t : counts) {
           const char* pname = positions == embrope::PositionEncoding::none      ? "lookup"
                               : positions == embrope::PositionEncoding::learned ? "learned"
                                                                                 : "sinusoidal";
@@ -388,6 +450,7 @@ void register_all() {
           const std::int64_t bytes = (reads + 1) * t * dim * embrope::dtype_size(dtype);
           for (bool fused : {false, true}) {
             if (!fused && positions != embrope::PositionEncoding::learned) continue;
+            if (!fused && !g_full && t != 16384) continue;
             // the CPU baseline's add pass is plain float32 code; the GPU's a vector kernel
             if (!fused && !g_gpu && dtype != DType::float32) continue;
             const std::string name = std::string("embed/") + pname + "/" + dt +
@@ -407,7 +470,7 @@ void register_all() {
 
 // The vocabulary of the backward cases (as the forward embed cases).
 std::int64_t backward_vocab() {
-  return g_quick ? 32000 : 128256;
+  return g_full ? 128256 : 32000;
 }
 
 // The number of distinct values Memory::fill_indices(count, modulo, false) writes (the same
@@ -430,10 +493,9 @@ void embed_backward_case(benchmark::State& state, DType dtype, std::int64_t dim,
                          std::int64_t tokens, embrope::BackwardMode mode, bool one_id) {
   const std::int64_t vocab = backward_vocab();
   const int es = embrope::dtype_size(dtype);
-  Memory grad_out(tokens * dim * es), ids(tokens * 8), grad(vocab * dim * 4);
-  grad_out.fill_values(dtype);
-  grad.fill_values(DType::float32);
-  ids.fill_indices(tokens, one_id ? 1 : vocab, false);
+  Memory& grad_out = shared_values("grad_out", tokens * dim * es, dtype);
+  Memory& grad = shared_values("grad_table", vocab * dim * 4, DType::float32);
+  Memory& ids = shared_indices("ids", tokens, one_id ? 1 : vocab, false);
   const Tensor tg(grad_out.data(), dtype, {tokens, dim}, device());
   const Tensor ti(ids.data(), DType::int64, {tokens}, device());
   const Tensor tt(grad.data(), DType::float32, {vocab, dim}, device());
@@ -457,11 +519,10 @@ void embed_backward_case(benchmark::State& state, DType dtype, std::int64_t dim,
 void rope_backward_case(benchmark::State& state, DType dtype, std::int64_t tokens) {
   const std::int64_t hq = 32, hk = 8, dim = 128;
   const int es = embrope::dtype_size(dtype);
-  Memory dq(tokens * hq * dim * es), dk(tokens * hk * dim * es), pos(tokens * 8);
-  dq.fill_values(dtype);
-  dk.fill_values(dtype);
-  pos.fill_indices(tokens, 65536, true);
-  embrope::RopeCache cache({dim, 500000.0, 65536}, device());
+  Memory& dq = shared_values("rope_q", tokens * hq * dim * es, dtype);
+  Memory& dk = shared_values("rope_k", tokens * hk * dim * es, dtype);
+  Memory& pos = shared_indices("positions", tokens, 65536, true);
+  const embrope::RopeCache& cache = shared_cache(dim);
   const Tensor tq(dq.data(), dtype, {tokens, hq, dim}, device());
   const Tensor tk(dk.data(), dtype, {tokens, hk, dim}, device());
   const Tensor tp(pos.data(), DType::int64, {tokens}, device());
@@ -472,12 +533,14 @@ void rope_backward_case(benchmark::State& state, DType dtype, std::int64_t token
 
 void register_backward() {
   const std::vector<std::int64_t> token_counts =
-      g_quick ? std::vector<std::int64_t>{4096} : std::vector<std::int64_t>{1024, 16384};
+      g_full ? std::vector<std::int64_t>{1024, 16384} : std::vector<std::int64_t>{16384};
   for (const char* dt : {"bf16", "f32"}) {
     const DType dtype = parse_dtype(dt);
+    if (!g_full && dtype != DType::bfloat16) continue;  // the main cases: bfloat16 training
     for (std::int64_t t : token_counts) {
       // Distinct ids (random over the vocabulary) and one id on every row (one long run).
       for (bool one_id : {false, true}) {
+        if (one_id && !g_full) continue;
         for (auto mode : {embrope::BackwardMode::deterministic, embrope::BackwardMode::atomic}) {
           // The CPU path is deterministic in either mode: time it once.
           if (!g_gpu && mode == embrope::BackwardMode::atomic) continue;
@@ -537,17 +600,39 @@ class PctReporter : public Base {
   std::map<std::string, double> unfused_seconds_;  // baseline median time by fused name
 };
 
+// The terminal's view while the cases run: one line per case as it finishes (the table
+// itself is printed by benchmarks/report.py from the JSON, or by Google Benchmark's console
+// reporter with --benchmark_format=console).
+class ProgressReporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& run : runs) {
+      if (run.run_type == Run::RT_Aggregate && run.aggregate_name != "median") continue;
+      if (run.error_occurred) {
+        std::fprintf(stderr, "  %-58s error: %s\n", run.run_name.function_name.c_str(),
+                     run.error_message.c_str());
+        continue;
+      }
+      std::fprintf(stderr, "  %-58s %12.2f us\n", run.run_name.function_name.c_str(),
+                   run.GetAdjustedRealTime());
+    }
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string device_flag = "auto";
+  bool console = false;
   std::vector<char*> rest;
   for (int i = 0; i < argc; ++i) {
     if (std::strncmp(argv[i], "--device=", 9) == 0) {
       device_flag = argv[i] + 9;
-    } else if (std::strcmp(argv[i], "--quick") == 0) {
-      g_quick = true;
+    } else if (std::strcmp(argv[i], "--full") == 0) {
+      g_full = true;
     } else {
+      console = console || std::strcmp(argv[i], "--benchmark_format=console") == 0;
       rest.push_back(argv[i]);
     }
   }
@@ -559,21 +644,42 @@ int main(int argc, char** argv) {
 #ifdef EMBROPE_BENCH_CUDA
   g_gpu = device_flag != "cpu" && gpus > 0;
 #endif
-  std::printf("embrope-bench %s on %s (%d CPU threads)\n", EMBROPE_VERSION_STRING,
-              g_gpu ? "GPU 0" : "CPU", omp_get_max_threads());
-  // Before Initialize, which removes the flags it consumes from the argument array.
-  bool has_out = false;
-  for (char* a : rest) has_out = has_out || std::strncmp(a, "--benchmark_out=", 16) == 0;
+  std::fprintf(stderr, "embrope-bench %s on %s (%d CPU threads, CPU kernels: %s), %s cases\n",
+               EMBROPE_VERSION_STRING, g_gpu ? "GPU 0" : "CPU", omp_get_max_threads(),
+               embrope::cpu_isa(), g_full ? "all" : "the main");
+  // Medians of 3 repetitions unless the command line says otherwise (flags given later win).
+  bool has_out = false, has_repetitions = false;
+  for (char* a : rest) {
+    has_out = has_out || std::strncmp(a, "--benchmark_out=", 16) == 0;
+    has_repetitions = has_repetitions || std::strncmp(a, "--benchmark_repetitions", 23) == 0;
+  }
+  std::string repetitions = "--benchmark_repetitions=3";
+  std::string aggregates = "--benchmark_report_aggregates_only=true";
+  std::string min_time = "--benchmark_min_time=0.1";
+  if (!has_repetitions) {
+    rest.insert(rest.begin() + 1, {repetitions.data(), aggregates.data(), min_time.data()});
+  }
   int rest_argc = static_cast<int>(rest.size());
   benchmark::Initialize(&rest_argc, rest.data());
+  benchmark::AddCustomContext("embrope_version", EMBROPE_VERSION_STRING);
+  benchmark::AddCustomContext("device", g_gpu ? "gpu" : "cpu");
+  benchmark::AddCustomContext("cpu_isa", embrope::cpu_isa());
+  benchmark::AddCustomContext("cases", g_full ? "full" : "main");
+  benchmark::AddCustomContext("omp_threads", std::to_string(omp_get_max_threads()));
+  if (const char* commit = std::getenv("EMBROPE_BENCH_COMMIT")) {
+    benchmark::AddCustomContext("commit", commit);
+  }
   register_all();
   register_backward();
-  PctReporter<benchmark::ConsoleReporter> display;
+  PctReporter<ProgressReporter> progress;
+  PctReporter<benchmark::ConsoleReporter> table;
   PctReporter<benchmark::JSONReporter> file;
+  benchmark::BenchmarkReporter* display =
+      console ? static_cast<benchmark::BenchmarkReporter*>(&table) : &progress;
   if (has_out) {
-    benchmark::RunSpecifiedBenchmarks(&display, &file);
+    benchmark::RunSpecifiedBenchmarks(display, &file);
   } else {
-    benchmark::RunSpecifiedBenchmarks(&display);
+    benchmark::RunSpecifiedBenchmarks(display);
   }
   benchmark::Shutdown();
   return 0;

@@ -25,13 +25,14 @@ constexpr int kThreadsPerBlock = 256;
 // W is the number of consecutive elements a lane handles: 16 / sizeof(T) on the fast path
 // (aligned rows, D a multiple of W), 1 on the general path. G lanes (blockDim.x) share a row;
 // blockDim.y rows run side by side in a block.
-// kSinusoidal: the call adds sinusoidal positions (its own instantiations: the device
-// library's sinf/cosf reserve a stack frame for their large-argument path, which the other
-// paths should not carry).
+// kSinusoidal: the call adds sinusoidal positions (detail/sinusoid.hpp: a float64 reduction
+// and float32 polynomials per element), in instantiations of their own so that the other
+// paths keep their register budget.
 // At least 4 blocks per multiprocessor, at most 64 registers: left to itself, ptxas chose
-// 32 for the scalar float16 path and spilled.
+// 32 for the scalar float16 path and spilled. The sinusoidal paths hold W float64 angles in
+// flight and get 2 blocks, 128 registers (64 spilled).
 template <typename T, int W, int G, bool kSinusoidal>
-__global__ void __launch_bounds__(kThreadsPerBlock, 4)
+__global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 2 : 4)
     embed_kernel(const __grid_constant__ detail::EmbedParams p) {
   constexpr int kRowsPerBlock = kThreadsPerBlock / G;
   const int lane = threadIdx.x;

@@ -62,9 +62,6 @@ import sys
 LOCAL_MEMORY_ALLOWED = {
     "build_rope_cache_kernel": "double sin/cos of any finite angle (libdevice's exact "
                                "reduction); runs once per cos/sin table",
-    "embed_kernel<*, true>": "float sinf/cosf of sinusoidal positions: the library reserves "
-                             "a frame for arguments past 105615, which the reduced angles in "
-                             "[-pi, pi] never reach",
 }
 
 
@@ -76,9 +73,6 @@ def demangle(names):
 def allowed(pretty):
     if "build_rope_cache_kernel" in pretty:
         return LOCAL_MEMORY_ALLOWED["build_rope_cache_kernel"]
-    m = re.search(r"embed_kernel<[^>]*, (true|false)>", pretty)
-    if m and m.group(1) == "true":
-        return LOCAL_MEMORY_ALLOWED["embed_kernel<*, true>"]
     return None
 
 

@@ -103,8 +103,12 @@ if wants bench; then
   # dozens; the median of 5 repetitions is reported.
   bench_args=(--device=gpu --benchmark_out="$out/bench.json" --benchmark_out_format=json
     --benchmark_min_time=0.05 --benchmark_repetitions=5 --benchmark_report_aggregates_only=true)
-  [ -n "$quick" ] && bench_args+=(--quick)
+  # --quick: the main cases; otherwise the whole sweep.
+  [ -z "$quick" ] && bench_args+=(--full)
   step benchmark "$build/benchmarks/embrope-bench" "${bench_args[@]}"
+  # The table and plot (the torch eager column is the comparison step's business).
+  step bench_report python3 benchmarks/report.py "$out/bench.json" --out "$out/bench" --no-torch \
+    --command "scripts/gpu-check.sh $*"
 fi
 
 if wants compare; then

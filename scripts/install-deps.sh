@@ -12,6 +12,8 @@
 #                                         packages when missing, then pyproject.toml's `dev`
 #                                         group from PyPI (nanobind, scikit-build-core, pytest,
 #                                         numpy, torch, transformers, matplotlib, ...)
+#   scripts/install-deps.sh --plot        only matplotlib and numpy into .venv (the
+#                                         benchmark's plot), when they are missing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,14 +37,16 @@ apt_install() {
   $sudo apt-get install -y -qq --no-install-recommends "$@"
 }
 
-if [ "${1:-}" = "--python" ]; then
+if [ "${1:-}" = "--python" ] || [ "${1:-}" = "--plot" ]; then
   python=${PYTHON:-python3}
   if ! command -v "$python" >/dev/null 2>&1; then apt_install python3; python=python3; fi
   # Debian splits venv/ensurepip and the C headers out of python3.
   missing=()
   "$python" -c "import venv, ensurepip" >/dev/null 2>&1 || missing+=(python3-venv)
-  include=$("$python" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
-  [ -f "$include/Python.h" ] || missing+=(python3-dev)
+  if [ "$1" = "--python" ]; then  # the extension's build needs Python's headers
+    include=$("$python" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+    [ -f "$include/Python.h" ] || missing+=(python3-dev)
+  fi
   if [ ${#missing[@]} -gt 0 ]; then
     echo "install-deps: installing ${missing[*]}"
     apt_install "${missing[@]}"
@@ -51,7 +55,11 @@ if [ "${1:-}" = "--python" ]; then
   pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
   # Dependency groups (pyproject.toml) need pip 25.1 or later.
   "${pip[@]}" --upgrade "pip>=25.1"
-  "${pip[@]}" --group dev
+  if [ "$1" = "--plot" ]; then
+    "${pip[@]}" --group plot
+  else
+    "${pip[@]}" --group dev
+  fi
   echo "install-deps: .venv ready ($(.venv/bin/python --version))"
   exit 0
 fi

@@ -13,6 +13,7 @@
 #include "embrope/embrope.h"
 #include "embrope/dlpack.hpp"
 #include "embrope/embrope.hpp"
+#include "c_enum.hpp"
 
 struct embrope_rope_cache {
   embrope::RopeCache cache;
@@ -35,15 +36,7 @@ thread_local std::string last_error;
   throw Error(ErrorCode::invalid_argument, fmt::format("{}: {}", function, message));
 }
 
-// The value a C caller stored in an enum field. C lets any int live in an enum object; in
-// C++ loading a value outside the enum's range is undefined, so the bytes are read as the
-// underlying integer and compared against the enumerators.
-template <typename Enum>
-long long raw_enum(const Enum& field) {
-  std::underlying_type_t<Enum> value;
-  std::memcpy(&value, &field, sizeof value);
-  return static_cast<long long>(value);
-}
+using embrope::detail::raw_enum;
 
 template <typename... Args>
 [[noreturn]] void fail(const char* function, fmt::format_string<Args...> format, Args&&... args) {

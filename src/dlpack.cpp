@@ -4,10 +4,9 @@
 #include <fmt/format.h>
 
 #include <cstdint>
-#include <cstring>
 #include <string>
-#include <type_traits>
 
+#include "c_enum.hpp"
 #include "embrope/error.hpp"
 
 namespace embrope {
@@ -17,14 +16,7 @@ namespace {
   throw Error(ErrorCode::invalid_argument, fmt::format("{}: {}", op, message));
 }
 
-// A C caller may store any int in an enum field; in C++ loading a value outside the enum's
-// range is undefined, so the bytes are read as the underlying integer.
-template <typename Enum>
-long long raw_enum(const Enum& field) {
-  std::underlying_type_t<Enum> value;
-  std::memcpy(&value, &field, sizeof value);
-  return static_cast<long long>(value);
-}
+using embrope::detail::raw_enum;
 
 }  // namespace
 

@@ -226,6 +226,38 @@ void add_dims(std::vector<Term>& terms, const Tensor& t, int sign) {
   }
 }
 
+// One past the last byte of a non-empty view whose strides are non-negative (validated), or
+// -1 when a stride is negative (no bound from this test).
+Wide end_address(const Tensor& t) {
+  Wide end = address(t) + dtype_size(t.dtype());
+  for (int d = 0; d < t.ndim(); ++d) {
+    if (t.stride(d) < 0) return -1;
+    end += static_cast<Wide>(t.shape(d) - 1) * t.stride(d) * dtype_size(t.dtype());
+  }
+  return end;
+}
+
+// True when t's dimensions, ordered by stride, each step over the whole extent of the ones
+// below it (a row-major layout, padded or permuted): then no two elements share a byte. The
+// cheap sufficient test before the exact search.
+bool plainly_distinct(const Tensor& t) {
+  int order[kMaxDims];
+  int n = 0;
+  for (int d = 0; d < t.ndim() && d < kMaxDims; ++d) {
+    if (t.shape(d) <= 1) continue;
+    int i = n++;  // insertion by stride: at most kMaxDims entries
+    for (; i > 0 && t.stride(order[i - 1]) > t.stride(d); --i) order[i] = order[i - 1];
+    order[i] = d;
+  }
+  Wide extent = 1;  // in elements: the reach of the dimensions so far, plus one
+  for (int i = 0; i < n; ++i) {
+    const int d = order[i];
+    if (t.stride(d) < 0 || static_cast<Wide>(t.stride(d)) < extent) return false;
+    extent = static_cast<Wide>(t.stride(d)) * (t.shape(d) - 1) + extent;
+  }
+  return true;
+}
+
 bool same_view(const Tensor& a, const Tensor& b) {
   if (a.data() != b.data() || a.dtype() != b.dtype() || a.ndim() != b.ndim()) return false;
   for (int d = 0; d < a.ndim(); ++d) {
@@ -240,6 +272,11 @@ bool same_view(const Tensor& a, const Tensor& b) {
 Overlap overlap(const Tensor& a, const Tensor& b) {
   if (is_empty(a) || is_empty(b)) return Overlap::none;
   if (same_view(a, b)) return Overlap::same_view;
+  // Disjoint byte ranges cannot share a byte (the usual case: separate buffers).
+  const Wide end_a = end_address(a), end_b = end_address(b);
+  if (end_a >= 0 && end_b >= 0 && (end_a <= address(b) || end_b <= address(a))) {
+    return Overlap::none;
+  }
   // A byte of a at address(a) + sum i_d sa_d + x equals one of b at address(b) +
   // sum j_d sb_d + y (x, y within an element) exactly when
   // sum i_d sa_d - sum j_d sb_d + (x - y) == address(b) - address(a).
@@ -266,7 +303,7 @@ void check_no_overlap(const char* op, const char* out_name, const Tensor& out, c
 }
 
 void check_no_self_overlap(const char* op, const char* name, const Tensor& t) {
-  if (is_empty(t)) return;
+  if (is_empty(t) || plainly_distinct(t)) return;
   std::vector<Term> terms;
   for (int d = 0; d < t.ndim(); ++d) {
     if (t.shape(d) <= 1) continue;

@@ -42,6 +42,13 @@ from ._rope import (
 from ._status import DeferredStatus
 
 
+def cpu_isa() -> str:
+    """The instruction set of the CPU kernels: "avx512", "avx2" or "portable" (the widest this
+    CPU has, unless the environment variable EMBROPE_CPU_ISA caps it; every choice gives the
+    same bits)."""
+    return _embrope.cpu_isa()
+
+
 def cuda_device_count() -> int:
     """CUDA devices this build can use: 0 without CUDA support, a driver or a device."""
     return _embrope.cuda_device_count()
@@ -50,7 +57,8 @@ def cuda_device_count() -> int:
 __all__ = [
     "BadIndexError", "CudaError", "DeferredStatus", "Error", "InternalError",
     "InvalidArgumentError", "ModelConfig", "NotAvailableError", "OutOfMemoryError",
-    "RopeCache", "RopeConfig", "apply_rope", "apply_rope_backward", "cuda_device_count",
+    "RopeCache", "RopeConfig", "apply_rope", "apply_rope_backward", "cpu_isa",
+    "cuda_device_count",
     "embed", "embed_backward", "embed_backward_workspace_size", "model_config_from_hf",
     "model_preset", "model_presets", "packed_positions", "packed_positions_workspace_size",
     "rope_frequencies", "__version__",

@@ -103,36 +103,44 @@ def _rope_impl(op: str, backward: bool, q: Tensor, k: Optional[Tensor], position
                   tuple(mrope_section), _deferred(op, q), _stream(q), backward)
 
 
+def _rope_outputs(q: Tensor, k: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    # A custom op returns tensors, never None: without k, its output is an empty tensor.
+    return _new(q), (_new(k) if k is not None else q.new_empty(0))
+
+
+def _rope_out_of_place(op: str, backward: bool, q: Tensor, k: Optional[Tensor],
+                       positions: Tensor, cos_sin_cache: Tensor, layout: int, inverse: bool,
+                       rotary_dim: int, mrope_section: List[int]) -> Tuple[Tensor, Tensor]:
+    q_out, k_out = _rope_outputs(q, k)
+    _rope_impl(op, backward, q, k, positions, cos_sin_cache, layout, inverse, rotary_dim,
+               mrope_section, q_out, k_out if k is not None else None)
+    return q_out, k_out
+
+
 @torch.library.custom_op("embrope::apply_rope", mutates_args=())
 def _apply_rope_op(q: Tensor, k: Optional[Tensor], positions: Tensor, cos_sin_cache: Tensor,
                    layout: int, inverse: bool, rotary_dim: int,
                    mrope_section: List[int]) -> Tuple[Tensor, Tensor]:
-    q_out = _new(q)
-    k_out = _new(k) if k is not None else q.new_empty(0)
-    _rope_impl("apply_rope", False, q, k, positions, cos_sin_cache, layout, inverse,
-               rotary_dim, mrope_section, q_out, k_out if k is not None else None)
-    return q_out, k_out
+    return _rope_out_of_place("apply_rope", False, q, k, positions, cos_sin_cache, layout,
+                              inverse, rotary_dim, mrope_section)
 
 
 @_apply_rope_op.register_fake
-def _(q, k, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope_section):
-    return _new(q), (_new(k) if k is not None else q.new_empty(0))
+def _(q, k, *options):
+    return _rope_outputs(q, k)
 
 
 @torch.library.custom_op("embrope::apply_rope_backward", mutates_args=())
 def _apply_rope_backward_op(dq: Tensor, dk: Optional[Tensor], positions: Tensor,
                             cos_sin_cache: Tensor, layout: int, inverse: bool, rotary_dim: int,
                             mrope_section: List[int]) -> Tuple[Tensor, Tensor]:
-    dq_out = _new(dq)
-    dk_out = _new(dk) if dk is not None else dq.new_empty(0)
-    _rope_impl("apply_rope_backward", True, dq, dk, positions, cos_sin_cache, layout, inverse,
-               rotary_dim, mrope_section, dq_out, dk_out if dk is not None else None)
-    return dq_out, dk_out
+    return _rope_out_of_place("apply_rope_backward", True, dq, dk, positions, cos_sin_cache,
+                              layout, inverse, rotary_dim, mrope_section)
 
 
 @_apply_rope_backward_op.register_fake
-def _(dq, dk, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope_section):
-    return _new(dq), (_new(dk) if dk is not None else dq.new_empty(0))
+def _(dq, dk, *options):
+    return _rope_outputs(dq, dk)
 
 
 @torch.library.custom_op("embrope::apply_rope_", mutates_args=("q", "k"))

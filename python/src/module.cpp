@@ -480,6 +480,7 @@ NB_MODULE(_embrope, m) {
         bits.data(), bits.ndim(), shape.data(), array, nullptr,
         nb::dlpack::dtype{static_cast<std::uint8_t>(kDLBfloat), 16, 1}, nb::device::cpu::value);
   });
+  m.def("cpu_isa", [] { return std::string(embrope::cpu_isa()); });
   m.def("cuda_device_count", [] {
     nb::gil_scoped_release nogil;
     return embrope::cuda_device_count();

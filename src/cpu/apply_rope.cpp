@@ -1,6 +1,8 @@
 // RoPE on the CPU: Su et al. 2021 (RoFormer), pairs as in GPT-NeoX (rotate_half) or GPT-J
-// (interleaved). One (token, head) row per iteration, threaded with OpenMP; the inner loops
-// touch only the row and the token's cos/sin row and are vectorized (omp simd).
+// (interleaved), threaded with OpenMP. Two paths with the same bits: the portable one, one
+// (token, head) row per iteration with omp simd loops; and on x86 the vector one
+// (apply_rope.inc, for AVX2 + F16C or AVX-512, chosen at run time by isa.hpp), one token per
+// iteration with its cos/sin row widened once.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -9,12 +11,17 @@
 #include "../dispatch.hpp"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
+#include "isa.hpp"
 
 namespace embrope::cpu {
-namespace {
 
 using detail::from_float;
 using detail::to_float;
+
+#define EMBROPE_VECTOR_BODY "apply_rope.inc"
+#include "vector_bodies.hpp"
+
+namespace {
 
 // Rotates one head row. `in` and `out` may be the same row (each iteration reads and writes
 // only its own pair, so in place is safe under simd).
@@ -108,12 +115,65 @@ void rope_kernel(const detail::RopeParams& p) {
   });
 }
 
+// The vector path: tokens in parallel, each rotated by an instruction set's rotate_token.
+template <typename T>
+using RotateToken = void (*)(const detail::RopeParams&, std::int64_t, float*, float*);
+
+template <typename T>
+void rope_by_token(const detail::RopeParams& p, RotateToken<T> rotate_token) {
+  const std::int64_t tokens = p.batch * p.seq;
+  const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
+  // Rotates token t (or zero-fills it and returns its bad-index key).
+  const auto token = [&](std::int64_t t, float* widened) -> std::int64_t {
+    const std::int64_t b = t / p.seq, s = t % p.seq;
+    if (detail::rope_bad_stream(p, b, s) >= 0) {
+      for (std::int64_t h = 0; h < heads; ++h) {
+        T* out = detail::rope_row<T>(p, b, s, h).out;
+        std::fill(out, out + p.head_dim, from_float<T>(0.0f));
+      }
+      return detail::bad_index_key(t, detail::BadIndexArg::positions);
+    }
+    rotate_token(p, t, widened, widened + p.rotary_dim);
+    return detail::kNoBadIndex;
+  };
+  std::int64_t first_bad = detail::kNoBadIndex;
+  if (tokens <= 1 || tokens * heads * p.head_dim < (1 << 15)) {
+    // Decode-sized calls: no thread team, and the widened row on the stack when it fits.
+    constexpr std::int64_t kStackFloats = 1024;
+    float stack[kStackFloats];
+    std::vector<float> heap(2 * p.rotary_dim > kStackFloats ? 2 * p.rotary_dim : 0);
+    float* widened = heap.empty() ? stack : heap.data();
+    for (std::int64_t t = 0; t < tokens; ++t) first_bad = std::min(first_bad, token(t, widened));
+  } else {
+#pragma omp parallel reduction(min : first_bad)
+    {
+      std::vector<float> widened(static_cast<std::size_t>(2 * p.rotary_dim));
+      // Dynamic chunks: a thread that shares its core with other work takes fewer.
+#pragma omp for schedule(dynamic, 16)
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        first_bad = std::min(first_bad, token(t, widened.data()));
+      }
+    }
+  }
+  detail::lower_bad_index(p.bad, first_bad, p.bad_op, [&](std::int64_t key) {
+    return detail::rope_bad_position(p, detail::bad_index_row(key));
+  });
+}
+
 }  // namespace
 
 void apply_rope(const detail::RopeParams& p) {
+  const Isa isa = active_isa();
   detail::dispatch_value_dtype(p.dtype, [&](auto t) {
     detail::dispatch_value_dtype(p.table_dtype, [&](auto c) {
-      rope_kernel<typename decltype(t)::type, typename decltype(c)::type>(p);
+      using T = typename decltype(t)::type;
+      using C = typename decltype(c)::type;
+#if EMBROPE_CPU_X86
+      if (isa == Isa::avx512) return rope_by_token<T>(p, avx512::rotate_token<T, C>);
+      if (isa == Isa::avx2) return rope_by_token<T>(p, avx2::rotate_token<T, C>);
+#endif
+      (void)isa;
+      rope_kernel<T, C>(p);
     });
   });
 }

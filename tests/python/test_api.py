@@ -449,6 +449,10 @@ def test_every_op_in_every_framework_and_dtype(framework, dtype, rng):
     assert np.asarray(packed).tolist() == [0, 1, 0, 1, 2]
 
 
+def test_cpu_isa_names_the_instruction_set():
+    assert embrope.cpu_isa() in ("avx512", "avx2", "portable")
+
+
 def test_a_table_too_large_to_hold_is_a_memory_error():
     with pytest.raises(MemoryError, match="RopeCache") as info:
         embrope.RopeCache(2, 2 ** 44)

@@ -1,0 +1,343 @@
+"""The benchmark's report: one table, the JSON and a plot, from embrope-bench's JSON.
+
+    python benchmarks/report.py RAW_JSON --out DIR [--command TEXT] [--no-torch]
+
+Reads Google Benchmark's JSON written by embrope-bench (medians of repetitions), adds PyTorch
+eager's time for the same cases, measured now, in this run, on the same device and threads,
+when torch is importable, and writes into DIR:
+
+- bench.json: one record per case (op, shape, dtype, tokens, median time, GB/s, % of the
+  same-run copy, the ratio to the unfused baseline and to PyTorch eager) and the run's
+  metadata (machine, commit, command, instruction set);
+- bench.md: the same as a markdown table, with the machine, command and commit;
+- bench.png: GB/s against tokens for each op and dtype, the same-run copy ceiling drawn as
+  a dashed line (needs matplotlib).
+
+The table is also printed. Only the Python standard library is needed for the table and the
+JSON; torch and matplotlib are optional.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Optional
+
+# Threads below this many bytes moved: the copy and the op both run on one thread and in cache.
+SMALL_BYTES = 256 * 1024
+
+NAME = re.compile(
+    r"^(?P<op>rope_backward|rope|embed_backward|embed)/(?P<rest>.*?)(?:/real_time|/manual_time)?$")
+
+
+def parse_case(name: str) -> Optional[dict]:
+    """rope/llama3-8b/bf16/T=16384[/variant] -> fields; embed/learned/f32/D=4096/T=64[...]."""
+    match = NAME.match(name)
+    if not match:
+        return None
+    op, parts = match.group("op"), match.group("rest").split("/")
+    case = {"op": op, "variant": ""}
+    if op in ("rope", "rope_backward"):
+        case.update(shape=parts[0], dtype=parts[1], tokens=int(parts[2][2:]))
+        case["variant"] = "/".join(parts[3:])
+    elif op == "embed":
+        case.update(op=f"embed {parts[0]}", shape=parts[2], dtype=parts[1],
+                    tokens=int(parts[3][2:]))
+        case["variant"] = "/".join(parts[4:])
+    else:  # embed_backward/deterministic/bf16/D=4096/T=16384[/one_id]
+        case.update(op=f"embed_backward {parts[0]}", shape=parts[2], dtype=parts[1],
+                    tokens=int(parts[3][2:]))
+        case["variant"] = "/".join(parts[4:])
+    return case
+
+
+def read_cases(raw: dict) -> tuple[list[dict], dict[int, float]]:
+    """(op rows, copy GB/s by bytes) from the medians in Google Benchmark's JSON."""
+    cases, copies = [], {}
+    for b in raw["benchmarks"]:
+        if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
+            continue
+        if b.get("error_occurred") or b.get("skipped"):
+            continue
+        seconds = b["real_time"] * {"us": 1e-6, "ms": 1e-3, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
+        name = b.get("run_name", b["name"])
+        moved = int(b.get("bytes", 0))
+        if name.startswith("copy/"):
+            copies[moved] = moved / seconds / 1e9
+            continue
+        case = parse_case(name)
+        if case is None:
+            continue
+        case.update(name=name, seconds=seconds, bytes=moved, gbps=moved / seconds / 1e9,
+                    pct_of_copy=b.get("pct_of_copy"), x_vs_unfused=b.get("x_vs_unfused"))
+        cases.append(case)
+    return cases, copies
+
+
+# ------------------------------------------------------------------- PyTorch eager ----
+
+ROPE_SHAPES = {  # hq, hk, head_dim, rotary_dim, interleaved (as benchmarks/bench.cpp)
+    "llama3-8b": (32, 8, 128, 128, False), "llama3-70b": (64, 8, 128, 128, False),
+    "qwen2.5-7b": (28, 4, 128, 128, False), "pythia": (32, 32, 128, 32, False),
+    "gpt-j": (16, 16, 256, 64, True), "hd80": (32, 32, 80, 80, False),
+    "hd256": (16, 16, 256, 256, False),
+}
+
+
+def time_median(fn, sync, budget: float = 0.1, max_reps: int = 15) -> float:
+    fn()
+    sync()
+    times = []
+    start = time.perf_counter()
+    while len(times) < 3 or (time.perf_counter() - start < budget and len(times) < max_reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+_tensors: dict = {}
+
+
+def tensor(torch, name: str, shape: tuple, dtype, device: str, integers: int = 0):
+    """A tensor for the timings, made once per (name, shape, dtype): constant values (their
+    contents do not change eager PyTorch's speed), or indices spread over [0, integers)."""
+    key = (name, shape, dtype, device, integers)
+    if key not in _tensors:
+        if integers:
+            count = shape[0]
+            _tensors[key] = ((torch.arange(count, dtype=torch.int64) * 7919) % integers).to(device)
+        else:
+            _tensors[key] = torch.full(shape, 0.5, dtype=dtype, device=device)
+    return _tensors[key]
+
+
+def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[float]:
+    """PyTorch eager's median time for the case, or None where it has no counterpart.
+
+    RoPE: vLLM's RotaryEmbedding.forward_native (index_select the cos/sin cache, rotate
+    in the tensor's dtype, out of place). Lookup: F.embedding; learned and sinusoidal
+    positions: F.embedding plus a gathered position table (a sinusoid table precomputed, as a
+    torch model would hold it)."""
+    dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[case["dtype"]]
+    tokens = case["tokens"]
+    sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
+    if case["op"] == "rope":
+        if case["shape"] not in ROPE_SHAPES:
+            return None
+        hq, hk, dim, rotary, interleaved = ROPE_SHAPES[case["shape"]]
+        q = tensor(torch, "q", (tokens, hq, dim), dtype, device)
+        k = tensor(torch, "k", (tokens, hk, dim), dtype, device)
+        cache = tensor(torch, "cos_sin_cache", (65536, rotary), dtype, device)
+        positions = tensor(torch, "positions", (tokens,), None, device, integers=65536)
+
+        def rotate(x, cos, sin):
+            rot, rest = x[..., :rotary], x[..., rotary:]
+            if interleaved:
+                a, b = rot[..., 0::2], rot[..., 1::2]
+                out = torch.stack((a * cos - b * sin, b * cos + a * sin), -1).flatten(-2)
+            else:
+                a, b = rot.chunk(2, dim=-1)
+                out = torch.cat((a * cos - b * sin, b * cos + a * sin), -1)
+            return torch.cat((out, rest), -1)
+
+        def run():
+            cos, sin = cache.index_select(0, positions).chunk(2, dim=-1)
+            cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+            return rotate(q, cos, sin), rotate(k, cos, sin)
+
+        return time_median(run, sync)
+    if case["op"].startswith("embed ") and not case["op"].startswith("embed_backward"):
+        kind = case["op"].split()[1]
+        dim = int(case["shape"].split("=")[1])
+        table = tensor(torch, "table", (vocab, dim), dtype, device)
+        ids = tensor(torch, "ids", (tokens,), None, device, integers=vocab)
+        positions = tensor(torch, "positions", (tokens,), None, device, integers=32768)
+        position_table = tensor(torch, "position_table", (32768, dim), dtype, device)
+        functional = torch.nn.functional
+        if kind == "lookup":
+            return time_median(lambda: functional.embedding(ids, table), sync)
+        return time_median(
+            lambda: functional.embedding(ids, table) + functional.embedding(positions,
+                                                                            position_table), sync)
+    return None
+
+
+# --------------------------------------------------------------------------- output ----
+
+def machine() -> dict:
+    info = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return info
+
+
+def fmt(value: Any, spec: str, suffix: str = "") -> str:
+    return "" if value is None else f"{value:{spec}}{suffix}"
+
+
+def table_rows(cases: list[dict]) -> list[list[str]]:
+    rows = []
+    for c in cases:
+        op = c["op"] + (f" ({c['variant']})" if c["variant"] else "")
+        pct = c.get("pct_of_copy")
+        small = c["bytes"] < SMALL_BYTES
+        rows.append([op, c["shape"], c["dtype"], str(c["tokens"]), fmt(c["seconds"] * 1e6, ".1f"),
+                     fmt(c["gbps"], ".2f"), fmt(pct, ".0f", "%" + ("*" if small else "")),
+                     fmt(c.get("x_vs_unfused"), ".2f", "x"), fmt(c.get("x_vs_torch"), ".2f", "x")])
+    return rows
+
+
+HEADER = ["op", "shape", "dtype", "tokens", "median us", "GB/s", "% of copy", "vs unfused",
+          "vs torch eager"]
+NOTE = ("% of copy: GB/s over a copy of the same bytes measured in the same run, on the same "
+        "threads. * marks cases under 256 KB, where both run on one thread from cache: the "
+        "percentage compares call overheads more than bandwidth. vs unfused: the unfused "
+        "baseline's median time over the op's (RoPE: q then k in two calls; learned positions: "
+        "lookup, positions, then an add pass). vs torch eager: PyTorch eager's median time over "
+        "the op's, measured in the same run.")
+
+
+def print_table(rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADER)]
+    right = {3, 4, 5, 6, 7, 8}
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+
+    print(line(HEADER))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print(line(r))
+
+
+def markdown(rows: list[list[str]], meta: dict) -> str:
+    out = [f"# embrope benchmark ({meta['device']}, {meta['cases']} cases)", "",
+           f"Machine: {meta['machine'].get('cpu', '?')}, {meta['machine']['cpus']} CPUs, "
+           f"{meta['threads']} threads, CPU kernels: {meta['cpu_isa']}; {meta['date']}; "
+           f"commit {meta['commit']}.", f"Command: `{meta['command']}`", "", NOTE, "",
+           "| " + " | ".join(HEADER) + " |", "|" + "---|" * 3 + "---:|" * 6]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def plot(cases: list[dict], copies: dict[int, float], path: pathlib.Path, title: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("report: matplotlib is not installed: no plot", file=sys.stderr)
+        return False
+    groups = {}
+    for c in cases:
+        if c["variant"]:
+            continue
+        groups.setdefault((c["op"], c["shape"]), []).append(c)
+    panels = sorted(groups)
+    cols = min(3, len(panels))
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
+    colors = {"f32": "tab:blue", "f16": "tab:orange", "bf16": "tab:green"}
+    for ax, key in zip(axes.flat, panels):
+        for dtype in ("f32", "f16", "bf16"):
+            points = sorted((c["tokens"], c["gbps"], c["bytes"]) for c in groups[key]
+                            if c["dtype"] == dtype)
+            if not points:
+                continue
+            tokens = [p[0] for p in points]
+            ax.plot(tokens, [p[1] for p in points], "o-", color=colors[dtype], label=dtype)
+            ceiling = [copies.get(p[2]) for p in points]
+            if all(v is not None for v in ceiling):
+                ax.plot(tokens, ceiling, "--", color=colors[dtype], alpha=0.6,
+                        label=f"copy, {dtype} bytes")
+        ax.set_xscale("log")
+        ax.set(title=f"{key[0]}, {key[1]}", xlabel="tokens", ylabel="GB/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("raw")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--command", default="scripts/bench.sh")
+    parser.add_argument("--no-torch", action="store_true")
+    args = parser.parse_args(argv)
+    raw = json.loads(pathlib.Path(args.raw).read_text())
+    context = raw.get("context", {})
+    cases, copies = read_cases(raw)
+    device = context.get("device", "cpu")
+    torch_version = None
+    if not args.no_torch:
+        try:
+            import torch
+
+            torch_version = torch.__version__
+        except ImportError:
+            print("report: PyTorch is not installed: no torch eager column", file=sys.stderr)
+    if torch_version is not None:
+        torch.set_num_threads(os.cpu_count() or 1)
+        torch_device = "cuda" if device == "gpu" else "cpu"
+        vocab = 128256 if context.get("cases") == "full" else 32000
+        print(f"report: timing PyTorch {torch_version} eager on the same cases", file=sys.stderr)
+        for c in cases:
+            if c["variant"]:
+                continue
+            seconds = torch_eager_seconds(torch, c, torch_device, vocab)
+            if seconds is not None:
+                c["torch_seconds"] = seconds
+                c["x_vs_torch"] = seconds / c["seconds"]
+    commit = context.get("commit") or "unknown"
+    meta = {
+        "device": device, "cases": context.get("cases", "main"),
+        "cpu_isa": context.get("cpu_isa", "?"), "threads": context.get("omp_threads", "?"),
+        "commit": commit, "command": args.command, "machine": machine(),
+        "date": context.get("date", datetime.datetime.now().isoformat()),
+        "embrope_version": context.get("embrope_version"), "torch": torch_version,
+        "google_benchmark_context": context,
+    }
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = table_rows(cases)
+    print()
+    print_table(rows)
+    print()
+    print(NOTE)
+    (out / "bench.json").write_text(json.dumps({"meta": meta, "cases": cases,
+                                                "copy_gbps_by_bytes": copies}, indent=1))
+    (out / "bench.md").write_text(markdown(rows, meta))
+    plotted = plot(cases, copies, out / "bench.png",
+                   f"embrope on {meta['machine'].get('cpu', device)} ({meta['cpu_isa']}), "
+                   f"commit {commit}")
+    print(f"\nwrote {out / 'bench.json'}, {out / 'bench.md'}"
+          + (f", {out / 'bench.png'}" if plotted else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,64 @@
+// The CPU kernels' instruction set (isa.hpp): detected once, capped by EMBROPE_CPU_ISA.
+#include "isa.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "embrope/embrope.hpp"
+
+namespace embrope::cpu {
+namespace {
+
+Isa detect() {
+#if EMBROPE_CPU_X86
+  __builtin_cpu_init();
+  const bool f16c = __builtin_cpu_supports("f16c");
+  if (f16c && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    return Isa::avx512;
+  }
+  if (f16c && __builtin_cpu_supports("avx2")) return Isa::avx2;
+#endif
+  return Isa::portable;
+}
+
+Isa choose() {
+  const Isa best = detect();
+  const char* cap = std::getenv("EMBROPE_CPU_ISA");
+  if (cap == nullptr || *cap == '\0') return best;
+  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512}) {
+    if (std::strcmp(cap, isa_name(isa)) == 0) return isa < best ? isa : best;
+  }
+  throw Error(ErrorCode::invalid_argument,
+              std::string("EMBROPE_CPU_ISA is '") + cap +
+                  "'; it must be portable, avx2 or avx512 (the widest the CPU may use)");
+}
+
+}  // namespace
+
+Isa active_isa() {
+  static const Isa isa = choose();
+  return isa;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::avx512:
+      return "avx512";
+    case Isa::avx2:
+      return "avx2";
+    default:
+      return "portable";
+  }
+}
+
+}  // namespace embrope::cpu
+
+namespace embrope {
+
+const char* cpu_isa() {
+  return cpu::isa_name(cpu::active_isa());
+}
+
+}  // namespace embrope

@@ -1,0 +1,186 @@
+// Float vectors for the CPU kernels' x86 paths, one struct per instruction set (AVX2 with
+// F16C; AVX-512). Loads widen float32, float16 and bfloat16 to float32 lanes; stores round
+// back with exactly the rounding of the portable conversions (include/embrope/detail/
+// numeric_types.hpp: nearest-even, NaN as the portable code writes it), and arithmetic is
+// separate multiplies and adds as in detail/ (never FMA), so every path gives the portable
+// path's bits. The selection at run time is in isa.hpp.
+//
+// Each function carries its instruction set as a target attribute rather than the file being
+// compiled with -mavx2: nothing compiled here for AVX-512 can be linked into the portable
+// path (an inline function emitted by a file built with wider flags may be picked by the
+// linker for every caller).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "embrope/detail/numeric_types.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define EMBROPE_CPU_X86 1
+#include <immintrin.h>
+#define EMBROPE_TARGET_AVX2 __attribute__((target("avx2,f16c")))
+#define EMBROPE_TARGET_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")))
+#define EMBROPE_SIMD_INLINE inline __attribute__((always_inline))
+#else
+#define EMBROPE_CPU_X86 0
+#endif
+
+#if EMBROPE_CPU_X86
+namespace embrope::cpu::simd {
+
+using detail::BFloat16;
+using detail::Half;
+
+struct Avx2 {
+  using V = __m256;
+  static constexpr int width = 8;
+
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V load(const float* p) {
+    return _mm256_loadu_ps(p);
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V load(const Half* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V load(const BFloat16* p) {
+    const __m256i wide =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void store(float* p, V v) {
+    _mm256_storeu_ps(p, v);
+  }
+  // Eight 32-bit lanes holding values below 2^16, packed to eight uint16 in order.
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static __m128i pack16(__m256i x) {
+    return _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void store(Half* p, V v) {
+    // F16C rounds to nearest even like float_to_half; a NaN becomes float_to_half's quiet NaN
+    // 0x7e00 with the sign (F16C would keep payload bits).
+    const __m128i rounded = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i quiet =
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x8000)),
+                        _mm256_set1_epi32(0x7e00));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    const __m128i nan16 =
+        _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_blendv_epi8(rounded, pack16(quiet), nan16));
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void store(BFloat16* p, V v) {
+    // float_to_bfloat16: u + 0x7fff + ((u >> 16) & 1), or u | 0x400000 for a NaN, then >> 16.
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
+    const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    const __m256i chosen = _mm256_blendv_epi8(rounded, quiet, nan);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), pack16(_mm256_srli_epi32(chosen, 16)));
+  }
+
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V set1(float x) { return _mm256_set1_ps(x); }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  // (x0, x1, x2, x3, ...) -> (x1, x0, x3, x2, ...): the partner of each interleaved pair.
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V swap_pairs(V x) {
+    return _mm256_permute_ps(x, 0xb1);
+  }
+
+  // Streaming (non-temporal) stores, for outputs too large to stay in cache: no read for
+  // ownership of the line. p aligned to the store's size (32 bytes of float32, 16 of 16-bit
+  // values); the same bits as store().
+  static constexpr int kStreamAlign = 32;
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void stream(float* p, V v) {
+    _mm256_stream_ps(p, v);
+  }
+  template <typename T>
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void stream(T* p, V v) {
+    alignas(16) T staged[width];
+    store(staged, v);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p),
+                     _mm_load_si128(reinterpret_cast<__m128i*>(staged)));
+  }
+  // Copies `bytes` (a multiple of 32) to a 32-byte aligned dst with streaming stores.
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void stream_copy(void* dst, const void* src,
+                                                                  std::size_t bytes) {
+    auto* d = static_cast<__m256i*>(dst);
+    const auto* s = static_cast<const __m256i*>(src);
+    for (std::size_t i = 0; i < bytes / 32; ++i)
+      _mm256_stream_si256(d + i, _mm256_loadu_si256(s + i));
+  }
+};
+
+struct Avx512 {
+  using V = __m512;
+  static constexpr int width = 16;
+
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V load(const float* p) {
+    return _mm512_loadu_ps(p);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V load(const Half* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V load(const BFloat16* p) {
+    const __m512i wide =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  }
+
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static void store(float* p, V v) {
+    _mm512_storeu_ps(p, v);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static void store(Half* p, V v) {
+    const __m256i rounded = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i quiet =
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x8000)),
+                        _mm512_set1_epi32(0x7e00));
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm256_mask_blend_epi16(nan, rounded, _mm512_cvtepi32_epi16(quiet)));
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static void store(BFloat16* p, V v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+    const __m512i quiet = _mm512_or_si512(u, _mm512_set1_epi32(0x400000));
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    const __m512i chosen = _mm512_mask_blend_epi32(nan, rounded, quiet);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(chosen, 16)));
+  }
+
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V set1(float x) { return _mm512_set1_ps(x); }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V swap_pairs(V x) {
+    return _mm512_permute_ps(x, 0xb1);
+  }
+
+  // As Avx2's: 64 bytes of float32, 32 of 16-bit values.
+  static constexpr int kStreamAlign = 64;
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static void stream(float* p, V v) {
+    _mm512_stream_ps(p, v);
+  }
+  template <typename T>
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static void stream(T* p, V v) {
+    alignas(32) T staged[width];
+    store(staged, v);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p),
+                        _mm256_load_si256(reinterpret_cast<__m256i*>(staged)));
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static void stream_copy(void* dst, const void* src,
+                                                                    std::size_t bytes) {
+    auto* d = static_cast<__m512i*>(dst);
+    const auto* s = static_cast<const __m512i*>(src);
+    for (std::size_t i = 0; i < bytes / 64; ++i)
+      _mm512_stream_si512(d + i, _mm512_loadu_si512(s + i));
+  }
+};
+
+}  // namespace embrope::cpu::simd
+#endif
