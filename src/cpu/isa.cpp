@@ -5,6 +5,10 @@
 #include <cstring>
 #include <string>
 
+#if EMBROPE_CPU_X86
+#include <cpuid.h>
+#endif
+
 #include "embrope/embrope.hpp"
 
 namespace embrope::cpu {
@@ -13,7 +17,9 @@ namespace {
 Isa detect() {
 #if EMBROPE_CPU_X86
   __builtin_cpu_init();
-  const bool f16c = __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 (ECX bit 29): not every compiler's __builtin_cpu_supports knows it.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
   if (f16c && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
     return Isa::avx512;

@@ -24,10 +24,10 @@ const char* isa_name(Isa isa);
 #if defined(__clang__)
 #define EMBROPE_BEGIN_AVX2 \
   _Pragma("clang attribute push(__attribute__((target(\"avx2,f16c\"))), apply_to = function)")
-#define EMBROPE_BEGIN_AVX512                                                                  \
-  _Pragma(                                                                                    \
-      "clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq,avx2," \
-      "f16c\"))), apply_to = function)")
+// (_Pragma takes one string literal: no concatenation.)
+// clang-format off
+#define EMBROPE_BEGIN_AVX512 _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c\"))), apply_to = function)")
+// clang-format on
 #define EMBROPE_END_TARGET _Pragma("clang attribute pop")
 #else
 // GCC 12's AVX-512 headers start vectors from a deliberately undefined value, which
