@@ -266,7 +266,7 @@ def plot(cases: list[dict], copies: dict[int, float], path: pathlib.Path, title:
             ax.plot(tokens, [p[1] for p in points], "o-", color=colors[dtype], label=dtype)
             ceiling = [copies.get(p[2]) for p in points]
             if all(v is not None for v in ceiling):
-                ax.plot(tokens, ceiling, "--", color=colors[dtype], alpha=0.6,
+                ax.plot(tokens, ceiling, "--x", color=colors[dtype], alpha=0.6,
                         label=f"copy, {dtype} bytes")
         ax.set_xscale("log")
         ax.set(title=f"{key[0]}, {key[1]}", xlabel="tokens", ylabel="GB/s")
