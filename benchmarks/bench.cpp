@@ -293,6 +293,67 @@ void rope_case(benchmark::State& state, RopeShape s, DType dtype, std::int64_t t
 #endif
 }
 
+// RoPE + KV-cache append (a prefill into consecutive slots of a paged NHD cache, 16 slots a
+// page). Unfused: apply_rope of q and k in place, then the copy of k and v into the cache,
+// which with consecutive slots is one contiguous copy each (memcpy split over the cores, or
+// a device copy): the fastest cache write there is, so the ratio is a lower bound.
+void append_kv_case(benchmark::State& state, RopeShape s, DType dtype, DType cache_dtype,
+                    std::int64_t tokens, bool fused) {
+  const int es = embrope::dtype_size(dtype), cs = embrope::dtype_size(cache_dtype);
+  const std::int64_t page = 16, pages = (tokens + page - 1) / page;
+  const std::int64_t kv_row = s.hk * s.head_dim;
+  Memory& q = shared_values("kv_q", tokens * s.hq * s.head_dim * es, dtype);
+  Memory& k = shared_values("kv_k", tokens * kv_row * es, dtype);
+  Memory& v = shared_values("kv_v", tokens * kv_row * es, dtype);
+  Memory& k_cache = shared("kv_k_cache/" + std::string(embrope::dtype_name(cache_dtype)),
+                           pages * page * kv_row * cs, [](Memory&) {});
+  Memory& v_cache = shared("kv_v_cache/" + std::string(embrope::dtype_name(cache_dtype)),
+                           pages * page * kv_row * cs, [](Memory&) {});
+  Memory& pos = shared_indices("positions", tokens, 65536, true);
+  Memory& slots = shared_indices("kv_slots", tokens, pages * page, true);
+  const embrope::RopeCache& cache = shared_cache(s.rotary_dim);
+  const Tensor tq(q.data(), dtype, {tokens, s.hq, s.head_dim}, device());
+  const Tensor tk(k.data(), dtype, {tokens, s.hk, s.head_dim}, device());
+  const Tensor tv(v.data(), dtype, {tokens, s.hk, s.head_dim}, device());
+  const Tensor tp(pos.data(), DType::int64, {tokens}, device());
+  embrope::KvCache kv;
+  kv.k = Tensor(k_cache.data(), cache_dtype, {pages, page, s.hk, s.head_dim}, device());
+  kv.v = Tensor(v_cache.data(), cache_dtype, {pages, page, s.hk, s.head_dim}, device());
+  const embrope::KvSlots kv_slots =
+      embrope::KvSlots::paged(Tensor(slots.data(), DType::int64, {tokens}, device()));
+  embrope::RopeOptions options;
+  options.layout = s.layout;
+  auto copy = [&](void* dst, const void* src) {
+#ifdef EMBROPE_BENCH_CUDA
+    if (g_gpu) {
+      cudaMemcpyAsync(dst, src, static_cast<std::size_t>(tokens * kv_row * es),
+                      cudaMemcpyDeviceToDevice);
+      return;
+    }
+#endif
+#pragma omp parallel for schedule(static)
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const std::size_t row = static_cast<std::size_t>(kv_row * es);
+      std::memcpy(static_cast<char*>(dst) + t * row, static_cast<const char*>(src) + t * row, row);
+    }
+  };
+  // What the fused op must move: q read and written, k and v read, their cache rows written.
+  const std::int64_t bytes =
+      2 * tokens * s.hq * s.head_dim * es + 2 * tokens * kv_row * es + 2 * tokens * kv_row * cs;
+  run_timed(
+      state,
+      [&] {
+        if (fused) {
+          embrope::apply_rope_append_kv(tq, tk, tv, tp, cache, kv, kv_slots, options);
+        } else {
+          embrope::apply_rope(tq, tk, tp, cache, options);
+          copy(k_cache.data(), k.data());
+          copy(v_cache.data(), v.data());
+        }
+      },
+      bytes);
+}
+
 void embed_case(benchmark::State& state, DType dtype, std::int64_t dim, std::int64_t tokens,
                 embrope::PositionEncoding positions, bool fused) {
   const std::int64_t vocab = g_full ? 128256 : 32000;
@@ -425,6 +486,37 @@ void register_all() {
                                      (launch == Launch::graph ? "/graph_replay" : "/deferred");
             register_pair(name, bytes, [s, dtype, t, launch](benchmark::State& st) {
               rope_case(st, s, dtype, t, true, launch);
+            });
+          }
+        }
+      }
+    }
+  }
+  // RoPE + KV-cache append, Llama-3-8B: the fused op against apply_rope + a cache copy at
+  // the activations' dtype, and into a float8 cache.
+  {
+    const RopeShape s = shapes[0];
+    for (const char* dt : {"bf16", "f16", "f32"}) {
+      const DType dtype = parse_dtype(dt);
+      if (!g_full && dtype != DType::bfloat16) continue;
+      const std::vector<std::int64_t> counts =
+          g_full ? std::vector<std::int64_t>{1, 64, 1024, 4096, 16384}
+                 : std::vector<std::int64_t>{1, 4096};
+      for (std::int64_t t : counts) {
+        for (DType cache_dtype : {dtype, DType::float8_e4m3fn}) {
+          const bool fp8 = cache_dtype == DType::float8_e4m3fn;
+          if (!g_full && fp8 && t != 4096) continue;
+          const std::int64_t bytes =
+              2 * t * s.hq * s.head_dim * embrope::dtype_size(dtype) +
+              2 * t * s.hk * s.head_dim *
+                  (embrope::dtype_size(dtype) + embrope::dtype_size(cache_dtype));
+          for (bool fused : {false, true}) {
+            if (!fused && (fp8 || (!g_full && t != 4096))) continue;
+            const std::string name = std::string("rope_append_kv/") + s.model + "/" + dt +
+                                     (fp8 ? "->fp8e4m3" : "") + "/T=" + std::to_string(t) +
+                                     (fused ? "" : "/unfused_rope_then_copy");
+            register_pair(name, bytes, [=](benchmark::State& st) {
+              append_kv_case(st, s, dtype, cache_dtype, t, fused);
             });
           }
         }

@@ -36,7 +36,7 @@ from typing import Any, Optional
 SMALL_BYTES = 256 * 1024
 
 NAME = re.compile(
-    r"^(?P<op>rope_backward|rope|embed_backward|embed)/(?P<rest>.*?)(?:/real_time|/manual_time)?$")
+    r"^(?P<op>rope_append_kv|rope_backward|rope|embed_backward|embed)/(?P<rest>.*?)(?:/real_time|/manual_time)?$")
 
 
 def parse_case(name: str) -> Optional[dict]:
@@ -46,7 +46,7 @@ def parse_case(name: str) -> Optional[dict]:
         return None
     op, parts = match.group("op"), match.group("rest").split("/")
     case = {"op": op, "variant": ""}
-    if op in ("rope", "rope_backward"):
+    if op in ("rope", "rope_backward", "rope_append_kv"):
         case.update(shape=parts[0], dtype=parts[1], tokens=int(parts[2][2:]))
         case["variant"] = "/".join(parts[3:])
     elif op == "embed":
@@ -129,6 +129,8 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
     in the tensor's dtype, out of place). Lookup: F.embedding; learned and sinusoidal
     positions: F.embedding plus a gathered position table (a sinusoid table precomputed, as a
     torch model would hold it)."""
+    if case["dtype"] not in ("f32", "f16", "bf16"):
+        return None  # a float8 KV cache: no eager counterpart here
     dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[case["dtype"]]
     tokens = case["tokens"]
     sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)

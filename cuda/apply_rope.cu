@@ -12,7 +12,6 @@
 //   float16/bfloat16 cos/sin table): one warp per (token, head) row, scalar accesses.
 // Each thread owns whole rotation pairs, so in place is race-free in both.
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 
 #include "../src/backend.hpp"
@@ -228,24 +227,6 @@ bool fits_vector_path(const detail::RopeParams& p) {
   return is_aligned(p.cos, table_align) && is_aligned(p.sin, table_align) &&
          p.cos_stride % (pairs >= 4 ? 4 : pairs) == 0 &&
          p.sin_stride % (pairs >= 4 ? 4 : pairs) == 0;
-}
-
-// The current device's multiprocessor count, queried once per device (decode-sized calls are
-// launch-bound, so their host path stays short).
-int multiprocessor_count() {
-  constexpr int kCachedDevices = 64;
-  static std::atomic<int> cached[kCachedDevices] = {};
-  int device = 0, count = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  if (device >= 0 && device < kCachedDevices) {
-    count = cached[device].load(std::memory_order_relaxed);
-    if (count > 0) return count;
-  }
-  check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
-        "cudaDeviceGetAttribute");
-  if (device >= 0 && device < kCachedDevices)
-    cached[device].store(count, std::memory_order_relaxed);
-  return count;
 }
 
 template <typename T, RopeLayout kLayout>

@@ -39,6 +39,10 @@ inline void check_launch(const char* kernel) {
   check(cudaGetLastError(), kernel);
 }
 
+// The current device's multiprocessor count, queried once per device (decode-sized calls
+// are launch-bound, so their host path stays short).
+int multiprocessor_count();
+
 // Grid size for a grid-stride loop over `work` items of `per_block` each.
 inline unsigned grid_for(std::int64_t work, std::int64_t per_block, unsigned cap = 65535u * 8u) {
   const std::int64_t blocks = (work + per_block - 1) / per_block;

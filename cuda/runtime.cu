@@ -1,4 +1,5 @@
 // CUDA runtime services of the backend: devices, memory, copies, synchronisation.
+#include <atomic>
 #include <fmt/format.h>
 
 #include "../src/backend.hpp"
@@ -73,6 +74,24 @@ void copy_to_device(void* device_pointer, const void* host, std::size_t bytes, D
 void synchronize(Stream stream, Device device) {
   DeviceGuard guard(device);
   check(cudaStreamSynchronize(to_cuda(stream)), "cudaStreamSynchronize");
+}
+
+// The current device's multiprocessor count, queried once per device (decode-sized calls are
+// launch-bound, so their host path stays short).
+int multiprocessor_count() {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> cached[kCachedDevices] = {};
+  int device = 0, count = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  if (device >= 0 && device < kCachedDevices) {
+    count = cached[device].load(std::memory_order_relaxed);
+    if (count > 0) return count;
+  }
+  check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
+        "cudaDeviceGetAttribute");
+  if (device >= 0 && device < kCachedDevices)
+    cached[device].store(count, std::memory_order_relaxed);
+  return count;
 }
 
 }  // namespace embrope::gpu

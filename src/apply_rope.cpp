@@ -7,19 +7,9 @@
 namespace embrope {
 namespace {
 
+using detail::CosSinTable;
 using detail::RopeNames;
 using validate::fail;
-
-// Where the cos/sin values come from, whatever their owner.
-struct CosSinTable {
-  const void* cos;
-  const void* sin;
-  DType dtype;
-  std::int64_t cos_stride, sin_stride, rows, rotary_dim;
-  Device device;
-  const char* name;           // for messages: "the cache" or "cos"
-  Tensor cos_view, sin_view;  // the memory read, for the overlap checks
-};
 
 void fill_heads(const Tensor& in, const Tensor& out, detail::RopeHeads& heads) {
   const int n = in.ndim();
@@ -48,10 +38,12 @@ void check_output(const RopeNames& names, const char* name, const Tensor& out, c
   validate::check_last_contiguous(names.op, name, out);
 }
 
+}  // namespace
+
 // Validates every argument and fills the parameters of the call.
-detail::RopeParams prepare(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
-                           const Tensor& positions, const CosSinTable& table,
-                           const RopeOptions& options) {
+detail::RopeParams detail::prepare_rope(const RopeNames& names, const Tensor& q,
+                                        const std::optional<Tensor>& k, const Tensor& positions,
+                                        const CosSinTable& table, const RopeOptions& options) {
   validate::check_view(names.op, names.q, q, 3, 4);
   validate::check_value_dtype(names.op, names.q, q);
   validate::check_last_contiguous(names.op, names.q, q);
@@ -170,9 +162,11 @@ detail::RopeParams prepare(const RopeNames& names, const Tensor& q, const std::o
   return p;
 }
 
+namespace {
+
 void apply(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
            const Tensor& positions, const CosSinTable& table, const RopeOptions& options) {
-  detail::RopeParams p = prepare(names, q, k, positions, table, options);
+  detail::RopeParams p = detail::prepare_rope(names, q, k, positions, table, options);
   // No rows (no tokens, or no heads in q and k): nothing is rotated and no position is read,
   // on either backend.
   if (p.batch * p.seq == 0 || p.q.heads + (p.has_k ? p.k.heads : 0) == 0) return;
@@ -184,20 +178,15 @@ void apply(const RopeNames& names, const Tensor& q, const std::optional<Tensor>&
 
 namespace detail {
 
-void apply_rope_named(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
-                      const Tensor& positions, const RopeCache& cache, const RopeOptions& options) {
-  if (cache.data() == nullptr) fail(names.op, "the cache was moved from");
+CosSinTable cos_sin_table(const char* op, const RopeCache& cache) {
+  if (cache.data() == nullptr) fail(op, "the cache was moved from");
   const std::int64_t r = cache.rotary_dim();
   const Tensor view = cache.table();
-  const CosSinTable table{
-      cache.data(),   cache.data() + r / 2, DType::float32, r,   r, cache.max_positions(), r,
-      cache.device(), "the cache",          view,           view};
-  apply(names, q, k, positions, table, options);
+  return {cache.data(),   cache.data() + r / 2, DType::float32, r,   r, cache.max_positions(), r,
+          cache.device(), "the cache",          view,           view};
 }
 
-void apply_rope_named(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
-                      const Tensor& positions, const Tensor& cos, const Tensor& sin,
-                      const RopeOptions& options) {
+CosSinTable cos_sin_table(const RopeNames& names, const Tensor& cos, const Tensor& sin) {
   validate::check_view(names.op, "cos", cos, 2, 2);
   validate::check_view(names.op, "sin", sin, 2, 2);
   validate::check_value_dtype(names.op, "cos", cos);
@@ -211,11 +200,20 @@ void apply_rope_named(const RopeNames& names, const Tensor& q, const std::option
   }
   if (cos.shape(1) == 0)
     fail(names.op, "cos has shape {}: rotary_dim 0 must be positive", validate::shape_string(cos));
-  const CosSinTable table{
-      cos.data(),   sin.data(),       cos.dtype(),  cos.stride(0), sin.stride(0),
-      cos.shape(0), 2 * cos.shape(1), cos.device(), "cos",         cos,
-      sin};
-  apply(names, q, k, positions, table, options);
+  return {cos.data(),   sin.data(),       cos.dtype(),  cos.stride(0), sin.stride(0),
+          cos.shape(0), 2 * cos.shape(1), cos.device(), "cos",         cos,
+          sin};
+}
+
+void apply_rope_named(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
+                      const Tensor& positions, const RopeCache& cache, const RopeOptions& options) {
+  apply(names, q, k, positions, cos_sin_table(names.op, cache), options);
+}
+
+void apply_rope_named(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
+                      const Tensor& positions, const Tensor& cos, const Tensor& sin,
+                      const RopeOptions& options) {
+  apply(names, q, k, positions, cos_sin_table(names, cos, sin), options);
 }
 
 }  // namespace detail

@@ -7,6 +7,7 @@
 
 #include "bad_index.hpp"
 #include "embrope/apply_rope.hpp"
+#include "params.hpp"
 
 namespace embrope::detail {
 
@@ -28,7 +29,30 @@ inline constexpr RopeNames kRopeForwardNames{
 inline constexpr RopeNames kRopeBackwardNames{
     "apply_rope_backward", "dq", "dk", "dq_out", "dk_out",
     "the token dimensions of dq", "head_dim of dq", BadIndexOp::apply_rope_backward};
+inline constexpr RopeNames kRopeAppendKvNames{
+    "apply_rope_append_kv", "q", "k", "q_out", "k_out",
+    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_rope_append_kv};
 // clang-format on
+
+// Where the cos/sin values come from, whatever their owner.
+struct CosSinTable {
+  const void* cos;
+  const void* sin;
+  DType dtype;
+  std::int64_t cos_stride, sin_stride, rows, rotary_dim;
+  Device device;
+  const char* name;           // for messages: "the cache" or "cos"
+  Tensor cos_view, sin_view;  // the memory read, for the overlap checks
+};
+CosSinTable cos_sin_table(const char* op, const RopeCache& cache);
+// Checks cos and sin [max_positions, rotary_dim / 2].
+CosSinTable cos_sin_table(const RopeNames& names, const Tensor& cos, const Tensor& sin);
+
+// Validates q, k (optional), positions, the table and the options (q_out and k_out absent
+// mean in place) and fills the rotation's parameters.
+RopeParams prepare_rope(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
+                        const Tensor& positions, const CosSinTable& table,
+                        const RopeOptions& options);
 
 void apply_rope_named(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
                       const Tensor& positions, const RopeCache& cache, const RopeOptions& options);

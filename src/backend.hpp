@@ -17,6 +17,10 @@ namespace embrope::cpu {
 void embed(const detail::EmbedParams& params);
 void embed_backward(const detail::EmbedBackwardParams& params);
 void apply_rope(const detail::RopeParams& params);
+void apply_rope_append_kv(const detail::RopeAppendKvParams& params);
+// Rotates the q and k heads of the one token of `token` (batch = seq = 1, pointers at the
+// token) with the instruction set apply_rope uses. widened: 2 * rotary_dim floats.
+void rotate_one_token(const detail::RopeParams& token, float* widened);
 void packed_positions(const detail::PackedPositionsParams& params);
 // Fills a [max_positions, R] table (layout in rope_cache.hpp) from inv_freq [R/2].
 void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rotary_dim,
@@ -45,6 +49,7 @@ void embed_backward(const detail::EmbedBackwardParams& params, Device device, St
 // gradient is float32).
 std::size_t embed_backward_workspace_size(const detail::EmbedBackwardParams& params, Device device);
 void apply_rope(const detail::RopeParams& params, Device device, Stream stream);
+void apply_rope_append_kv(const detail::RopeAppendKvParams& params, Device device, Stream stream);
 void packed_positions(const detail::PackedPositionsParams& params, Device device, Stream stream);
 // Bytes of workspace packed_positions needs for these parameters.
 std::size_t packed_positions_workspace_size(const detail::PackedPositionsParams& params,

@@ -19,11 +19,12 @@ std::string describe_bad_index(const BadIndexRecord& record) {
   const std::int64_t row = detail::bad_index_row(record.key);
   const BadIndexArg arg = detail::bad_index_arg(record.key);
   const auto which = static_cast<BadIndexOp>(record.op);
-  const char* op = which == BadIndexOp::apply_rope            ? "apply_rope"
-                   : which == BadIndexOp::apply_rope_backward ? "apply_rope_backward"
-                   : which == BadIndexOp::packed_positions    ? "packed_positions"
-                   : which == BadIndexOp::embed_backward      ? "embed_backward"
-                                                              : "embed";
+  const char* op = which == BadIndexOp::apply_rope             ? "apply_rope"
+                   : which == BadIndexOp::apply_rope_backward  ? "apply_rope_backward"
+                   : which == BadIndexOp::apply_rope_append_kv ? "apply_rope_append_kv"
+                   : which == BadIndexOp::packed_positions     ? "packed_positions"
+                   : which == BadIndexOp::embed_backward       ? "embed_backward"
+                                                               : "embed";
   std::string subject;
   const char* table = "";
   switch (arg) {
@@ -54,6 +55,14 @@ std::string describe_bad_index(const BadIndexRecord& record) {
     case BadIndexArg::start_offsets:
       subject = fmt::format("start_offsets[{}]", row);
       table = "the starts that keep the sequence's positions representable";
+      break;
+    case BadIndexArg::slot_mapping:
+      subject = fmt::format("slot_mapping[{}]", row);
+      table = "the cache's slots (-1 skips a token)";
+      break;
+    case BadIndexArg::cache_offsets:
+      subject = fmt::format("the cache write position (cache_offsets[b] + s) of token {}", row);
+      table = "the cache's rows";
       break;
   }
   if (record.upper == INT64_MAX && record.value < 0) {

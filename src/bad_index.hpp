@@ -24,6 +24,7 @@ enum class BadIndexOp : std::int32_t {
   packed_positions = 3,
   embed_backward = 4,
   apply_rope_backward = 5,
+  apply_rope_append_kv = 6,
 };
 
 // Which argument of the row was bad. A row may have several bad arguments; the lowest
@@ -36,8 +37,10 @@ enum class BadIndexArg : std::int32_t {
   positions = 4,          // apply_rope: a position outside the cos/sin table
   cu_seqlens = 5,         // packed_positions: not non-decreasing from 0 to the token count
   start_offsets = 6,      // packed_positions: a start that makes positions unrepresentable
+  slot_mapping = 7,       // apply_rope_append_kv: a slot outside the paged cache
+  cache_offsets = 8,      // apply_rope_append_kv: a write position outside the contiguous cache
 };
-constexpr std::int64_t kBadIndexArgs = 8;  // the key's radix: room for every BadIndexArg
+constexpr std::int64_t kBadIndexArgs = 16;  // the key's radix: room for every BadIndexArg
 
 constexpr std::int64_t kNoBadIndex = INT64_MAX;
 

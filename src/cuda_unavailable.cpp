@@ -33,6 +33,9 @@ void embed(const detail::EmbedParams&, Device, Stream) {
 void apply_rope(const detail::RopeParams&, Device, Stream) {
   unavailable("apply_rope");
 }
+void apply_rope_append_kv(const detail::RopeAppendKvParams&, Device, Stream) {
+  unavailable("apply_rope_append_kv");
+}
 void packed_positions(const detail::PackedPositionsParams&, Device, Stream) {
   unavailable("packed_positions");
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/error.hpp"
@@ -30,6 +31,19 @@ decltype(auto) dispatch_value_dtype(DType dtype, F&& f) {
     default:
       throw Error(ErrorCode::internal, std::string("value dtype dispatch: ") + dtype_name(dtype) +
                                            " is not a value dtype");
+  }
+}
+
+// The same for the dtype of a KV cache: a value dtype, or detail::Float8E4M3 / Float8E5M2.
+template <typename F>
+decltype(auto) dispatch_cache_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::float8_e4m3fn:
+      return f(TypeTag<Float8E4M3>{});
+    case DType::float8_e5m2:
+      return f(TypeTag<Float8E5M2>{});
+    default:
+      return dispatch_value_dtype(dtype, std::forward<F>(f));
   }
 }
 

@@ -18,6 +18,12 @@ namespace {
 
 using embrope::detail::raw_enum;
 
+// DLPack 1.1's codes of the 8-bit float formats (DLDataTypeCode kDLFloat8_e4m3fn and
+// kDLFloat8_e5m2), spelled here so that older dlpack.h headers, which lack them, still read
+// the float8 tensors PyTorch exports.
+constexpr int kCodeFloat8E4M3fn = 10;
+constexpr int kCodeFloat8E5M2 = 12;
+
 }  // namespace
 
 Device device_from_dlpack(DLDevice device, const char* op, const char* name) {
@@ -56,11 +62,15 @@ DType to_dtype(const char* op, const char* name, DLDataType t) {
     if (t.code == kDLBfloat && t.bits == 16) return DType::bfloat16;
     if (t.code == kDLInt && t.bits == 32) return DType::int32;
     if (t.code == kDLInt && t.bits == 64) return DType::int64;
+    if (t.code == kCodeFloat8E4M3fn && t.bits == 8) return DType::float8_e4m3fn;
+    if (t.code == kCodeFloat8E5M2 && t.bits == 8) return DType::float8_e5m2;
   }
-  fail(op, fmt::format("{} has dtype {} (DLPack dtype code {}, bits {}, lanes {}); supported are "
-                       "float32, float16, bfloat16, int32 and int64 with one lane",
-                       name, dtype_label(t), static_cast<int>(t.code), static_cast<int>(t.bits),
-                       static_cast<int>(t.lanes)));
+  fail(op,
+       fmt::format(
+           "{} has dtype {} (DLPack dtype code {}, bits {}, lanes {}); supported are "
+           "float32, float16, bfloat16, int32, int64, float8_e4m3fn and float8_e5m2 with one lane",
+           name, dtype_label(t), static_cast<int>(t.code), static_cast<int>(t.bits),
+           static_cast<int>(t.lanes)));
 }
 
 }  // namespace

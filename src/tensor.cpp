@@ -19,6 +19,10 @@ const char* dtype_name(DType dtype) {
       return "int32";
     case DType::int64:
       return "int64";
+    case DType::float8_e4m3fn:
+      return "float8_e4m3fn";
+    case DType::float8_e5m2:
+      return "float8_e5m2";
   }
   return "unknown";
 }

@@ -81,6 +81,12 @@ struct Region {
         std::memcpy(at(i), &x, 8);
         break;
       }
+      case DType::float8_e4m3fn:
+      case DType::float8_e5m2: {
+        const std::uint8_t c = ref::encode_fp8(dtype, v);
+        std::memcpy(at(i), &c, 1);
+        break;
+      }
     }
   }
   void set_index(std::int64_t i, std::int64_t v) const {

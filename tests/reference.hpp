@@ -33,9 +33,15 @@ struct Format {
 constexpr Format kFloat32{24, -126, 127};
 constexpr Format kFloat16{11, -14, 15};
 constexpr Format kBFloat16{8, -126, 127};
+constexpr Format kFloat8E4M3{4, -6, 8};  // normal exponents of OCP E4M3 (bias 7) and E5M2
+constexpr Format kFloat8E5M2{3, -14, 15};
 
 inline Format format_of(DType dtype) {
-  return dtype == DType::float16 ? kFloat16 : dtype == DType::bfloat16 ? kBFloat16 : kFloat32;
+  return dtype == DType::float16         ? kFloat16
+         : dtype == DType::bfloat16      ? kBFloat16
+         : dtype == DType::float8_e4m3fn ? kFloat8E4M3
+         : dtype == DType::float8_e5m2   ? kFloat8E5M2
+                                         : kFloat32;
 }
 
 // floor(log2(a)) for finite a > 0.
@@ -137,6 +143,55 @@ inline std::uint16_t encode_bf16(double x) {
   return bits_of_exact(kBFloat16, round_to(kBFloat16, x));
 }
 
+// ------------------------------------------------------------ 8-bit floats ----
+// OCP OFP8 (rev. 1.0): E4M3 (bias 7, no infinities, S.1111.111 is NaN, largest 448) and E5M2
+// (bias 15, IEEE-like, largest 57344), decoded from the bit fields.
+inline bool fp8_is_nan(DType dtype, std::uint8_t c) {
+  return dtype == DType::float8_e4m3fn ? (c & 0x7f) == 0x7f : (c & 0x7f) > 0x7c;
+}
+inline double decode_fp8(DType dtype, std::uint8_t c) {
+  const bool e4m3 = dtype == DType::float8_e4m3fn;
+  const int mbits = e4m3 ? 3 : 2;
+  const int bias = e4m3 ? 7 : 15;
+  const int exp = (c & 0x7f) >> mbits;
+  const int mant = c & ((1 << mbits) - 1);
+  double v;
+  if (fp8_is_nan(dtype, c)) {
+    v = std::numeric_limits<double>::quiet_NaN();
+  } else if (!e4m3 && exp == 31) {
+    v = std::numeric_limits<double>::infinity();
+  } else if (exp == 0) {
+    v = std::ldexp(static_cast<double>(mant), 1 - bias - mbits);
+  } else {
+    v = std::ldexp(static_cast<double>((1 << mbits) + mant), exp - bias - mbits);
+  }
+  return (c & 0x80) != 0 ? -v : v;
+}
+inline double fp8_max(DType dtype) {
+  return dtype == DType::float8_e4m3fn ? 448.0 : 57344.0;
+}
+// x rounded to the nearest finite 8-bit value by search over all codes, ties to the even
+// code (even mantissa), magnitudes past the largest finite value (infinity too) saturated to
+// it, NaN to a NaN code of x's sign.
+inline std::uint8_t encode_fp8(DType dtype, double x) {
+  const std::uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  if (std::isnan(x))
+    return static_cast<std::uint8_t>(sign | (dtype == DType::float8_e4m3fn ? 0x7f : 0x7e));
+  const double a = std::min(std::fabs(x), fp8_max(dtype));
+  int best = 0;
+  double best_error = std::numeric_limits<double>::infinity();
+  for (int c = 0; c < 0x80; ++c) {
+    const double v = decode_fp8(dtype, static_cast<std::uint8_t>(c));
+    if (!std::isfinite(v)) continue;
+    const double error = std::fabs(v - a);
+    if (error < best_error || (error == best_error && c % 2 == 0)) {
+      best = c;
+      best_error = error;
+    }
+  }
+  return static_cast<std::uint8_t>(sign | best);
+}
+
 // A NaN in both float16 and bfloat16, written to outputs before a call: an element the call
 // fails to write is caught as a NaN (and by its bit pattern).
 constexpr std::uint16_t kPoison16 = 0x7fbb;
@@ -165,7 +220,9 @@ class Buffer {
   std::uint64_t bits(std::int64_t i) const {
     const int s = embrope::dtype_size(dtype_);
     std::uint64_t u = 0;
-    if (s == 2) {
+    if (s == 1) {
+      u = bytes_[static_cast<std::size_t>(i)];
+    } else if (s == 2) {
       std::uint16_t v;
       std::memcpy(&v, bytes_.data() + i * s, 2);
       u = v;
@@ -180,7 +237,9 @@ class Buffer {
   }
   void set_bits(std::int64_t i, std::uint64_t u) {
     const int s = embrope::dtype_size(dtype_);
-    if (s == 2) {
+    if (s == 1) {
+      bytes_[static_cast<std::size_t>(i)] = static_cast<unsigned char>(u);
+    } else if (s == 2) {
       const auto v = static_cast<std::uint16_t>(u);
       std::memcpy(bytes_.data() + i * s, &v, 2);
     } else if (s == 4) {
@@ -204,6 +263,9 @@ class Buffer {
         return decode_f16(static_cast<std::uint16_t>(bits(i)));
       case DType::bfloat16:
         return decode_bf16(static_cast<std::uint16_t>(bits(i)));
+      case DType::float8_e4m3fn:
+      case DType::float8_e5m2:
+        return decode_fp8(dtype_, static_cast<std::uint8_t>(bits(i)));
       case DType::int32:
       case DType::int64:
         return static_cast<double>(get_index(i));
@@ -225,6 +287,10 @@ class Buffer {
         break;
       case DType::bfloat16:
         set_bits(i, encode_bf16(v));
+        break;
+      case DType::float8_e4m3fn:
+      case DType::float8_e5m2:
+        set_bits(i, encode_fp8(dtype_, v));
         break;
       case DType::int32:
       case DType::int64:
@@ -310,11 +376,13 @@ inline void fill_random_indices(Buffer& b, std::uint64_t seed, std::int64_t lo, 
   for (std::int64_t i = 0; i < b.size(); ++i) b.set_index(i, dist(rng));
 }
 
-// Writes NaN (float32) or the kPoison16 NaN pattern (float16, bfloat16) everywhere.
+// Writes NaN (float32), the kPoison16 NaN pattern (float16, bfloat16) or 0x7f (float8) everywhere.
 inline void poison(Buffer& b) {
   for (std::int64_t i = 0; i < b.size(); ++i) {
     if (b.dtype() == DType::float32) {
       b.set_bits(i, 0x7fc00badu);
+    } else if (embrope::dtype_size(b.dtype()) == 1) {
+      b.set_bits(i, 0x7f);  // NaN in both float8 formats
     } else {
       b.set_bits(i, kPoison16);
     }

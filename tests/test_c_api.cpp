@@ -927,3 +927,65 @@ TEST_CASE("C deferred status: ops record bad rows instead of failing, check repo
   CHECK(embrope_deferred_status_destroy(status) == EMBROPE_OK);
   embrope_rope_cache_destroy(cache);
 }
+
+TEST_CASE("C apply_rope_append_kv: float8 paged and combined caches equal the C++ API's bytes",
+          "[c_api][apply_rope_append_kv]") {
+  const std::int64_t t = 6, hq = 4, hk = 2, d = 64, pages = 2, page = 4;
+  const CCache cache(d, 10000.0, 32);
+  const embrope::RopeCache cpp_cache({d, 10000.0, 32});
+  ref::Buffer q(DType::bfloat16, t * hq * d), k(DType::bfloat16, t * hk * d),
+      v(DType::bfloat16, t * hk * d), pos(DType::int64, t), slots(DType::int32, t);
+  ref::fill_random(q, 71);
+  ref::fill_random(k, 72);
+  ref::fill_random(v, 73);
+  ref::fill_random_indices(pos, 74, 0, 31);
+  const std::int32_t slot_values[t] = {3, 0, -1, 7, 5, 2};
+  for (std::int64_t i = 0; i < t; ++i) slots.set_index(i, slot_values[i]);
+  ref::Buffer kc(DType::float8_e4m3fn, pages * page * hk * d), vc = kc;
+  ref::poison(kc);
+  ref::poison(vc);
+  ref::Buffer q2 = q, kc2 = kc, vc2 = vc;
+
+  DL qd(q, {t, hq, d}), kd(k, {t, hk, d}), vd(v, {t, hk, d}), pd(pos, {t}), sd(slots, {t});
+  DL kcd(kc, {pages, page, hk, d}), vcd(vc, {pages, page, hk, d});
+  embrope_kv_cache_t kv;
+  embrope_kv_cache_init(&kv);
+  CHECK(kv.layout == EMBROPE_KV_NHD);
+  CHECK(kv.k_scale == 1.0f);
+  kv.k_cache = &kcd.t;
+  kv.v_cache = &vcd.t;
+  kv.k_scale = 0.02f;
+  kv.v_scale = 0.5f;
+  kv.slot_mapping = &sd.t;
+  REQUIRE(embrope_apply_rope_append_kv(&qd.t, &kd.t, &vd.t, &pd.t, cache.handle, &kv, nullptr,
+                                       nullptr) == EMBROPE_OK);
+
+  embrope::KvCache cpp_kv;
+  cpp_kv.k = ref::view(kc2, 0, {pages, page, hk, d});
+  cpp_kv.v = ref::view(vc2, 0, {pages, page, hk, d});
+  cpp_kv.k_scale = 0.02f;
+  cpp_kv.v_scale = 0.5f;
+  embrope::apply_rope_append_kv(ref::view(q2, 0, {t, hq, d}), ref::view(k, 0, {t, hk, d}),
+                                ref::view(v, 0, {t, hk, d}), ref::view(pos, 0, {t}), cpp_cache,
+                                cpp_kv, embrope::KvSlots::paged(ref::view(slots, 0, {t})));
+  CHECK(kc.snapshot() == kc2.snapshot());
+  CHECK(vc.snapshot() == vc2.snapshot());
+  CHECK(q.snapshot() == q2.snapshot());
+  ref::Buffer poisoned = kc;
+  ref::poison(poisoned);
+  CHECK(kc.snapshot() != poisoned.snapshot());
+
+  // Errors: a null kv, both forms of cache, a bad slot.
+  CHECK(embrope_apply_rope_append_kv(&qd.t, &kd.t, &vd.t, &pd.t, cache.handle, nullptr, nullptr,
+                                     nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK(ref::mentions(last_error(), "kv is null"));
+  embrope_kv_cache_t both = kv;
+  both.kv_cache = &kcd.t;
+  CHECK(embrope_apply_rope_append_kv(&qd.t, &kd.t, &vd.t, &pd.t, cache.handle, &both, nullptr,
+                                     nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK(ref::mentions(last_error(), "not both"));
+  slots.set_index(4, 8);
+  CHECK(embrope_apply_rope_append_kv(&qd.t, &kd.t, &vd.t, &pd.t, cache.handle, &kv, nullptr,
+                                     nullptr) == EMBROPE_ERROR_INDEX_OUT_OF_RANGE);
+  CHECK(ref::mentions(last_error(), "slot_mapping[4] = 8"));
+}

@@ -41,6 +41,10 @@ inline DLDataType dl_dtype(embrope::DType d) {
       return DLDataType{kDLInt, 32, 1};
     case embrope::DType::int64:
       return DLDataType{kDLInt, 64, 1};
+    case embrope::DType::float8_e4m3fn:
+      return DLDataType{10, 8, 1};  // DLPack 1.1 kDLFloat8_e4m3fn
+    case embrope::DType::float8_e5m2:
+      return DLDataType{12, 8, 1};  // DLPack 1.1 kDLFloat8_e5m2
   }
   return DLDataType{kDLOpaqueHandle, 0, 0};  // not an embrope dtype
 }

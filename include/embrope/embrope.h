@@ -194,6 +194,50 @@ EMBROPE_API embrope_status_t embrope_apply_rope_cos_sin(const DLTensor* q, const
                                                         const embrope_rope_options_t* options,
                                                         void* stream);
 
+/* ------------------------------------------------------ RoPE + KV-cache append ---- */
+
+typedef enum embrope_kv_layout_t {
+  EMBROPE_KV_NHD = 0, /* [pages, page_size, kv_heads, head_dim]: vLLM, FlashInfer */
+  EMBROPE_KV_HND = 1  /* [pages, kv_heads, page_size, head_dim]: TensorRT-LLM */
+} embrope_kv_layout_t;
+
+/* The KV cache a call writes and where each token goes (apply_rope_append_kv.hpp). */
+typedef struct embrope_kv_cache_t {
+  /* Separate caches, or NULL for both and kv_cache [pages, 2, ...] (k at 0, v at 1). A
+   * contiguous cache [B, max_len, kv_heads, head_dim] is NHD with one page per sequence. Any
+   * value dtype, or float8_e4m3fn / float8_e5m2 (DLPack codes 10 and 12). */
+  const DLTensor* k_cache;
+  const DLTensor* v_cache;
+  const DLTensor* kv_cache;
+  embrope_kv_layout_t layout; /* default NHD */
+  float k_scale, v_scale;     /* float8 caches store value / scale; default 1 */
+  /* Exactly one of: slot_mapping [T] or [B, S] (page * page_size + offset; -1 skips), or
+   * cache_offsets [B] (contiguous cache; token s of sequence b goes to row offsets[b] + s),
+   * with cu_seqlens [B + 1] for packed [T, H, D] inputs. int32 or int64. */
+  const DLTensor* slot_mapping;
+  const DLTensor* cache_offsets;
+  const DLTensor* cu_seqlens;
+} embrope_kv_cache_t;
+
+EMBROPE_API void embrope_kv_cache_init(embrope_kv_cache_t* kv);
+
+/* RoPE of q (in place or options->q_out) and k, fused with the write of rotated k and of v
+ * [T, Hk, Dv] or [B, S, Hk, Dv] into the KV cache, in one launch. k is only read unless
+ * options->k_out is given (it may be k itself). The cache gets the bytes apply_rope followed
+ * by a copy would give. A slot outside the cache, like a position outside the table, fails
+ * with INDEX_OUT_OF_RANGE naming the first such token (or is recorded in options->deferred);
+ * its cache rows are not written. */
+EMBROPE_API embrope_status_t embrope_apply_rope_append_kv(
+    const DLTensor* q, const DLTensor* k, const DLTensor* v, const DLTensor* positions,
+    const embrope_rope_cache_t* cache, const embrope_kv_cache_t* kv,
+    const embrope_rope_options_t* options, void* stream);
+
+/* The same with caller-supplied cos and sin tables [max_positions, rotary_dim / 2]. */
+EMBROPE_API embrope_status_t embrope_apply_rope_append_kv_cos_sin(
+    const DLTensor* q, const DLTensor* k, const DLTensor* v, const DLTensor* positions,
+    const DLTensor* cos, const DLTensor* sin, const embrope_kv_cache_t* kv,
+    const embrope_rope_options_t* options, void* stream);
+
 /* Positions of a packed variable-length batch: sequence b holds tokens
  * [cu_seqlens[b], cu_seqlens[b + 1]) of positions [T], and its token t gets
  * start_offsets[b] + (t - cu_seqlens[b]) (start_offsets [B] may be NULL: 0). cu_seqlens

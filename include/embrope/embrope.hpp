@@ -25,10 +25,11 @@
 #pragma once
 
 // One header per op family (the op and its backward), by the op's name:
-#include "embrope/apply_rope.hpp"       // apply_rope, apply_rope_backward
-#include "embrope/deferred_status.hpp"  // DeferredStatus
-#include "embrope/embed.hpp"            // embed, embed_backward
-#include "embrope/error.hpp"            // Error, ErrorCode
+#include "embrope/apply_rope.hpp"            // apply_rope, apply_rope_backward
+#include "embrope/apply_rope_append_kv.hpp"  // apply_rope_append_kv, KvCache, KvSlots
+#include "embrope/deferred_status.hpp"       // DeferredStatus
+#include "embrope/embed.hpp"                 // embed, embed_backward
+#include "embrope/error.hpp"                 // Error, ErrorCode
 #include "embrope/export.hpp"
 #include "embrope/model_config.hpp"      // model_preset, model_config_from_hf_json
 #include "embrope/packed_positions.hpp"  // packed_positions

@@ -7,17 +7,33 @@
 
 namespace embrope {
 
-enum class DType : std::uint8_t { float32, float16, bfloat16, int32, int64 };
+// float8_e4m3fn and float8_e5m2 (OCP 8-bit floating point, as in PyTorch and CUDA's
+// cuda_fp8.h) are storage formats of KV caches only (apply_rope_append_kv.hpp).
+enum class DType : std::uint8_t {
+  float32,
+  float16,
+  bfloat16,
+  int32,
+  int64,
+  float8_e4m3fn,
+  float8_e5m2
+};
 
 // Bytes per element of a dtype.
 constexpr int dtype_size(DType dtype) {
-  return dtype == DType::float16 || dtype == DType::bfloat16 ? 2 : dtype == DType::int64 ? 8 : 4;
+  return dtype == DType::float16 || dtype == DType::bfloat16            ? 2
+         : dtype == DType::int64                                        ? 8
+         : dtype == DType::float8_e4m3fn || dtype == DType::float8_e5m2 ? 1
+                                                                        : 4;
 }
 constexpr bool is_value_dtype(DType d) {
   return d == DType::float32 || d == DType::float16 || d == DType::bfloat16;
 }
 constexpr bool is_index_dtype(DType d) {
   return d == DType::int32 || d == DType::int64;
+}
+constexpr bool is_float8_dtype(DType d) {
+  return d == DType::float8_e4m3fn || d == DType::float8_e5m2;
 }
 
 enum class DeviceKind : std::uint8_t { cpu, cuda };
@@ -60,6 +76,12 @@ enum class SinusoidLayout : std::uint8_t {
 enum class RopeLayout : std::uint8_t {
   neox,         // (x[i], x[i + R/2]): GPT-NeoX, HF Llama rotate_half
   interleaved,  // (x[2i], x[2i + 1]): GPT-J, RoFormer, Meta's complex form
+};
+
+// apply_rope_append_kv: the order of a paged KV cache's dimensions (FlashInfer's names).
+enum class KvCacheLayout : std::uint8_t {
+  nhd,  // [pages, page_size, kv_heads, head_dim]: vLLM, FlashInfer's default
+  hnd,  // [pages, kv_heads, page_size, head_dim]: TensorRT-LLM's KV blocks
 };
 
 // RopeCache: how the frequencies are modified for context extension (docs/ops.md). The

@@ -34,6 +34,7 @@ from ._models import model_config_from_hf, model_preset, model_presets
 from ._rope import (
     RopeCache,
     apply_rope,
+    apply_rope_append_kv,
     apply_rope_backward,
     packed_positions,
     packed_positions_workspace_size,
@@ -57,7 +58,8 @@ def cuda_device_count() -> int:
 __all__ = [
     "BadIndexError", "CudaError", "DeferredStatus", "Error", "InternalError",
     "InvalidArgumentError", "ModelConfig", "NotAvailableError", "OutOfMemoryError",
-    "RopeCache", "RopeConfig", "apply_rope", "apply_rope_backward", "cpu_isa",
+    "RopeCache", "RopeConfig", "apply_rope", "apply_rope_append_kv", "apply_rope_backward",
+    "cpu_isa",
     "cuda_device_count",
     "embed", "embed_backward", "embed_backward_workspace_size", "model_config_from_hf",
     "model_preset", "model_presets", "packed_positions", "packed_positions_workspace_size",

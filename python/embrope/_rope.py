@@ -1,4 +1,4 @@
-"""RopeCache, apply_rope, apply_rope_backward and packed_positions."""
+"""RopeCache, apply_rope, apply_rope_backward, apply_rope_append_kv and packed_positions."""
 
 from __future__ import annotations
 
@@ -379,6 +379,92 @@ def apply_rope_backward(dq: Any, dk: Any, positions: Any, cache: Any, *,
     """
     return _rope("apply_rope_backward", True, dq, dk, positions, cache, layout, inverse,
                  rotary_dim, mrope_section, inplace, q_out, k_out, deferred, stream)
+
+
+def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
+                         k_cache: Any = None, v_cache: Any = None, kv_cache: Any = None,
+                         slot_mapping: Any = None, cache_offsets: Any = None,
+                         cu_seqlens: Any = None, kv_layout: str = "nhd",
+                         k_scale: float = 1.0, v_scale: float = 1.0,
+                         layout: Optional[str] = None, rotary_dim: int = 0,
+                         mrope_section: Optional[Sequence[int]] = None, q_out: Any = None,
+                         k_out: Any = None, deferred: Any = None,
+                         stream: Any = None) -> tuple[Any, Any]:
+    """Rotate q and k (RoPE) and write rotated k and v into a KV cache, in one pass.
+
+    What serving engines do before attention (vLLM ``rotary_emb`` + ``reshape_and_cache``,
+    FlashInfer ``apply_rope_with_cos_sin_cache`` + ``append_paged_kv_cache``), fused: the
+    cache receives the bytes :func:`apply_rope` followed by a copy would give.
+
+    Parameters
+    ----------
+    q, k : arrays [T, Hq, D] / [T, Hk, D] or [B, S, ...]
+        As in :func:`apply_rope`. q is rotated in place unless `q_out` is given; k is only
+        read unless `k_out` is given (it may be k itself).
+    v : array [T, Hk, Dv] or [B, S, Hk, Dv]
+        q's dtype; Dv may differ from D.
+    positions, cache, layout, rotary_dim, mrope_section, deferred, stream
+        As in :func:`apply_rope`.
+    k_cache, v_cache : arrays
+        Paged ``[pages, page_size, Hk, D]`` (``kv_layout="nhd"``, vLLM / FlashInfer) or
+        ``[pages, Hk, page_size, D]`` (``"hnd"``, TensorRT-LLM), or a contiguous
+        ``[B, max_len, Hk, D]`` cache. float32 / float16 / bfloat16 (any, from any
+        activations) or float8_e4m3fn / float8_e5m2.
+    kv_cache : array, optional
+        Instead of k_cache and v_cache: one ``[pages, 2, ...]`` tensor (k at 0, v at 1).
+    slot_mapping : array [T] or [B, S] of int32 / int64
+        Paged caches: ``slot = page * page_size + offset``; -1 skips the token.
+    cache_offsets : array [B] of int32 / int64
+        Contiguous caches, instead of slot_mapping: token s of sequence b goes to row
+        ``cache_offsets[b] + s``; with packed [T, H, D] inputs give `cu_seqlens` [B + 1].
+    k_scale, v_scale : float
+        float8 caches store ``value / scale`` (round to nearest even, saturated to the finite
+        range, NaN kept). Must be 1 for other cache dtypes.
+
+    Returns
+    -------
+    (q, k)
+        The rotated q (q itself, or q_out) and k_out (None when not given).
+
+    Raises
+    ------
+    InvalidArgumentError (ValueError)
+        A shape, stride, dtype, device or option breaks a rule; nothing was written.
+    BadIndexError (IndexError)
+        A slot outside the cache (or a write position outside [0, max_len)), or a position
+        outside the table: that token's cache rows are not written (a bad position also
+        zero-fills its q rows), every other token is, and the first bad token is named.
+    """
+    op = "apply_rope_append_kv"
+    for name, array in (("q", q), ("k", k), ("v", v), ("positions", positions)):
+        _arrays.check_array(op, name, array)
+    for name, array in (("k_cache", k_cache), ("v_cache", v_cache), ("kv_cache", kv_cache),
+                        ("slot_mapping", slot_mapping), ("cache_offsets", cache_offsets),
+                        ("cu_seqlens", cu_seqlens), ("q_out", q_out), ("k_out", k_out)):
+        _arrays.check_optional(op, name, array)
+    if kv_cache is None and (k_cache is None or v_cache is None):
+        raise _C.InvalidArgumentError(f"{op}: give k_cache and v_cache, or kv_cache")
+    if kv_cache is not None and (k_cache is not None or v_cache is not None):
+        raise _C.InvalidArgumentError(f"{op}: give kv_cache or k_cache and v_cache, not both")
+    for name, array in (("k_cache", k_cache), ("v_cache", v_cache), ("kv_cache", kv_cache)):
+        if array is not None:
+            _arrays.check_writable(op, name, array)
+    _arrays.check_writable(op, "q_out" if q_out is not None else "q", q if q_out is None else q_out)
+    if k_out is not None:
+        _arrays.check_writable(op, "k_out", k_out)
+    native_cache, cos, sin = _table_args(op, cache)
+    if layout is None:
+        layout = cache.layout if isinstance(cache, RopeCache) else "neox"
+    if mrope_section is None and isinstance(cache, RopeCache):
+        mrope_section = cache.mrope_section
+    sections = _mrope_tuple(op, mrope_section) or (0, 0, 0)
+    _C.apply_rope_append_kv(
+        q, k, v, positions, native_cache, cos, sin, k_cache, v_cache, kv_cache,
+        _arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout), float(k_scale),
+        float(v_scale), slot_mapping, cache_offsets, cu_seqlens, q_out, k_out,
+        _arrays.enum_value(op, "layout", _C.RopeLayout, layout), int(rotary_dim), sections,
+        _status.native(deferred), _arrays.stream_handle(stream, q))
+    return (q if q_out is None else q_out), k_out
 
 
 def packed_positions(cu_seqlens: Any, positions: Any = None, *, start_offsets: Any = None,

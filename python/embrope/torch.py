@@ -9,6 +9,8 @@ graph break, and with autograd where it has a gradient:
 - :func:`embed` (``embrope::embed``): its gradients with respect to the token, position and
   type tables come from ``embrope::embed_backward``, the deterministic backward (sorted,
   summed in a fixed order: the same bits from run to run, on CPU and GPU alike).
+- :func:`apply_rope_append_kv` (``embrope::apply_rope_append_kv_``): RoPE fused with the
+  KV-cache write, in place (serving; no autograd).
 - :func:`packed_positions` (``embrope::packed_positions``).
 
 Kernels run on PyTorch's current CUDA stream. By default a bad id or position raises
@@ -32,7 +34,7 @@ from ._rope import RopeCache
 from ._status import DeferredStatus
 
 __all__ = [
-    "RotaryEmbedding", "apply_rope", "apply_rope_backward", "deferred_errors", "embed",
+    "RotaryEmbedding", "apply_rope", "apply_rope_append_kv", "apply_rope_backward", "deferred_errors", "embed",
     "embed_backward", "packed_positions", "DeferredStatus",
 ]
 
@@ -243,6 +245,56 @@ def apply_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
     q_out, k_out = torch.ops.embrope.apply_rope(q, k, positions, table, layout_value,
                                                 bool(inverse), int(rotary_dim), sections)
     return q_out, (k_out if k is not None else None)
+
+
+@torch.library.custom_op("embrope::apply_rope_append_kv_",
+                         mutates_args=("q", "k_cache", "v_cache"))
+def _apply_rope_append_kv_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
+                             cos_sin_cache: Tensor, k_cache: Tensor, v_cache: Tensor,
+                             slot_mapping: Optional[Tensor], cache_offsets: Optional[Tensor],
+                             cu_seqlens: Optional[Tensor], kv_layout: int, k_scale: float,
+                             v_scale: float, layout: int, rotary_dim: int,
+                             mrope_section: List[int]) -> None:
+    cos, sin = _split_table(cos_sin_cache.detach())
+    _C.apply_rope_append_kv(
+        q.detach(), k.detach(), v.detach(), positions, None, cos, sin, k_cache.detach(),
+        v_cache.detach(), None, _C.KvCacheLayout(kv_layout), k_scale, v_scale, slot_mapping,
+        cache_offsets, cu_seqlens, None, None, _C.RopeLayout(layout), rotary_dim,
+        tuple(mrope_section), _deferred("apply_rope_append_kv", q), _stream(q))
+
+
+@_apply_rope_append_kv_op.register_fake
+def _(*args):
+    return None
+
+
+def apply_rope_append_kv(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
+                         cache: Union[RopeCache, Tensor], k_cache: Tensor, v_cache: Tensor, *,
+                         slot_mapping: Optional[Tensor] = None,
+                         cache_offsets: Optional[Tensor] = None,
+                         cu_seqlens: Optional[Tensor] = None, kv_layout: str = "nhd",
+                         k_scale: float = 1.0, v_scale: float = 1.0,
+                         layout: Optional[str] = None, rotary_dim: int = 0,
+                         mrope_section: Optional[Sequence[int]] = None) -> Tensor:
+    """RoPE of q in place and of k into the KV cache, with v, in one pass (the serving path).
+
+    ``embrope::apply_rope_append_kv_`` mutates q, k_cache and v_cache (no autograd); k and v
+    are only read. The arguments are those of :func:`embrope.apply_rope_append_kv` (separate
+    k and v caches; pass ``kv[:, 0]`` and ``kv[:, 1]`` of a combined one). Traceable by
+    ``torch.compile`` and capturable in a CUDA graph (inside :func:`deferred_errors`).
+
+    Returns
+    -------
+    q
+    """
+    op = "apply_rope_append_kv"
+    table = _cos_sin_tensor(op, cache, q.device)
+    layout_value, sections = _rope_options(op, cache, layout, mrope_section)
+    kv_value = _arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout).value
+    torch.ops.embrope.apply_rope_append_kv_(
+        q, k, v, positions, table, k_cache, v_cache, slot_mapping, cache_offsets, cu_seqlens,
+        kv_value, float(k_scale), float(v_scale), layout_value, int(rotary_dim), sections)
+    return q
 
 
 def apply_rope_backward(dq: Tensor, dk: Optional[Tensor], positions: Tensor,

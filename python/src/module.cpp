@@ -145,6 +145,9 @@ void bind_enums(nb::module_& m) {
   nb::enum_<embrope::RopeLayout>(m, "RopeLayout")
       .value("neox", embrope::RopeLayout::neox)
       .value("interleaved", embrope::RopeLayout::interleaved);
+  nb::enum_<embrope::KvCacheLayout>(m, "KvCacheLayout")
+      .value("nhd", embrope::KvCacheLayout::nhd)
+      .value("hnd", embrope::KvCacheLayout::hnd);
   nb::enum_<embrope::RopeScaling>(m, "RopeScaling")
       .value("none", embrope::RopeScaling::none)
       .value("linear", embrope::RopeScaling::linear)
@@ -315,6 +318,66 @@ void bind_apply_rope(nb::module_& m) {
       "mrope_section"_a, "deferred"_a.none(), "stream"_a, "backward"_a);
 }
 
+void bind_apply_rope_append_kv(nb::module_& m) {
+  // The cache is k_cache and v_cache, or kv_cache [pages, 2, ...]; slots are slot_mapping, or
+  // cache_offsets (with cu_seqlens for packed inputs).
+  m.def(
+      "apply_rope_append_kv",
+      [](const Array& q, const Array& k, const Array& v, const Array& positions,
+         const embrope::RopeCache* cache, const OptionalArray& cos, const OptionalArray& sin,
+         const OptionalArray& k_cache, const OptionalArray& v_cache, const OptionalArray& kv_cache,
+         embrope::KvCacheLayout kv_layout, float k_scale, float v_scale,
+         const OptionalArray& slot_mapping, const OptionalArray& cache_offsets,
+         const OptionalArray& cu_seqlens, const OptionalArray& q_out, const OptionalArray& k_out,
+         embrope::RopeLayout layout, std::int64_t rotary_dim,
+         std::array<std::int64_t, 3> mrope_section, embrope::DeferredStatus* deferred,
+         std::uintptr_t stream) {
+        const char* op = "apply_rope_append_kv";
+        embrope::KvCache kv;
+        if (kv_cache) {
+          kv = embrope::KvCache::combined(view(*kv_cache, op, "kv_cache"), kv_layout, k_scale,
+                                          v_scale);
+        } else {
+          kv.k = view(k_cache.value(), op, "k_cache");
+          kv.v = view(v_cache.value(), op, "v_cache");
+          kv.layout = kv_layout;
+          kv.k_scale = k_scale;
+          kv.v_scale = v_scale;
+        }
+        embrope::KvSlots slots;
+        slots.slot_mapping = view(slot_mapping, op, "slot_mapping");
+        slots.cache_offsets = view(cache_offsets, op, "cache_offsets");
+        slots.cu_seqlens = view(cu_seqlens, op, "cu_seqlens");
+        embrope::RopeOptions options;
+        options.layout = layout;
+        options.rotary_dim = rotary_dim;
+        options.q_out = view(q_out, op, "q_out");
+        options.k_out = view(k_out, op, "k_out");
+        options.mrope_section = mrope_section;
+        options.deferred = deferred;
+        options.stream = stream_of(stream);
+        const Tensor q_view = view(q, op, "q"), k_view = view(k, op, "k"),
+                     v_view = view(v, op, "v");
+        const Tensor positions_view = view(positions, op, "positions");
+        if (cache != nullptr) {
+          nb::gil_scoped_release nogil;
+          embrope::apply_rope_append_kv(q_view, k_view, v_view, positions_view, *cache, kv, slots,
+                                        options);
+        } else {
+          const Tensor cos_view = view(cos.value(), op, "cos");
+          const Tensor sin_view = view(sin.value(), op, "sin");
+          nb::gil_scoped_release nogil;
+          embrope::apply_rope_append_kv(q_view, k_view, v_view, positions_view, cos_view, sin_view,
+                                        kv, slots, options);
+        }
+      },
+      "q"_a, "k"_a, "v"_a, "positions"_a, "cache"_a.none(), "cos"_a.none(), "sin"_a.none(),
+      "k_cache"_a.none(), "v_cache"_a.none(), "kv_cache"_a.none(), "kv_layout"_a, "k_scale"_a,
+      "v_scale"_a, "slot_mapping"_a.none(), "cache_offsets"_a.none(), "cu_seqlens"_a.none(),
+      "q_out"_a.none(), "k_out"_a.none(), "layout"_a, "rotary_dim"_a, "mrope_section"_a,
+      "deferred"_a.none(), "stream"_a);
+}
+
 embrope::EmbedOptions embed_options(float scale, std::int64_t vocab_start, bool vocab_shard,
                                     embrope::PositionEncoding positions,
                                     const OptionalArray& position_table, double sinusoid_base,
@@ -466,6 +529,7 @@ NB_MODULE(_embrope, m) {
   bind_deferred_status(m);
   bind_model_config(m);
   bind_apply_rope(m);
+  bind_apply_rope_append_kv(m);
   bind_embed(m);
   bind_embed_backward(m);
   bind_packed_positions(m);

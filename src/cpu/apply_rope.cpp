@@ -160,7 +160,45 @@ void rope_by_token(const detail::RopeParams& p, RotateToken<T> rotate_token) {
   });
 }
 
+// The portable path's rotation of one token (batch = seq = 1): the token's cos/sin row
+// widened to float32 once (exact, so the same bits as rope_kernel's rows), then each head.
+template <typename T, typename C>
+void rotate_token_portable(const detail::RopeParams& p, float* widened) {
+  const std::int64_t half = p.rotary_dim / 2;
+  const auto* cos_base = static_cast<const C*>(p.cos);
+  const auto* sin_base = static_cast<const C*>(p.sin);
+  for (std::int64_t i = 0; i < half; ++i) {
+    const int stream = p.mrope ? detail::mrope_stream(i, p.mrope_end) : 0;
+    const std::int64_t position = detail::rope_position(p, 0, 0, stream);
+    widened[i] = to_float(cos_base[position * p.cos_stride + i]);
+    widened[half + i] = to_float(sin_base[position * p.sin_stride + i]);
+  }
+  const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
+  for (std::int64_t h = 0; h < heads; ++h) {
+    const detail::RopeRow<T> row = detail::rope_row<T>(p, 0, 0, h);
+    rotate_row(row.in, row.out, widened, widened + half, p.rotary_dim, p.head_dim, p.layout,
+               p.inverse ? -1.0f : 1.0f);
+  }
+}
+
 }  // namespace
+
+void rotate_one_token(const detail::RopeParams& p, float* widened) {
+  const Isa isa = active_isa();
+  detail::dispatch_value_dtype(p.dtype, [&](auto t) {
+    detail::dispatch_value_dtype(p.table_dtype, [&](auto c) {
+      using T = typename decltype(t)::type;
+      using C = typename decltype(c)::type;
+#if EMBROPE_CPU_X86
+      if (isa == Isa::avx512)
+        return avx512::rotate_token<T, C>(p, 0, widened, widened + p.rotary_dim);
+      if (isa == Isa::avx2) return avx2::rotate_token<T, C>(p, 0, widened, widened + p.rotary_dim);
+#endif
+      (void)isa;
+      rotate_token_portable<T, C>(p, widened);
+    });
+  });
+}
 
 void apply_rope(const detail::RopeParams& p) {
   const Isa isa = active_isa();

@@ -3,6 +3,7 @@
 // NaN stays NaN and overflow gives infinity. Bit-exact on the CPU and the GPU.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -15,6 +16,14 @@ struct Half {
 };
 struct BFloat16 {
   std::uint16_t bits;
+};
+// OCP 8-bit floats (OCP 8-bit Floating Point Specification (OFP8), rev. 1.0, 2023), the KV
+// cache formats of PyTorch (float8_e4m3fn, float8_e5m2) and CUDA (__nv_fp8_e4m3, _e5m2).
+struct Float8E4M3 {  // 1-4-3, bias 7, no infinity, NaN = S.1111.111, largest finite 448
+  std::uint8_t bits;
+};
+struct Float8E5M2 {  // 1-5-2, bias 15, IEEE-like (infinity, NaN), largest finite 57344
+  std::uint8_t bits;
 };
 
 EMBROPE_HD std::uint32_t float_bits(float f) {
@@ -84,6 +93,59 @@ EMBROPE_HD std::uint16_t float_to_half(float value) {
   return static_cast<std::uint16_t>(o | (sign >> 16));
 }
 
+// float32 -> 8-bit float with `mantissa_bits` and exponent `bias`, round to nearest even,
+// saturating: a magnitude past the largest finite code `max_code` (infinity included)
+// becomes it, as cuda_fp8.h's __NV_SATFINITE does; NaN becomes `nan_code`, with x's sign.
+EMBROPE_HD std::uint8_t float_to_float8(float x, int mantissa_bits, int bias,
+                                        std::uint32_t max_code, std::uint32_t nan_code) {
+  const std::uint32_t u = float_bits(x);
+  const std::uint32_t sign = (u >> 24) & 0x80u;
+  const std::uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<std::uint8_t>(sign | nan_code);
+  const int drop = 23 - mantissa_bits;  // float32 mantissa bits the format lacks
+  std::uint32_t code;
+  if (a < static_cast<std::uint32_t>(127 - bias + 1) << 23) {
+    // Below the smallest normal: a multiple of the smallest subnormal 2^(1 - bias - M).
+    // Scaling by a power of two is exact; rintf rounds to nearest even. A result of 2^M is
+    // the smallest normal's code, as it should be.
+    const float scaled =
+        bits_float(a) *
+        bits_float(static_cast<std::uint32_t>(127 + bias - 1 + mantissa_bits) << 23);
+    code = static_cast<std::uint32_t>(rintf(scaled));
+  } else {
+    // Rebias the exponent and round the mantissa to nearest even on the bits (a carry moves
+    // into the exponent, as it should).
+    const std::uint32_t rebiased = a - (static_cast<std::uint32_t>(127 - bias) << 23);
+    code = (rebiased + ((1u << (drop - 1)) - 1u) + ((rebiased >> drop) & 1u)) >> drop;
+  }
+  return static_cast<std::uint8_t>(sign | (code > max_code ? max_code : code));
+}
+EMBROPE_HD std::uint8_t float_to_float8_e4m3(float x) {
+  return float_to_float8(x, 3, 7, 0x7eu, 0x7fu);
+}
+EMBROPE_HD std::uint8_t float_to_float8_e5m2(float x) {
+  return float_to_float8(x, 2, 15, 0x7bu, 0x7eu);
+}
+
+// 8-bit float -> float32 (exact): sign, exponent field e, mantissa m.
+EMBROPE_HD float float8_to_float(std::uint8_t c, int mantissa_bits, int bias, bool has_infinity) {
+  const std::uint32_t sign = std::uint32_t{c & 0x80u} << 24;
+  const std::uint32_t m = c & ((1u << mantissa_bits) - 1u);
+  const std::uint32_t e = (c & 0x7fu) >> mantissa_bits;
+  const std::uint32_t e_max = 0x7fu >> mantissa_bits;
+  float magnitude;
+  if (e == e_max && (has_infinity || m == (1u << mantissa_bits) - 1u)) {
+    magnitude = bits_float(m == 0 && has_infinity ? 0x7f800000u : 0x7fc00000u);
+  } else if (e == 0) {  // m * 2^(1 - bias - M), exact
+    magnitude = static_cast<float>(m) *
+                bits_float(static_cast<std::uint32_t>(127 + 1 - bias - mantissa_bits) << 23);
+  } else {
+    magnitude = bits_float(((e + 127u - static_cast<std::uint32_t>(bias)) << 23) |
+                           (m << (23 - mantissa_bits)));
+  }
+  return bits_float(float_bits(magnitude) | sign);
+}
+
 // Load and store of a value element as float32.
 EMBROPE_HD float to_float(float x) {
   return x;
@@ -93,6 +155,12 @@ EMBROPE_HD float to_float(Half x) {
 }
 EMBROPE_HD float to_float(BFloat16 x) {
   return bfloat16_to_float(x.bits);
+}
+EMBROPE_HD float to_float(Float8E4M3 x) {
+  return float8_to_float(x.bits, 3, 7, false);
+}
+EMBROPE_HD float to_float(Float8E5M2 x) {
+  return float8_to_float(x.bits, 2, 15, true);
 }
 
 template <typename T>
@@ -108,6 +176,14 @@ EMBROPE_HD Half from_float<Half>(float x) {
 template <>
 EMBROPE_HD BFloat16 from_float<BFloat16>(float x) {
   return BFloat16{float_to_bfloat16(x)};
+}
+template <>
+EMBROPE_HD Float8E4M3 from_float<Float8E4M3>(float x) {
+  return Float8E4M3{float_to_float8_e4m3(x)};
+}
+template <>
+EMBROPE_HD Float8E5M2 from_float<Float8E5M2>(float x) {
+  return Float8E5M2{float_to_float8_e5m2(x)};
 }
 
 }  // namespace embrope::detail

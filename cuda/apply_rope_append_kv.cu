@@ -1,0 +1,365 @@
+// RoPE + KV-cache append on the GPU, one launch: Su et al. 2021 (RoFormer) rotation of q and
+// k by detail::rotate_pair, as apply_rope.cu does it, with the rotated k and the v rows
+// written into a paged (vLLM slot_mapping, NHD or HND) or contiguous KV cache, converted to
+// the cache dtype (float8: detail::float_to_float8, value / scale, saturating). After
+// FlashInfer's fused RoPE + FP8 append (pos_enc.cuh) and TensorRT-LLM's QKV preprocessing.
+//
+// One kernel, templated on the activations' dtype, the pair layout and the access width:
+// - vector (kVector): 16-byte loads and stores; threadIdx.x owns one chunk of rotation
+//   pairs (neox: kVec elements of each half; interleaved: kVec consecutive elements), whose
+//   cos/sin it loads once per token; threadIdx.y a head row (q heads, then k, then v);
+// - general: one pair per thread, scalar accesses, any table dtype, alignment or size.
+// Blocks take whole tokens when there are enough to fill the GPU, and split a token's rows
+// otherwise (decode). Each thread owns whole pairs, so in place is race-free.
+#include <algorithm>
+#include <cstdint>
+
+#include "../src/backend.hpp"
+#include "../src/dispatch.hpp"
+#include "bad_index.cuh"
+#include "common.cuh"
+#include "embrope/detail/numeric_types.hpp"
+#include "embrope/detail/rope_math.hpp"
+#include "vector.cuh"
+
+namespace embrope::gpu {
+namespace {
+
+using detail::from_float;
+using detail::to_float;
+
+// Run by one thread of the last block: describes the record's key if it names a token of
+// this call (a bad position, or a bad slot).
+__device__ void describe_bad_token(const detail::RopeAppendKvParams& p) {
+  const detail::RopeParams& r = p.rope;
+  const std::int64_t key = current_key(r.bad);
+  const std::int64_t t = detail::bad_index_row(key);
+  if (key == detail::kNoBadIndex || t >= r.batch * r.seq) return;
+  const std::int64_t b = t / r.seq, s = t - b * r.seq;
+  const detail::BadIndexArg arg = detail::bad_index_arg(key);
+  if (arg == detail::BadIndexArg::positions && detail::rope_bad_stream(r, b, s) >= 0) {
+    detail::describe_bad_index(r.bad, r.bad_op, detail::rope_bad_position(r, t));
+  } else if ((arg == detail::BadIndexArg::slot_mapping ||
+              arg == detail::BadIndexArg::cache_offsets) &&
+             detail::kv_slot(p, b, s).state == detail::KvSlot::bad) {
+    detail::describe_bad_index(r.bad, r.bad_op, detail::kv_slot(p, b, s).value);
+  }
+}
+
+// W elements at src into dst: one aligned chunk access (kVector) or W scalar ones.
+template <bool kVector, typename T, int W>
+__device__ __forceinline__ void load_elements(const T* src, T (&dst)[W]) {
+  if constexpr (kVector) {
+    const Chunk<T, W> c = *reinterpret_cast<const Chunk<T, W>*>(src);
+#pragma unroll
+    for (int w = 0; w < W; ++w) dst[w] = c.v[w];
+  } else {
+#pragma unroll
+    for (int w = 0; w < W; ++w) dst[w] = src[w];
+  }
+}
+template <bool kVector, typename T, int W>
+__device__ __forceinline__ void store_elements(T* dst, const T (&src)[W]) {
+  if constexpr (kVector) {
+    Chunk<T, W> c;
+#pragma unroll
+    for (int w = 0; w < W; ++w) c.v[w] = src[w];
+    *reinterpret_cast<Chunk<T, W>*>(dst) = c;
+  } else {
+#pragma unroll
+    for (int w = 0; w < W; ++w) dst[w] = src[w];
+  }
+}
+
+// W activations into the cache at element `at` (from c.data), converted to its dtype C.
+template <bool kVector, typename C, typename T, int W>
+__device__ __forceinline__ void store_to_cache(void* data, std::int64_t at, const T (&x)[W],
+                                               float scale) {
+  C converted[W];
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    if constexpr (std::is_same_v<C, T>) {
+      converted[w] = x[w];
+    } else if constexpr (std::is_same_v<C, detail::Float8E4M3> ||
+                         std::is_same_v<C, detail::Float8E5M2>) {
+      converted[w] = from_float<C>(to_float(x[w]) / scale);
+    } else {
+      converted[w] = from_float<C>(to_float(x[w]));
+    }
+  }
+  store_elements<kVector>(static_cast<C*>(data) + at, converted);
+}
+template <bool kVector, typename T, int W>
+__device__ __forceinline__ void store_to_cache(const detail::KvCacheSide& c, std::int64_t at,
+                                               const T (&x)[W]) {
+  switch (c.dtype) {
+    case DType::float32:
+      return store_to_cache<kVector, float>(c.data, at, x, c.scale);
+    case DType::float16:
+      return store_to_cache<kVector, detail::Half>(c.data, at, x, c.scale);
+    case DType::bfloat16:
+      return store_to_cache<kVector, detail::BFloat16>(c.data, at, x, c.scale);
+    case DType::float8_e4m3fn:
+      return store_to_cache<kVector, detail::Float8E4M3>(c.data, at, x, c.scale);
+    default:
+      return store_to_cache<kVector, detail::Float8E5M2>(c.data, at, x, c.scale);
+  }
+}
+
+// The first element of cache row (page, offset, head), counted from c.data.
+__device__ __forceinline__ std::int64_t cache_row(const detail::KvCacheSide& c, std::int64_t page,
+                                                  std::int64_t offset, std::int64_t h) {
+  return page * c.stride_page + offset * c.stride_offset + h * c.stride_head;
+}
+
+// A table entry of any value dtype as float32.
+__device__ __forceinline__ float table_value(const void* base, DType dtype, std::int64_t i) {
+  switch (dtype) {
+    case DType::float16:
+      return to_float(static_cast<const detail::Half*>(base)[i]);
+    case DType::bfloat16:
+      return to_float(static_cast<const detail::BFloat16*>(base)[i]);
+    default:
+      return static_cast<const float*>(base)[i];
+  }
+}
+
+// cos and sin (sin negated for inverse) of the kPairs pairs from pair0 of token (b, s).
+template <bool kVector, int kPairs>
+__device__ __forceinline__ void load_cos_sin(const detail::RopeParams& r, std::int64_t b,
+                                             std::int64_t s, std::int64_t pair0, float (&c)[kPairs],
+                                             float (&sn)[kPairs]) {
+  const int first_stream = r.mrope ? detail::mrope_stream(pair0, r.mrope_end) : 0;
+  const int last_stream = r.mrope ? detail::mrope_stream(pair0 + kPairs - 1, r.mrope_end) : 0;
+  bool loaded = false;
+  if constexpr (kVector) {
+    if (first_stream == last_stream) {
+      // A float32 table (the vector path's condition) and one position for the chunk.
+      const std::int64_t position = detail::rope_position(r, b, s, first_stream);
+      load_floats<kPairs>(static_cast<const float*>(r.cos) + position * r.cos_stride + pair0, c);
+      load_floats<kPairs>(static_cast<const float*>(r.sin) + position * r.sin_stride + pair0, sn);
+      loaded = true;
+    }
+  }
+  if (!loaded) {
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const int stream = r.mrope ? detail::mrope_stream(pair0 + j, r.mrope_end) : 0;
+      const std::int64_t position = detail::rope_position(r, b, s, stream);
+      c[j] = table_value(r.cos, r.table_dtype, position * r.cos_stride + pair0 + j);
+      sn[j] = table_value(r.sin, r.table_dtype, position * r.sin_stride + pair0 + j);
+    }
+  }
+  const float sin_sign = r.inverse ? -1.0f : 1.0f;
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) sn[j] *= sin_sign;
+}
+
+template <typename T, RopeLayout kLayout, bool kVector>
+__global__ void __launch_bounds__(256)
+    append_kv_kernel(const __grid_constant__ detail::RopeAppendKvParams p,
+                     std::int64_t rows_per_split) {
+  constexpr bool kNeox = kLayout == RopeLayout::neox;
+  constexpr int kVec = kVector ? kVec16<T> : (kNeox ? 1 : 2);  // elements per chunk
+  constexpr int kPairs = kNeox ? kVec : kVec / 2;              // pairs per chunk
+  const detail::RopeParams& r = p.rope;
+  const std::int64_t tokens = r.batch * r.seq;
+  const std::int64_t q_heads = r.q.heads, kv_heads = r.k.heads;
+  const std::int64_t rows = q_heads + 2 * kv_heads;  // q heads, k heads, v heads
+  const std::int64_t half = r.rotary_dim / 2;
+  const std::int64_t rotary_chunks = (kNeox ? half : r.rotary_dim) / kVec;
+  const std::int64_t row_begin = blockIdx.y * rows_per_split;
+  const std::int64_t row_end = min(rows, row_begin + rows_per_split);
+  const bool k_written = p.write_k_out;
+  // Copies (v rows, pass-through elements, zero fills): whole chunks, or one element.
+  constexpr int kCopy = kVector ? kVec : 1;
+  const T zero[kCopy] = {};
+
+  for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const std::int64_t b = t / r.seq;
+    const std::int64_t s = t - b * r.seq;
+    const bool bad_position = detail::rope_bad_stream(r, b, s) >= 0;
+    const detail::KvSlot slot = detail::kv_slot(p, b, s);
+    const bool write = !bad_position && slot.state == detail::KvSlot::write;
+    if (threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.y == 0) {
+      if (bad_position) {
+        report_bad_row(r.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+      } else if (slot.state == detail::KvSlot::bad) {
+        report_bad_row(r.bad, detail::bad_index_key(t, p.slot_mapping != nullptr
+                                                           ? detail::BadIndexArg::slot_mapping
+                                                           : detail::BadIndexArg::cache_offsets));
+      }
+    }
+    // The vector path's thread owns rotary chunk threadIdx.x: its cos/sin, once per token.
+    float c[kPairs] = {}, sn[kPairs] = {};
+    if (kVector && !bad_position && threadIdx.x < rotary_chunks) {
+      load_cos_sin<kVector>(r, b, s, threadIdx.x * kPairs, c, sn);
+    }
+    for (std::int64_t h = row_begin + threadIdx.y; h < row_end; h += blockDim.y) {
+      if (h >= q_heads + kv_heads) {
+        // A v row: copied (converted) into the cache.
+        if (!write) continue;
+        const std::int64_t vh = h - q_heads - kv_heads;
+        const T* in =
+            static_cast<const T*>(p.v) + b * p.v_stride_b + s * p.v_stride_s + vh * p.v_stride_h;
+        const std::int64_t out = cache_row(p.v_cache, slot.page, slot.offset, vh);
+        for (std::int64_t e = threadIdx.x * kCopy; e < p.v_cache.head_dim;
+             e += blockDim.x * kCopy) {
+          T x[kCopy];
+          load_elements<kVector>(in + e, x);
+          store_to_cache<kVector>(p.v_cache, out + e, x);
+        }
+        continue;
+      }
+      // A q or k row: rotated into q's output, k_out and the k cache as the call asks.
+      const bool is_k = h >= q_heads;
+      const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, h);
+      T* out = is_k && !k_written ? nullptr : row.out;
+      const bool to_cache = is_k && write;
+      const std::int64_t cache_out =
+          to_cache ? cache_row(p.k_cache, slot.page, slot.offset, h - q_heads) : 0;
+      if (bad_position) {
+        if (out != nullptr) {
+          for (std::int64_t e = threadIdx.x * kCopy; e < r.head_dim; e += blockDim.x * kCopy) {
+            store_elements<kVector>(out + e, zero);
+          }
+        }
+        continue;
+      }
+      if (out == nullptr && !to_cache) continue;
+      for (std::int64_t chunk = threadIdx.x; chunk < rotary_chunks; chunk += blockDim.x) {
+        if constexpr (!kVector) load_cos_sin<kVector>(r, b, s, chunk * kPairs, c, sn);
+        if constexpr (kNeox) {
+          const std::int64_t first = chunk * kVec;
+          T lo[kVec], hi[kVec];
+          load_elements<kVector>(row.in + first, lo);
+          load_elements<kVector>(row.in + first + half, hi);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            float a = to_float(lo[j]), v = to_float(hi[j]);
+            detail::rotate_pair(a, v, c[j], sn[j]);
+            lo[j] = from_float<T>(a);
+            hi[j] = from_float<T>(v);
+          }
+          if (out != nullptr) {
+            store_elements<kVector>(out + first, lo);
+            store_elements<kVector>(out + first + half, hi);
+          }
+          if (to_cache) {
+            store_to_cache<kVector>(p.k_cache, cache_out + first, lo);
+            store_to_cache<kVector>(p.k_cache, cache_out + first + half, hi);
+          }
+        } else {
+          const std::int64_t first = chunk * kVec;
+          T x[kVec];
+          load_elements<kVector>(row.in + first, x);
+#pragma unroll
+          for (int j = 0; j < kPairs; ++j) {
+            float a = to_float(x[2 * j]), v = to_float(x[2 * j + 1]);
+            detail::rotate_pair(a, v, c[j], sn[j]);
+            x[2 * j] = from_float<T>(a);
+            x[2 * j + 1] = from_float<T>(v);
+          }
+          if (out != nullptr) store_elements<kVector>(out + first, x);
+          if (to_cache) store_to_cache<kVector>(p.k_cache, cache_out + first, x);
+        }
+      }
+      // Past rotary_dim: passed through to out (when not in place) and the cache.
+      const bool copy_out = out != nullptr && out != row.in;
+      if (!copy_out && !to_cache) continue;
+      for (std::int64_t e = r.rotary_dim + threadIdx.x * kCopy; e < r.head_dim;
+           e += blockDim.x * kCopy) {
+        T x[kCopy];
+        load_elements<kVector>(row.in + e, x);
+        if (copy_out) store_elements<kVector>(out + e, x);
+        if (to_cache) store_to_cache<kVector>(p.k_cache, cache_out + e, x);
+      }
+    }
+  }
+  if (last_block_done(r.bad)) describe_bad_token(p);
+}
+
+// The vector path needs a float32 table, whole 16-byte chunks everywhere (rotary part, head
+// dims of k and v, every pointer and stride of q, k, v and the outputs, and the caches'
+// chunks of kVec elements aligned to their size), and at most 256 rotary chunks.
+template <typename T>
+bool fits_vector_path(const detail::RopeAppendKvParams& p) {
+  constexpr std::int64_t vec = kVec16<T>;
+  const detail::RopeParams& r = p.rope;
+  if (r.table_dtype != DType::float32) return false;
+  const bool neox = r.layout == RopeLayout::neox;
+  const std::int64_t chunks = neox ? r.rotary_dim / 2 / vec : r.rotary_dim / vec;
+  if ((neox ? (r.rotary_dim / 2) % vec : r.rotary_dim % vec) != 0 || chunks > 256) return false;
+  if (r.head_dim % vec != 0 || p.v_cache.head_dim % vec != 0) return false;
+  auto strided = [&](const void* pointer, std::int64_t sb, std::int64_t ss, std::int64_t sh) {
+    return is_aligned(pointer, 16) && sb % vec == 0 && ss % vec == 0 && sh % vec == 0;
+  };
+  if (!strided(r.q.in, r.q.in_stride_b, r.q.in_stride_s, r.q.in_stride_h) ||
+      !strided(r.q.out, r.q.out_stride_b, r.q.out_stride_s, r.q.out_stride_h) ||
+      !strided(r.k.in, r.k.in_stride_b, r.k.in_stride_s, r.k.in_stride_h) ||
+      !strided(r.k.out, r.k.out_stride_b, r.k.out_stride_s, r.k.out_stride_h) ||
+      !strided(p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h)) {
+    return false;
+  }
+  for (const detail::KvCacheSide* c : {&p.k_cache, &p.v_cache}) {
+    const std::size_t chunk_bytes = static_cast<std::size_t>(vec * dtype_size(c->dtype));
+    if (!is_aligned(c->data, chunk_bytes) || c->stride_page % vec != 0 ||
+        c->stride_offset % vec != 0 || c->stride_head % vec != 0) {
+      return false;
+    }
+  }
+  const std::int64_t pairs = neox ? vec : vec / 2;  // floats of cos per chunk
+  const std::int64_t floats = pairs >= 4 ? 4 : pairs;
+  return is_aligned(r.cos, static_cast<std::size_t>(4 * floats)) &&
+         is_aligned(r.sin, static_cast<std::size_t>(4 * floats)) && r.cos_stride % floats == 0 &&
+         r.sin_stride % floats == 0;
+}
+
+template <typename T, RopeLayout kLayout, bool kVector>
+void launch(const detail::RopeAppendKvParams& p, cudaStream_t stream) {
+  const detail::RopeParams& r = p.rope;
+  constexpr std::int64_t vec = kVector ? kVec16<T> : (kLayout == RopeLayout::neox ? 1 : 2);
+  const std::int64_t rows = r.q.heads + 2 * r.k.heads;
+  const std::int64_t tokens = r.batch * r.seq;
+  // Threads along x: the rotary chunks (vector path), or a warp (general path).
+  const std::int64_t chunks =
+      kVector ? (kLayout == RopeLayout::neox ? r.rotary_dim / 2 : r.rotary_dim) / vec : 32;
+  const std::int64_t max_rows = std::max<std::int64_t>(1, 256 / chunks);
+  const std::int64_t passes = (rows + max_rows - 1) / max_rows;
+  const std::int64_t rows_per_block = std::max<std::int64_t>(1, (rows + passes - 1) / passes);
+  const dim3 block(static_cast<unsigned>(chunks), static_cast<unsigned>(rows_per_block));
+  // Enough tokens to give every multiprocessor a few blocks: one block per token. Otherwise
+  // (decode) a token's rows are split over blocks.
+  const std::int64_t blocks_wanted = 4LL * multiprocessor_count();
+  std::int64_t rows_per_split = rows;
+  if (tokens < blocks_wanted) {
+    const std::int64_t splits = std::min((rows + rows_per_block - 1) / rows_per_block,
+                                         (blocks_wanted + tokens - 1) / tokens);
+    rows_per_split = (rows + splits - 1) / splits;
+  }
+  const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>(tokens, 1LL << 30)),
+                  static_cast<unsigned>((rows + rows_per_split - 1) / rows_per_split));
+  append_kv_kernel<T, kLayout, kVector><<<grid, block, 0, stream>>>(p, rows_per_split);
+  check_launch("append_kv_kernel");
+}
+
+template <typename T>
+void launch_for(const detail::RopeAppendKvParams& p, cudaStream_t stream) {
+  const bool neox = p.rope.layout == RopeLayout::neox;
+  if (fits_vector_path<T>(p)) {
+    if (neox) return launch<T, RopeLayout::neox, true>(p, stream);
+    return launch<T, RopeLayout::interleaved, true>(p, stream);
+  }
+  if (neox) return launch<T, RopeLayout::neox, false>(p, stream);
+  launch<T, RopeLayout::interleaved, false>(p, stream);
+}
+
+}  // namespace
+
+void apply_rope_append_kv(const detail::RopeAppendKvParams& p, Device device, Stream stream) {
+  DeviceGuard guard(device);
+  detail::dispatch_value_dtype(
+      p.rope.dtype, [&](auto t) { launch_for<typename decltype(t)::type>(p, to_cuda(stream)); });
+}
+
+}  // namespace embrope::gpu

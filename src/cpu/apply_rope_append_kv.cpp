@@ -1,0 +1,160 @@
+// RoPE + KV-cache append on the CPU: one pass over the tokens (OpenMP), each token rotated
+// by apply_rope's own per-token rotation (rotate_one_token: the same instruction set and
+// bits), its rotated k rows written straight into the cache when the cache has the
+// activations' dtype (else through a per-thread row converted to the cache dtype), and its
+// v rows copied or converted. Conversions: detail/numeric_types.hpp.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "../backend.hpp"
+#include "../dispatch.hpp"
+#include "embrope/detail/numeric_types.hpp"
+
+namespace embrope::cpu {
+namespace {
+
+using detail::from_float;
+using detail::to_float;
+
+// heads rows of dim elements of T (row h at src + h * src_stride) into the cache rows of a
+// slot, converted to the cache dtype C (float8: value / scale).
+template <typename T, typename C>
+void store_rows(const T* src, std::int64_t src_stride, const detail::KvCacheSide& cache,
+                std::int64_t page, std::int64_t offset, std::int64_t heads) {
+  for (std::int64_t h = 0; h < heads; ++h) {
+    const T* in = src + h * src_stride;
+    C* out = detail::kv_cache_row<C>(cache, page, offset, h);
+    if constexpr (std::is_same_v<T, C>) {
+      std::memcpy(out, in, static_cast<std::size_t>(cache.head_dim) * sizeof(T));
+    } else if constexpr (std::is_same_v<C, detail::Float8E4M3> ||
+                         std::is_same_v<C, detail::Float8E5M2>) {
+      const float scale = cache.scale;
+#pragma omp simd
+      for (std::int64_t e = 0; e < cache.head_dim; ++e)
+        out[e] = from_float<C>(to_float(in[e]) / scale);
+    } else {
+#pragma omp simd
+      for (std::int64_t e = 0; e < cache.head_dim; ++e) out[e] = from_float<C>(to_float(in[e]));
+    }
+  }
+}
+
+template <typename T>
+void store_rows(const T* src, std::int64_t src_stride, const detail::KvCacheSide& cache,
+                std::int64_t page, std::int64_t offset, std::int64_t heads) {
+  detail::dispatch_cache_dtype(cache.dtype, [&](auto c) {
+    store_rows<T, typename decltype(c)::type>(src, src_stride, cache, page, offset, heads);
+  });
+}
+
+// The rotation parameters of token (b, s) alone: batch = seq = 1, every pointer at the token.
+detail::RopeParams token_params(const detail::RopeParams& p, std::int64_t b, std::int64_t s) {
+  detail::RopeParams t = p;
+  const std::int64_t size = dtype_size(p.dtype);
+  auto at = [&](const void* base, std::int64_t sb, std::int64_t ss) {
+    return static_cast<const char*>(base) + (b * sb + s * ss) * size;
+  };
+  t.batch = 1;
+  t.seq = 1;
+  t.positions = static_cast<const char*>(p.positions) +
+                (b * p.position_stride_b + s * p.position_stride_s) * dtype_size(p.position_dtype);
+  t.position_stride_b = t.position_stride_s = 0;
+  for (detail::RopeHeads* x : {&t.q, &t.k}) {
+    x->in = at(x->in, x->in_stride_b, x->in_stride_s);
+    x->out = const_cast<char*>(at(x->out, x->out_stride_b, x->out_stride_s));
+    x->in_stride_b = x->in_stride_s = x->out_stride_b = x->out_stride_s = 0;
+  }
+  return t;
+}
+
+template <typename T>
+void append_kv(const detail::RopeAppendKvParams& p) {
+  const detail::RopeParams& r = p.rope;
+  const std::int64_t tokens = r.batch * r.seq;
+  const std::int64_t kv_heads = r.k.heads;
+  const bool direct = p.k_cache.dtype == r.dtype;  // rotate k straight into the cache
+  const bool k_written = p.write_k_out;
+
+  // Token t: rotate, write its cache rows; returns its bad-index key.
+  const auto token = [&](std::int64_t t, float* widened, T* scratch) -> std::int64_t {
+    const std::int64_t b = t / r.seq, s = t % r.seq;
+    const detail::KvSlot slot = detail::kv_slot(p, b, s);
+    const std::int64_t slot_key =
+        detail::bad_index_key(t, p.slot_mapping != nullptr ? detail::BadIndexArg::slot_mapping
+                                                           : detail::BadIndexArg::cache_offsets);
+    if (detail::rope_bad_stream(r, b, s) >= 0) {
+      for (std::int64_t h = 0; h < r.q.heads + (k_written ? kv_heads : 0); ++h) {
+        T* out = detail::rope_row<T>(r, b, s, h).out;
+        std::fill(out, out + r.head_dim, from_float<T>(0.0f));
+      }
+      return detail::bad_index_key(t, detail::BadIndexArg::positions);
+    }
+    const bool write = slot.state == detail::KvSlot::write;
+    detail::RopeParams one = token_params(r, b, s);
+    // Where rotated k goes: k_out, the cache row itself, the scratch rows, or nowhere.
+    const T* rotated_k = nullptr;
+    std::int64_t rotated_stride = 0;
+    if (k_written) {
+      rotated_k = static_cast<const T*>(one.k.out);
+      rotated_stride = one.k.out_stride_h;
+    } else if (write && direct) {
+      one.k.out = detail::kv_cache_row<T>(p.k_cache, slot.page, slot.offset, 0);
+      one.k.out_stride_h = p.k_cache.stride_head;
+    } else if (write) {
+      one.k.out = scratch;
+      one.k.out_stride_h = r.head_dim;
+      rotated_k = scratch;
+      rotated_stride = r.head_dim;
+    } else {
+      one.has_k = false;
+    }
+    rotate_one_token(one, widened);
+    if (!write) return slot.state == detail::KvSlot::bad ? slot_key : detail::kNoBadIndex;
+    if (rotated_k != nullptr) {
+      store_rows<T>(rotated_k, rotated_stride, p.k_cache, slot.page, slot.offset, kv_heads);
+    }
+    const T* v = static_cast<const T*>(p.v) + b * p.v_stride_b + s * p.v_stride_s;
+    store_rows<T>(v, p.v_stride_h, p.v_cache, slot.page, slot.offset, kv_heads);
+    return detail::kNoBadIndex;
+  };
+
+  const std::size_t widened_floats = static_cast<std::size_t>(2 * r.rotary_dim);
+  const std::size_t scratch_elements = static_cast<std::size_t>(kv_heads * r.head_dim);
+  std::int64_t first_bad = detail::kNoBadIndex;
+  const std::int64_t elements =
+      tokens * ((r.q.heads + kv_heads) * r.head_dim + kv_heads * p.v_cache.head_dim);
+  if (tokens <= 1 || elements < (1 << 15)) {
+    std::vector<float> widened(widened_floats);
+    std::vector<T> scratch(scratch_elements);
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      first_bad = std::min(first_bad, token(t, widened.data(), scratch.data()));
+    }
+  } else {
+#pragma omp parallel reduction(min : first_bad)
+    {
+      std::vector<float> widened(widened_floats);
+      std::vector<T> scratch(scratch_elements);
+#pragma omp for schedule(dynamic, 16)
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        first_bad = std::min(first_bad, token(t, widened.data(), scratch.data()));
+      }
+    }
+  }
+  detail::lower_bad_index(r.bad, first_bad, r.bad_op, [&](std::int64_t key) {
+    const std::int64_t t = detail::bad_index_row(key);
+    if (detail::bad_index_arg(key) == detail::BadIndexArg::positions) {
+      return detail::rope_bad_position(r, t);
+    }
+    return detail::kv_slot(p, t / r.seq, t % r.seq).value;
+  });
+}
+
+}  // namespace
+
+void apply_rope_append_kv(const detail::RopeAppendKvParams& p) {
+  detail::dispatch_value_dtype(p.rope.dtype,
+                               [&](auto t) { append_kv<typename decltype(t)::type>(p); });
+}
+
+}  // namespace embrope::cpu

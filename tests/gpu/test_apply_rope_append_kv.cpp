@@ -1,0 +1,247 @@
+// apply_rope_append_kv on the GPU against the CPU: q (or q_out), k_out and both caches must
+// hold the same bytes (both backends round once through the same detail/ arithmetic, and the
+// CPU path is itself checked against float64 references and the unfused pair). Paged NHD/HND
+// and combined caches, contiguous caches from packed inputs, every cache dtype, page sizes
+// 1/16/64, partial rotary and odd sizes (the general path), mrope, decode and prefill launch
+// shapes, skipped and bad slots with deferred reporting.
+#include <cuda_runtime.h>
+
+#include <catch2/catch.hpp>
+#include <embrope/embrope.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gpu_support.hpp"
+
+using namespace gpu_test;
+using embrope::KvCache;
+using embrope::KvCacheLayout;
+using embrope::KvSlots;
+
+namespace {
+
+struct AppendCase {
+  DType dtype = DType::bfloat16, cache_dtype = DType::bfloat16;
+  KvCacheLayout layout = KvCacheLayout::nhd;
+  bool interleaved = false, combined = false, k_out = false, q_out = false, mrope = false;
+  bool packed_offsets = false;  // contiguous cache [B, max_len] with cu_seqlens
+  std::int64_t tokens = 64, hq = 8, hk = 2, head_dim = 128, rotary_dim = 128, v_dim = 128;
+  std::int64_t page_size = 16;
+  float k_scale = 1.0f, v_scale = 1.0f;
+  std::int64_t bad_slot_token = -1;  // a slot past the cache at this token
+};
+
+std::string describe(const AppendCase& c) {
+  std::ostringstream os;
+  os << embrope::dtype_name(c.dtype) << " -> " << embrope::dtype_name(c.cache_dtype)
+     << (c.layout == KvCacheLayout::nhd ? " NHD" : " HND") << (c.combined ? " combined" : "")
+     << (c.interleaved ? " interleaved" : " neox") << (c.mrope ? " mrope" : "")
+     << (c.packed_offsets ? " contiguous-packed" : " paged") << " T " << c.tokens << " Hq " << c.hq
+     << " Hk " << c.hk << " D " << c.head_dim << " R " << c.rotary_dim << " Dv " << c.v_dim
+     << " page " << c.page_size << (c.k_out ? " k_out" : "") << (c.q_out ? " q_out" : "")
+     << " bad slot at " << c.bad_slot_token;
+  return os.str();
+}
+
+std::vector<std::int64_t> cache_shape(const AppendCase& c, std::int64_t pages, std::int64_t d) {
+  return c.layout == KvCacheLayout::nhd ? std::vector<std::int64_t>{pages, c.page_size, c.hk, d}
+                                        : std::vector<std::int64_t>{pages, c.hk, c.page_size, d};
+}
+
+// The bytes a call leaves in its outputs, and its bad-index report.
+struct Result {
+  std::vector<unsigned char> q, k_out, k_cache, v_cache;
+  std::string error;
+};
+
+void run_case(const AppendCase& c) {
+  INFO(describe(c));
+  const std::int64_t t = c.tokens;
+  const int es = embrope::dtype_size(c.dtype), cs = embrope::dtype_size(c.cache_dtype);
+  const std::int64_t sequences = 3;
+  const std::int64_t pages = c.packed_offsets ? sequences : (t + c.page_size - 1) / c.page_size + 2;
+  const std::int64_t k_elems = pages * c.page_size * c.hk * c.head_dim;
+  const std::int64_t v_elems = pages * c.page_size * c.hk * c.v_dim;
+  Buffer q(t * c.hq * c.head_dim * es), k(t * c.hk * c.head_dim * es), v(t * c.hk * c.v_dim * es);
+  Buffer q_out(c.q_out ? t * c.hq * c.head_dim * es : 0),
+      k_out(c.k_out ? t * c.hk * c.head_dim * es : 0);
+  Buffer positions(3 * t * 8), slots(t * 8), offsets(sequences * 8), cu((sequences + 1) * 8);
+  Buffer k_cache((c.combined ? 2 * k_elems : k_elems) * cs), v_cache(c.combined ? 0 : v_elems * cs);
+  fill_random(q, c.dtype, t * c.hq * c.head_dim, 11 + t);
+  fill_random(k, c.dtype, t * c.hk * c.head_dim, 12 + t);
+  fill_random(v, c.dtype, t * c.hk * c.v_dim, 13 + t);
+  // Positions (three streams for mrope), slots: a shuffled set with every seventh token
+  // skipped; contiguous: three sequences of a packed batch at offsets of their own.
+  std::mt19937_64 rng(static_cast<std::uint64_t>(t * 31 + c.head_dim));
+  for (std::int64_t i = 0; i < 3 * t; ++i) {
+    const std::int64_t p = static_cast<std::int64_t>(rng() % 256);
+    std::memcpy(positions.host.data() + 8 * i, &p, 8);
+  }
+  std::vector<std::int64_t> all(static_cast<std::size_t>(pages * c.page_size));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng);
+  for (std::int64_t i = 0; i < t; ++i) {
+    std::int64_t s = i % 7 == 5 ? -1 : all[static_cast<std::size_t>(i)];
+    if (i == c.bad_slot_token) s = pages * c.page_size;
+    std::memcpy(slots.host.data() + 8 * i, &s, 8);
+  }
+  const std::int64_t cu_values[4] = {0, t / 3, t / 3, t};  // an empty middle sequence
+  const std::int64_t offset_values[3] = {1, 0, c.page_size - (t - t / 3)};
+  for (int i = 0; i < 4; ++i) std::memcpy(cu.host.data() + 8 * i, &cu_values[i], 8);
+  for (int i = 0; i < 3; ++i) std::memcpy(offsets.host.data() + 8 * i, &offset_values[i], 8);
+  for (Buffer* b : {&q, &k, &v, &positions, &slots, &offsets, &cu}) b->upload();
+
+  const embrope::RopeConfig config{c.rotary_dim, 10000.0, 256};
+  embrope::RopeCache cpu_cache(config), gpu_cache(config, Device::cuda(0));
+  auto run = [&](bool gpu) {
+    const Device dev = gpu ? Device::cuda(0) : Device::cpu();
+    // Fresh inputs (q is rotated in place) and poisoned outputs on the side that runs.
+    std::vector<Buffer*> outputs = {&q_out, &k_out, &k_cache, &v_cache};
+    for (Buffer* b : outputs) b->poison_both(0x7f);
+    q.upload();
+    auto ptr = [&](Buffer& b) -> void* {
+      return gpu ? b.device : static_cast<void*>(b.host.data());
+    };
+    auto tensor = [&](Buffer& b, DType dt, std::vector<std::int64_t> shape) {
+      return Tensor(ptr(b), dt, static_cast<int>(shape.size()), shape.data(), nullptr, dev);
+    };
+    std::vector<unsigned char> q_host = q.host;
+    KvCache kv;
+    if (c.combined) {
+      std::vector<std::int64_t> shape = cache_shape(c, pages, c.head_dim);
+      shape.insert(shape.begin() + 1, 2);
+      kv = KvCache::combined(tensor(k_cache, c.cache_dtype, shape), c.layout, c.k_scale, c.v_scale);
+    } else {
+      kv.k = tensor(k_cache, c.cache_dtype, cache_shape(c, pages, c.head_dim));
+      kv.v = tensor(v_cache, c.cache_dtype, cache_shape(c, pages, c.v_dim));
+      kv.layout = c.layout;
+      kv.k_scale = c.k_scale;
+      kv.v_scale = c.v_scale;
+    }
+    const KvSlots s = c.packed_offsets
+                          ? KvSlots::contiguous(tensor(offsets, DType::int64, {sequences}),
+                                                tensor(cu, DType::int64, {sequences + 1}))
+                          : KvSlots::paged(tensor(slots, DType::int64, {t}));
+    embrope::RopeOptions o;
+    o.layout = c.interleaved ? embrope::RopeLayout::interleaved : embrope::RopeLayout::neox;
+    if (c.mrope) o.mrope_section = {c.rotary_dim / 4, c.rotary_dim / 8, c.rotary_dim / 8};
+    if (c.q_out) o.q_out = tensor(q_out, c.dtype, {t, c.hq, c.head_dim});
+    if (c.k_out) o.k_out = tensor(k_out, c.dtype, {t, c.hk, c.head_dim});
+    embrope::DeferredStatus status(dev);
+    o.deferred = &status;
+    embrope::apply_rope_append_kv(
+        tensor(q, c.dtype, {t, c.hq, c.head_dim}), tensor(k, c.dtype, {t, c.hk, c.head_dim}),
+        tensor(v, c.dtype, {t, c.hk, c.v_dim}),
+        c.mrope ? tensor(positions, DType::int64, {3, t}) : tensor(positions, DType::int64, {t}),
+        gpu ? gpu_cache : cpu_cache, kv, s, o);
+    Result r;
+    try {
+      status.check();
+    } catch (const embrope::Error& e) {
+      r.error = e.what();
+    }
+    r.q = gpu ? q.download() : q.host;
+    r.k_out = gpu ? k_out.download() : k_out.host;
+    r.k_cache = gpu ? k_cache.download() : k_cache.host;
+    r.v_cache = gpu ? v_cache.download() : v_cache.host;
+    q.host = q_host;  // undo the CPU's in-place rotation for the other run
+    return r;
+  };
+  const Result cpu = run(false);
+  const Result gpu = run(true);
+  CHECK(gpu.error == cpu.error);
+  if (c.bad_slot_token >= 0) CHECK(!cpu.error.empty());
+  CHECK(gpu.q == cpu.q);
+  CHECK(gpu.k_out == cpu.k_out);
+  CHECK(gpu.k_cache == cpu.k_cache);
+  CHECK(gpu.v_cache == cpu.v_cache);
+}
+
+bool reduced_sweep() {
+  const char* v = std::getenv("EMBROPE_GPU_SWEEP");
+  return v != nullptr && std::string(v) == "reduced";
+}
+
+}  // namespace
+
+TEST_CASE("GPU apply_rope_append_kv: dtypes, cache dtypes, layouts, page sizes", "[gpu]") {
+  const bool reduced = reduced_sweep();
+  for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+    for (DType cache : {dtype, DType::float8_e4m3fn, DType::float8_e5m2}) {
+      for (KvCacheLayout layout : {KvCacheLayout::nhd, KvCacheLayout::hnd}) {
+        for (std::int64_t page_size : {1, 16, 64}) {
+          if (reduced && page_size == 64) continue;
+          AppendCase c;
+          c.dtype = dtype;
+          c.cache_dtype = cache;
+          c.layout = layout;
+          c.page_size = page_size;
+          c.tokens = page_size == 1 ? 1 : 20;  // decode and prefill launch shapes
+          c.hq = 4;
+          c.hk = 2;
+          c.head_dim = c.rotary_dim = c.v_dim = 64;
+          if (embrope::is_float8_dtype(cache)) {
+            c.k_scale = 0.03125f;
+            c.v_scale = 1.5f;
+          }
+          run_case(c);
+        }
+      }
+    }
+  }
+  AppendCase wide;  // float16 cache from float32 activations, interleaved, combined
+  wide.dtype = DType::float32;
+  wide.cache_dtype = DType::float16;
+  wide.interleaved = true;
+  wide.combined = true;
+  wide.tokens = reduced ? 8 : 40;
+  run_case(wide);
+}
+
+TEST_CASE("GPU apply_rope_append_kv: general path, partial rotary, mrope, outputs, contiguous",
+          "[gpu]") {
+  AppendCase partial;  // GPT-NeoX partial rotary with k_out and q_out (vector path)
+  partial.head_dim = partial.v_dim = 64;
+  partial.rotary_dim = 16;
+  partial.k_out = partial.q_out = true;
+  partial.tokens = 9;
+  run_case(partial);
+  AppendCase odd;  // odd sizes: the general path, MLA-style v
+  odd.dtype = DType::float16;
+  odd.cache_dtype = DType::float8_e4m3fn;
+  odd.head_dim = 34;
+  odd.rotary_dim = 18;
+  odd.v_dim = 7;
+  odd.hq = 3;
+  odd.hk = 1;
+  odd.tokens = 10;
+  odd.interleaved = true;
+  odd.k_out = true;
+  run_case(odd);
+  AppendCase mrope;  // Qwen2-VL sections
+  mrope.mrope = true;
+  mrope.tokens = 12;
+  mrope.hq = 4;
+  mrope.head_dim = mrope.rotary_dim = mrope.v_dim = 128;
+  run_case(mrope);
+  AppendCase packed;  // contiguous cache from a packed batch
+  packed.packed_offsets = true;
+  packed.tokens = 15;
+  packed.page_size = 32;
+  packed.cache_dtype = DType::float8_e5m2;
+  packed.k_scale = 0.5f;
+  run_case(packed);
+  AppendCase bad;  // a bad slot: reported alike, the same rows written
+  bad.tokens = 16;
+  bad.bad_slot_token = 6;
+  bad.head_dim = bad.rotary_dim = bad.v_dim = 64;
+  run_case(bad);
+}
