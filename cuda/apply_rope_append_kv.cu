@@ -155,8 +155,11 @@ __device__ __forceinline__ void load_cos_sin(const detail::RopeParams& r, std::i
   for (int j = 0; j < kPairs; ++j) sn[j] *= sin_sign;
 }
 
+// (256, 1): with the bound alone ptxas aimed at a tighter register budget and spilled around
+// the float8 path's IEEE division (a slow-path call) in four instantiations; with one block
+// per SM allowed it uses 55-115 registers and no local memory.
 template <typename T, RopeLayout kLayout, bool kVector>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, 1)
     append_kv_kernel(const __grid_constant__ detail::RopeAppendKvParams p,
                      std::int64_t rows_per_split) {
   constexpr bool kNeox = kLayout == RopeLayout::neox;
