@@ -266,6 +266,14 @@ def _table_args(op: str, cache: Any) -> tuple[Any, Any, Any]:
         f"or a (cos, sin) pair, not {type(cache).__name__}")
 
 
+def _rope_settings(op: str, cache: Any, layout: Any, mrope_section: Any) -> tuple[Any, Any]:
+    """The layout and mrope sections a call uses: its own, else its RopeCache's."""
+    if layout is None:
+        layout = cache.layout if isinstance(cache, RopeCache) else "neox"
+    if mrope_section is None and isinstance(cache, RopeCache):
+        mrope_section = cache.mrope_section
+    return layout, _mrope_tuple(op, mrope_section) or (0, 0, 0)
+
 def _rope(op: str, backward: bool, q: Any, k: Any, positions: Any, cache: Any, layout: Any,
           inverse: bool, rotary_dim: int, mrope_section: Any, inplace: bool, q_out: Any,
           k_out: Any, deferred: Any, stream: Any) -> tuple[Any, Any]:
@@ -274,11 +282,7 @@ def _rope(op: str, backward: bool, q: Any, k: Any, positions: Any, cache: Any, l
     _arrays.check_optional(op, k_name, k)
     _arrays.check_array(op, "positions", positions)
     native_cache, cos, sin = _table_args(op, cache)
-    if layout is None:
-        layout = cache.layout if isinstance(cache, RopeCache) else "neox"
-    if mrope_section is None and isinstance(cache, RopeCache):
-        mrope_section = cache.mrope_section
-    sections = _mrope_tuple(op, mrope_section) or (0, 0, 0)
+    layout, sections = _rope_settings(op, cache, layout, mrope_section)
     allocated_q = q_out is None and not inplace
     allocated_k = k is not None and k_out is None and not inplace
     if allocated_q:
@@ -453,11 +457,7 @@ def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
     if k_out is not None:
         _arrays.check_writable(op, "k_out", k_out)
     native_cache, cos, sin = _table_args(op, cache)
-    if layout is None:
-        layout = cache.layout if isinstance(cache, RopeCache) else "neox"
-    if mrope_section is None and isinstance(cache, RopeCache):
-        mrope_section = cache.mrope_section
-    sections = _mrope_tuple(op, mrope_section) or (0, 0, 0)
+    layout, sections = _rope_settings(op, cache, layout, mrope_section)
     _C.apply_rope_append_kv(
         q, k, v, positions, native_cache, cos, sin, k_cache, v_cache, kv_cache,
         _arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout), float(k_scale),

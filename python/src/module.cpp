@@ -117,6 +117,24 @@ embrope::Stream stream_of(std::uintptr_t handle) {
   return embrope::Stream{reinterpret_cast<void*>(handle)};
 }
 
+// The RopeOptions of a RoPE-family call from its Python arguments.
+embrope::RopeOptions rope_options(const char* op, embrope::RopeLayout layout, bool inverse,
+                                  std::int64_t rotary_dim,
+                                  std::array<std::int64_t, 3> mrope_section,
+                                  const OptionalArray& q_out, const OptionalArray& k_out,
+                                  embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+  embrope::RopeOptions options;
+  options.layout = layout;
+  options.inverse = inverse;
+  options.rotary_dim = rotary_dim;
+  options.q_out = view(q_out, op, "q_out");
+  options.k_out = view(k_out, op, "k_out");
+  options.mrope_section = mrope_section;
+  options.deferred = deferred;
+  options.stream = stream_of(stream);
+  return options;
+}
+
 embrope::Device device_of(int kind, int index) {
   return kind == 0 ? embrope::Device::cpu() : embrope::Device::cuda(index);
 }
@@ -285,15 +303,8 @@ void bind_apply_rope(nb::module_& m) {
         const Tensor q_view = view(q, op, backward ? "dq" : "q");
         const std::optional<Tensor> k_view = view(k, op, backward ? "dk" : "k");
         const Tensor positions_view = view(positions, op, "positions");
-        embrope::RopeOptions options;
-        options.layout = layout;
-        options.inverse = inverse;
-        options.rotary_dim = rotary_dim;
-        options.q_out = view(q_out, op, "q_out");
-        options.k_out = view(k_out, op, "k_out");
-        options.mrope_section = mrope_section;
-        options.deferred = deferred;
-        options.stream = stream_of(stream);
+        const embrope::RopeOptions options = rope_options(
+            op, layout, inverse, rotary_dim, mrope_section, q_out, k_out, deferred, stream);
         if (cache != nullptr) {
           nb::gil_scoped_release nogil;
           if (backward) {
@@ -348,14 +359,8 @@ void bind_apply_rope_append_kv(nb::module_& m) {
         slots.slot_mapping = view(slot_mapping, op, "slot_mapping");
         slots.cache_offsets = view(cache_offsets, op, "cache_offsets");
         slots.cu_seqlens = view(cu_seqlens, op, "cu_seqlens");
-        embrope::RopeOptions options;
-        options.layout = layout;
-        options.rotary_dim = rotary_dim;
-        options.q_out = view(q_out, op, "q_out");
-        options.k_out = view(k_out, op, "k_out");
-        options.mrope_section = mrope_section;
-        options.deferred = deferred;
-        options.stream = stream_of(stream);
+        const embrope::RopeOptions options = rope_options(
+            op, layout, false, rotary_dim, mrope_section, q_out, k_out, deferred, stream);
         const Tensor q_view = view(q, op, "q"), k_view = view(k, op, "k"),
                      v_view = view(v, op, "v");
         const Tensor positions_view = view(positions, op, "positions");

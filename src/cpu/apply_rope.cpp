@@ -181,39 +181,43 @@ void rotate_token_portable(const detail::RopeParams& p, float* widened) {
   }
 }
 
-}  // namespace
-
-void rotate_one_token(const detail::RopeParams& p, float* widened) {
+// One home for the choice of rotation: on_vector(t, rotate_token) with the active
+// instruction set's token rotation, or on_portable(t, c) on the portable path; t and c are
+// the value and table dtype tags.
+template <typename OnVector, typename OnPortable>
+void dispatch_rotation(const detail::RopeParams& p, OnVector&& on_vector,
+                       OnPortable&& on_portable) {
   const Isa isa = active_isa();
   detail::dispatch_value_dtype(p.dtype, [&](auto t) {
     detail::dispatch_value_dtype(p.table_dtype, [&](auto c) {
       using T = typename decltype(t)::type;
       using C = typename decltype(c)::type;
 #if EMBROPE_CPU_X86
-      if (isa == Isa::avx512)
-        return avx512::rotate_token<T, C>(p, 0, widened, widened + p.rotary_dim);
-      if (isa == Isa::avx2) return avx2::rotate_token<T, C>(p, 0, widened, widened + p.rotary_dim);
+      if (isa == Isa::avx512) return on_vector(t, avx512::rotate_token<T, C>);
+      if (isa == Isa::avx2) return on_vector(t, avx2::rotate_token<T, C>);
 #endif
       (void)isa;
-      rotate_token_portable<T, C>(p, widened);
+      on_portable(t, c);
     });
   });
 }
 
+}  // namespace
+
+void rotate_one_token(const detail::RopeParams& p, float* widened) {
+  dispatch_rotation(
+      p, [&](auto, auto rotate) { rotate(p, 0, widened, widened + p.rotary_dim); },
+      [&](auto t, auto c) {
+        rotate_token_portable<typename decltype(t)::type, typename decltype(c)::type>(p, widened);
+      });
+}
+
 void apply_rope(const detail::RopeParams& p) {
-  const Isa isa = active_isa();
-  detail::dispatch_value_dtype(p.dtype, [&](auto t) {
-    detail::dispatch_value_dtype(p.table_dtype, [&](auto c) {
-      using T = typename decltype(t)::type;
-      using C = typename decltype(c)::type;
-#if EMBROPE_CPU_X86
-      if (isa == Isa::avx512) return rope_by_token<T>(p, avx512::rotate_token<T, C>);
-      if (isa == Isa::avx2) return rope_by_token<T>(p, avx2::rotate_token<T, C>);
-#endif
-      (void)isa;
-      rope_kernel<T, C>(p);
-    });
-  });
+  dispatch_rotation(
+      p, [&](auto t, auto rotate) { rope_by_token<typename decltype(t)::type>(p, rotate); },
+      [&](auto t, auto c) {
+        rope_kernel<typename decltype(t)::type, typename decltype(c)::type>(p);
+      });
 }
 
 }  // namespace embrope::cpu
