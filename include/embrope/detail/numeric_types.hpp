@@ -96,29 +96,34 @@ EMBROPE_HD std::uint16_t float_to_half(float value) {
 // float32 -> 8-bit float with `mantissa_bits` and exponent `bias`, round to nearest even,
 // saturating: a magnitude past the largest finite code `max_code` (infinity included)
 // becomes it, as cuda_fp8.h's __NV_SATFINITE does; NaN becomes `nan_code`, with x's sign.
+// Both ranges are computed and one selected, without branches, so that a loop of these
+// vectorizes on the CPU.
 EMBROPE_HD std::uint8_t float_to_float8(float x, int mantissa_bits, int bias,
                                         std::uint32_t max_code, std::uint32_t nan_code) {
   const std::uint32_t u = float_bits(x);
   const std::uint32_t sign = (u >> 24) & 0x80u;
   const std::uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<std::uint8_t>(sign | nan_code);
   const int drop = 23 - mantissa_bits;  // float32 mantissa bits the format lacks
-  std::uint32_t code;
-  if (a < static_cast<std::uint32_t>(127 - bias + 1) << 23) {
-    // Below the smallest normal: a multiple of the smallest subnormal 2^(1 - bias - M).
-    // Scaling by a power of two is exact; rintf rounds to nearest even. A result of 2^M is
-    // the smallest normal's code, as it should be.
-    const float scaled =
-        bits_float(a) *
-        bits_float(static_cast<std::uint32_t>(127 + bias - 1 + mantissa_bits) << 23);
-    code = static_cast<std::uint32_t>(rintf(scaled));
-  } else {
-    // Rebias the exponent and round the mantissa to nearest even on the bits (a carry moves
-    // into the exponent, as it should).
-    const std::uint32_t rebiased = a - (static_cast<std::uint32_t>(127 - bias) << 23);
-    code = (rebiased + ((1u << (drop - 1)) - 1u) + ((rebiased >> drop) & 1u)) >> drop;
-  }
-  return static_cast<std::uint8_t>(sign | (code > max_code ? max_code : code));
+  // Below the smallest normal: a multiple of the smallest subnormal 2^(1 - bias - M).
+  // Scaling by a power of two is exact (so a fused multiply-add gives the same bits), and
+  // the quotient, below 2^M, plus 2^23 rounds to an integer, nearest even, held in the low
+  // mantissa bits. A result of 2^M is the smallest normal's code, as it should be.
+  const float scaled =
+      bits_float(a) * bits_float(static_cast<std::uint32_t>(127 + bias - 1 + mantissa_bits) << 23);
+  const std::uint32_t subnormal = float_bits(scaled + 8388608.0f) - 0x4b000000u;
+  // Normal: rebias the exponent and round the mantissa to nearest even on the bits (a carry
+  // moves into the exponent, as it should). Wraps below the normal range, unused there.
+  const std::uint32_t rebiased = a - (static_cast<std::uint32_t>(127 - bias) << 23);
+  const std::uint32_t normal =
+      (rebiased + ((1u << (drop - 1)) - 1u) + ((rebiased >> drop) & 1u)) >> drop;
+  // Selections by masks, as float_to_half's, which compilers keep free of branches.
+  const std::uint32_t is_subnormal =
+      0u - static_cast<std::uint32_t>(a < static_cast<std::uint32_t>(127 - bias + 1) << 23);
+  std::uint32_t code = (subnormal & is_subnormal) | (normal & ~is_subnormal);
+  const std::uint32_t is_over = 0u - static_cast<std::uint32_t>(code > max_code);
+  code = (max_code & is_over) | (code & ~is_over);
+  const std::uint32_t is_nan = 0u - static_cast<std::uint32_t>(a > 0x7f800000u);
+  return static_cast<std::uint8_t>(sign | (nan_code & is_nan) | (code & ~is_nan));
 }
 EMBROPE_HD std::uint8_t float_to_float8_e4m3(float x) {
   return float_to_float8(x, 3, 7, 0x7eu, 0x7fu);
