@@ -168,6 +168,37 @@ embrope::RopeConfig to_rope_config(const char* fn, const embrope_rope_config_t& 
   return c;
 }
 
+// The C description of a KV cache and its slots, as C++ views.
+std::pair<embrope::KvCache, embrope::KvSlots> kv_cache_views(const char* fn,
+                                                             const embrope_kv_cache_t* kv) {
+  if (kv == nullptr) fail(fn, "kv is null");
+  const long long layout_value = raw_enum(kv->layout);
+  if (layout_value != EMBROPE_KV_NHD && layout_value != EMBROPE_KV_HND) {
+    fail(fn, fmt::format("layout {} is neither NHD (0) nor HND (1)", layout_value));
+  }
+  const auto layout =
+      layout_value == EMBROPE_KV_NHD ? embrope::KvCacheLayout::nhd : embrope::KvCacheLayout::hnd;
+  embrope::KvCache cache;
+  if (kv->kv_cache != nullptr) {
+    if (kv->k_cache != nullptr || kv->v_cache != nullptr) {
+      fail(fn, "give kv_cache or k_cache and v_cache, not both");
+    }
+    cache = embrope::KvCache::combined(to_tensor(fn, "kv_cache", kv->kv_cache), layout, kv->k_scale,
+                                       kv->v_scale);
+  } else {
+    cache.k = to_tensor(fn, "k_cache", kv->k_cache);
+    cache.v = to_tensor(fn, "v_cache", kv->v_cache);
+    cache.layout = layout;
+    cache.k_scale = kv->k_scale;
+    cache.v_scale = kv->v_scale;
+  }
+  embrope::KvSlots slots;
+  slots.slot_mapping = to_optional(fn, "slot_mapping", kv->slot_mapping);
+  slots.cache_offsets = to_optional(fn, "cache_offsets", kv->cache_offsets);
+  slots.cu_seqlens = to_optional(fn, "cu_seqlens", kv->cu_seqlens);
+  return {cache, slots};
+}
+
 }  // namespace
 
 extern "C" {
@@ -324,41 +355,6 @@ embrope_status_t embrope_apply_rope_cos_sin(const DLTensor* q, const DLTensor* k
                         to_tensor(fn, "sin", sin), rope_options(fn, options, stream));
   });
 }
-
-namespace {
-
-// The C description of a KV cache and its slots, as C++ views.
-std::pair<embrope::KvCache, embrope::KvSlots> kv_cache_views(const char* fn,
-                                                             const embrope_kv_cache_t* kv) {
-  if (kv == nullptr) fail(fn, "kv is null");
-  const long long layout_value = raw_enum(kv->layout);
-  if (layout_value != EMBROPE_KV_NHD && layout_value != EMBROPE_KV_HND) {
-    fail(fn, fmt::format("layout {} is neither NHD (0) nor HND (1)", layout_value));
-  }
-  const auto layout =
-      layout_value == EMBROPE_KV_NHD ? embrope::KvCacheLayout::nhd : embrope::KvCacheLayout::hnd;
-  embrope::KvCache cache;
-  if (kv->kv_cache != nullptr) {
-    if (kv->k_cache != nullptr || kv->v_cache != nullptr) {
-      fail(fn, "give kv_cache or k_cache and v_cache, not both");
-    }
-    cache = embrope::KvCache::combined(to_tensor(fn, "kv_cache", kv->kv_cache), layout, kv->k_scale,
-                                       kv->v_scale);
-  } else {
-    cache.k = to_tensor(fn, "k_cache", kv->k_cache);
-    cache.v = to_tensor(fn, "v_cache", kv->v_cache);
-    cache.layout = layout;
-    cache.k_scale = kv->k_scale;
-    cache.v_scale = kv->v_scale;
-  }
-  embrope::KvSlots slots;
-  slots.slot_mapping = to_optional(fn, "slot_mapping", kv->slot_mapping);
-  slots.cache_offsets = to_optional(fn, "cache_offsets", kv->cache_offsets);
-  slots.cu_seqlens = to_optional(fn, "cu_seqlens", kv->cu_seqlens);
-  return {cache, slots};
-}
-
-}  // namespace
 
 void embrope_kv_cache_init(embrope_kv_cache_t* kv) {
   if (kv == nullptr) return;
