@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     const std::int64_t position1 = p.mrope ? detail::rope_position(p, b, s, 1) : position0;
     const std::int64_t position2 = p.mrope ? detail::rope_position(p, b, s, 2) : position0;
     for (std::int64_t i = lane; i < half; i += 32) {
-      const int stream = p.mrope ? detail::mrope_stream(i, p.mrope_end) : 0;
+      const int stream = detail::rope_stream(p, i);
       const std::int64_t table_row =
           stream == 0 ? position0 : (stream == 1 ? position1 : position2);
       const C* cos_row = static_cast<const C*>(p.cos) + table_row * p.cos_stride;
@@ -134,19 +134,18 @@ __global__ void __launch_bounds__(256)
     if (!bad) {
       const auto* cos_table = static_cast<const float*>(p.cos);
       const auto* sin_table = static_cast<const float*>(p.sin);
-      const int first_stream = p.mrope ? detail::mrope_stream(pair0, p.mrope_end) : 0;
-      const int last_stream = p.mrope ? detail::mrope_stream(pair0 + kPairs - 1, p.mrope_end) : 0;
-      if (first_stream == last_stream) {
+      const int chunk_stream = detail::rope_chunk_stream(p, pair0, kPairs);
+      if (chunk_stream >= 0) {
         // The chunk's pairs share one position (always, without mrope): vector loads.
-        const std::int64_t position = detail::rope_position(p, b, s, first_stream);
+        const std::int64_t position = detail::rope_position(p, b, s, chunk_stream);
         load_floats<kPairs>(cos_table + position * p.cos_stride + pair0, c);
         load_floats<kPairs>(sin_table + position * p.sin_stride + pair0, sn);
       } else {
-        // mrope, a chunk straddling a section boundary: per-pair rows.
+        // mrope, a chunk straddling a section boundary or interleaved: per-pair rows.
 #pragma unroll
         for (int j = 0; j < kPairs; ++j) {
           const std::int64_t position =
-              detail::rope_position(p, b, s, detail::mrope_stream(pair0 + j, p.mrope_end));
+              detail::rope_position(p, b, s, detail::rope_stream(p, pair0 + j));
           c[j] = cos_table[position * p.cos_stride + pair0 + j];
           sn[j] = sin_table[position * p.sin_stride + pair0 + j];
         }

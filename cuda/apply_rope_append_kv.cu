@@ -129,13 +129,12 @@ template <bool kVector, int kPairs>
 __device__ __forceinline__ void load_cos_sin(const detail::RopeParams& r, std::int64_t b,
                                              std::int64_t s, std::int64_t pair0, float (&c)[kPairs],
                                              float (&sn)[kPairs]) {
-  const int first_stream = r.mrope ? detail::mrope_stream(pair0, r.mrope_end) : 0;
-  const int last_stream = r.mrope ? detail::mrope_stream(pair0 + kPairs - 1, r.mrope_end) : 0;
   bool loaded = false;
   if constexpr (kVector) {
-    if (first_stream == last_stream) {
+    const int chunk_stream = detail::rope_chunk_stream(r, pair0, kPairs);
+    if (chunk_stream >= 0) {
       // A float32 table (the vector path's condition) and one position for the chunk.
-      const std::int64_t position = detail::rope_position(r, b, s, first_stream);
+      const std::int64_t position = detail::rope_position(r, b, s, chunk_stream);
       load_floats<kPairs>(static_cast<const float*>(r.cos) + position * r.cos_stride + pair0, c);
       load_floats<kPairs>(static_cast<const float*>(r.sin) + position * r.sin_stride + pair0, sn);
       loaded = true;
@@ -144,7 +143,7 @@ __device__ __forceinline__ void load_cos_sin(const detail::RopeParams& r, std::i
   if (!loaded) {
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
-      const int stream = r.mrope ? detail::mrope_stream(pair0 + j, r.mrope_end) : 0;
+      const int stream = detail::rope_stream(r, pair0 + j);
       const std::int64_t position = detail::rope_position(r, b, s, stream);
       c[j] = table_value(r.cos, r.table_dtype, position * r.cos_stride + pair0 + j);
       sn[j] = table_value(r.sin, r.table_dtype, position * r.sin_stride + pair0 + j);

@@ -85,6 +85,17 @@ detail::RopeParams detail::prepare_rope(const RopeNames& names, const Tensor& q,
            "mrope_section [{}, {}, {}] must be non-negative and sum to rotary_dim / 2 = {}",
            section[0], section[1], section[2], rotary_dim / 2);
     }
+    // Interleaved, height takes i = 1, 4, ... below 3 section[1] and width i = 2, 5, ... below
+    // 3 section[2]: each stream gets its section's count only if those lie below R / 2.
+    if (options.mrope_interleaved && ((section[1] > 0 && 3 * section[1] - 2 >= rotary_dim / 2) ||
+                                      (section[2] > 0 && 3 * section[2] - 1 >= rotary_dim / 2))) {
+      fail(names.op,
+           "interleaved mrope_section [{}, {}, {}] does not fit rotary_dim / 2 = {}: 3 * "
+           "section[1] - 2 and 3 * section[2] - 1 must be below it",
+           section[0], section[1], section[2], rotary_dim / 2);
+    }
+  } else if (options.mrope_interleaved) {
+    fail(names.op, "mrope_interleaved is set but mrope_section is all zero (mrope off)");
   }
 
   detail::RopeParams p;
@@ -99,8 +110,8 @@ detail::RopeParams detail::prepare_rope(const RopeNames& names, const Tensor& q,
   p.position_stride_s = positions.stride(positions.ndim() - 1);
   p.mrope = mrope;
   if (mrope) {
-    p.mrope_end[0] = section[0];
-    p.mrope_end[1] = section[0] + section[1];
+    for (int j = 0; j < 3; ++j) p.mrope_section[j] = section[j];
+    p.mrope_interleaved = options.mrope_interleaved;
     p.position_stride_stream = positions.stride(0);
   }
   p.cos = table.cos;

@@ -108,6 +108,7 @@ embrope::RopeOptions rope_options(const char* function, const embrope_rope_optio
   options.q_out = to_optional(function, "q_out", o->q_out);
   options.k_out = to_optional(function, "k_out", o->k_out);
   for (int i = 0; i < 3; ++i) options.mrope_section[i] = o->mrope_section[i];
+  options.mrope_interleaved = o->mrope_interleaved != 0;
   if (o->deferred != nullptr) options.deferred = &o->deferred->status;
   return options;
 }
@@ -330,6 +331,7 @@ void embrope_rope_options_init(embrope_rope_options_t* options) {
   options->k_out = nullptr;
   for (int64_t& s : options->mrope_section) s = 0;
   options->deferred = nullptr;
+  options->mrope_interleaved = 0;
 }
 
 embrope_status_t embrope_apply_rope(const DLTensor* q, const DLTensor* k, const DLTensor* positions,

@@ -176,6 +176,11 @@ void read_rope(const json& j, ModelConfig& m) {
       fail(kOp, "{}mrope_section has {} entries; 3 are supported", where, s.size());
     for (std::size_t i = 0; i < 3; ++i) m.mrope_section[i] = static_cast<std::int64_t>(s[i]);
     (void)sections;
+    if (const json* mi = find(p, "mrope_interleaved")) {
+      if (!mi->is_boolean())
+        fail(kOp, "{}mrope_interleaved is {}, not a boolean", where, mi->dump());
+      m.mrope_interleaved = mi->get<bool>();
+    }
     if (type == "mrope") type = "default";
   } else if (type == "mrope") {
     fail(kOp, "{}type is mrope but mrope_section is missing", where);
@@ -253,6 +258,7 @@ RopeOptions ModelConfig::rope_options() const {
   RopeOptions o;
   o.layout = layout;
   o.mrope_section = mrope_section;
+  o.mrope_interleaved = mrope_interleaved;
   o.rotary_dim = rope.rotary_dim;
   return o;
 }

@@ -8,6 +8,7 @@
 
 #include "bad_index.hpp"
 #include "embrope/detail/config.hpp"
+#include "embrope/detail/rope_math.hpp"
 #include "embrope/types.hpp"
 
 namespace embrope::detail {
@@ -30,10 +31,12 @@ struct RopeParams {
   const void* positions = nullptr;
   DType position_dtype = DType::int64;
   std::int64_t position_stride_b = 0, position_stride_s = 0;
-  // Multimodal RoPE: frequency i < mrope_end[0] takes stream 0, < mrope_end[1] stream 1, else
-  // stream 2; stream j's positions are at positions + j * position_stride_stream.
+  // Multimodal RoPE: frequency i takes its angle from stream detail::mrope_stream(i, ...) of the
+  // section sizes, contiguous or interleaved; stream j's positions are at positions + j *
+  // position_stride_stream.
   bool mrope = false;
-  std::int64_t mrope_end[2] = {0, 0};
+  bool mrope_interleaved = false;
+  std::int64_t mrope_section[3] = {0, 0, 0};
   std::int64_t position_stride_stream = 0;
   // Row p of the table: cos at cos + p * cos_stride, sin at sin + p * sin_stride, R/2 each.
   const void* cos = nullptr;
@@ -140,6 +143,15 @@ EMBROPE_HD RopeRow<T> rope_row(const RopeParams& p, std::int64_t b, std::int64_t
   const std::int64_t hh = is_q ? h : h - p.q.heads;
   return {static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s + hh * x.in_stride_h,
           static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s + hh * x.out_stride_h};
+}
+
+// The position stream of frequency i (0 unless mrope), and the stream shared by frequencies
+// [first, first + n) or -1.
+EMBROPE_HD int rope_stream(const RopeParams& p, std::int64_t i) {
+  return p.mrope ? mrope_stream(i, p.mrope_section, p.mrope_interleaved) : 0;
+}
+EMBROPE_HD int rope_chunk_stream(const RopeParams& p, std::int64_t first, std::int64_t n) {
+  return p.mrope ? mrope_chunk_stream(first, n, p.mrope_section, p.mrope_interleaved) : 0;
 }
 
 // The position of token (b, s) of a RoPE call in stream j (always 0 unless mrope).

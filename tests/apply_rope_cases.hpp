@@ -71,7 +71,8 @@ inline std::string describe(const RopeCase& c) {
 struct MropeCase {
   DType dtype = DType::float32;
   DType pos_dtype = DType::int64;
-  bool interleaved = false;
+  bool interleaved = false;          // the pair layout
+  bool streams_interleaved = false;  // Qwen3-VL's interleaved streams (mrope_interleaved)
   std::int64_t head_dim = 128, rotary_dim = 128;
   std::array<std::int64_t, 3> section = {16, 24, 24};
   std::int64_t batch = 0, seq = 7, hq = 4, hk = 2;

@@ -37,6 +37,19 @@ int stream_of(const std::array<std::int64_t, 3>& section, std::int64_t i) {
   return 2;
 }
 
+// The streams of frequencies 0 .. half-1 interleaved as HF's Qwen3-VL recomposes them
+// (Qwen3VLTextRotaryEmbedding.recomposition_frequencies): all temporal, then for stream 1
+// (offset 1) and stream 2 (offset 2) the slice [offset : 3 * section[stream] : 3] overwritten.
+std::vector<int> interleaved_streams(const std::array<std::int64_t, 3>& section,
+                                     std::int64_t half) {
+  std::vector<int> stream(static_cast<std::size_t>(half), 0);
+  for (int j = 1; j <= 2; ++j) {
+    const std::int64_t end = std::min(half, 3 * section[static_cast<std::size_t>(j)]);
+    for (std::int64_t i = j; i < end; i += 3) stream[static_cast<std::size_t>(i)] = j;
+  }
+  return stream;
+}
+
 void run_mrope(const MropeCase& c) {
   const std::int64_t tokens = (c.batch == 0 ? 1 : c.batch) * c.seq;
   const std::int64_t d = c.head_dim;
@@ -79,6 +92,7 @@ void run_mrope(const MropeCase& c) {
   RopeOptions opt;
   opt.layout = c.interleaved ? RopeLayout::interleaved : RopeLayout::neox;
   opt.mrope_section = c.section;
+  opt.mrope_interleaved = c.streams_interleaved;
   embrope::apply_rope(ref::view(q, 0, with(token_shape, c.hq)),
                       ref::view(k, 0, with(token_shape, c.hk)), pos_view, cache, opt);
 
@@ -89,8 +103,11 @@ void run_mrope(const MropeCase& c) {
     const ref::Buffer& out = is_q ? q : k;
     for (std::int64_t t = 0; t < tokens; ++t) {
       std::vector<double> cv(static_cast<std::size_t>(c.rotary_dim / 2)), sv(cv.size());
+      const std::vector<int> interleaved = interleaved_streams(c.section, c.rotary_dim / 2);
       for (std::int64_t i = 0; i < c.rotary_dim / 2; ++i) {
-        const std::int64_t p = position(t, stream_of(c.section, i));
+        const int stream = c.streams_interleaved ? interleaved[static_cast<std::size_t>(i)]
+                                                 : stream_of(c.section, i);
+        const std::int64_t p = position(t, stream);
         const double angle = static_cast<double>(p) * ref::rope_inv_freq(i, c.rotary_dim, 10000.0);
         cv[static_cast<std::size_t>(i)] = std::cos(angle);
         sv[static_cast<std::size_t>(i)] = std::sin(angle);
@@ -144,6 +161,60 @@ TEST_CASE("mrope takes each frequency's angle from its section's position stream
     c.section = {0, 0, 64};
     run_mrope(c);
   }
+}
+
+TEST_CASE("interleaved mrope (Qwen3-VL) takes frequency i's angle by HF's interleaving rule",
+          "[rope][mrope][interleaved_streams]") {
+  MropeCase c;
+  c.streams_interleaved = true;
+  c.dtype = GENERATE(DType::float32, DType::float16, DType::bfloat16);
+  c.interleaved = GENERATE(false, true);
+  INFO("dtype " << static_cast<int>(c.dtype) << (c.interleaved ? " interleaved" : " neox"));
+  SECTION("Qwen3-VL sections [24, 20, 20], [T] tokens") {
+    c.section = {24, 20, 20};
+    run_mrope(c);
+  }
+  SECTION("[B, S] tokens, int32 positions token-major, partial rotary R 64 of D 128") {
+    c.batch = 2;
+    c.seq = 5;
+    c.pos_dtype = DType::int32;
+    c.positions_token_major = true;
+    c.rotary_dim = 64;
+    c.section = {12, 10, 10};
+    run_mrope(c);
+  }
+  SECTION("only height interleaved") {
+    c.section = {44, 20, 0};
+    run_mrope(c);
+  }
+  SECTION("the largest sections that fit R / 2 = 64: height i = 1 .. 61, width i = 2 .. 62") {
+    c.section = {22, 21, 21};
+    run_mrope(c);
+  }
+}
+
+TEST_CASE("mrope_interleaved: sections that do not fit and the flag without sections fail",
+          "[rope][mrope][interleaved_streams][errors]") {
+  ref::Buffer q(DType::float32, 4 * 128), pos(DType::int64, 3 * 4);
+  const RopeCache cache(RopeConfig{128, 10000.0, 64});
+  RopeOptions opt;
+  opt.mrope_interleaved = true;
+  opt.mrope_section = {0, 22, 42};
+  // 3 * 22 - 2 = 64 is not below R / 2 = 64: height would take 21 frequencies, not 22.
+  expect_error(
+      [&] {
+        embrope::apply_rope(ref::view(q, 0, {4, 1, 128}), std::nullopt, ref::view(pos, 0, {3, 4}),
+                            cache, opt);
+      },
+      {ErrorCode::invalid_argument},
+      {"apply_rope", "interleaved mrope_section [0, 22, 42]", "rotary_dim / 2 = 64"});
+  opt.mrope_section = {};
+  expect_error(
+      [&] {
+        embrope::apply_rope(ref::view(q, 0, {4, 1, 128}), std::nullopt, ref::view(pos, 0, {4}),
+                            cache, opt);
+      },
+      {ErrorCode::invalid_argument}, {"apply_rope", "mrope_interleaved", "mrope_section"});
 }
 
 TEST_CASE("mrope with three equal streams is plain RoPE, bit for bit", "[rope][mrope][property]") {

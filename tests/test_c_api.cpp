@@ -119,6 +119,7 @@ TEST_CASE("the options init functions set the documented defaults", "[c_api]") {
   CHECK(ro.mrope_section[1] == 0);
   CHECK(ro.mrope_section[2] == 0);
   CHECK(ro.deferred == nullptr);
+  CHECK(ro.mrope_interleaved == 0);
 
   embrope_embed_options_t eo;
   std::memset(&eo, 0x5a, sizeof eo);
@@ -700,6 +701,21 @@ TEST_CASE("C mrope through embrope_rope_options_t.mrope_section", "[c_api][rope]
   DLTensor pt{pos.data(), DLDevice{kDLCPU, 0}, 2, {kDLInt, 64, 1}, p_shape, nullptr, 0};
   REQUIRE(embrope_apply_rope(&qt, nullptr, &pt, cache, &o, nullptr) == EMBROPE_OK);
   CHECK(q.snapshot() == q2.snapshot());
+
+  SECTION("interleaved streams (mrope_interleaved), as the C++ option gives them") {
+    ref::Buffer q3 = q, q4 = q;
+    cpp.mrope_section = {12, 10, 10};  // interleaved: height 1 .. 28, width 2 .. 29, of 32
+    cpp.mrope_interleaved = true;
+    embrope::apply_rope(ref::view(q4, 0, {t, h, d}), std::nullopt, ref::view(pos, 0, {3, t}),
+                        cpp_cache, cpp);
+    o.mrope_section[0] = 12;
+    o.mrope_section[1] = 10;
+    o.mrope_section[2] = 10;
+    o.mrope_interleaved = 1;
+    qt.data = q3.data();
+    REQUIRE(embrope_apply_rope(&qt, nullptr, &pt, cache, &o, nullptr) == EMBROPE_OK);
+    CHECK(q3.snapshot() == q4.snapshot());
+  }
   embrope_rope_cache_destroy(cache);
 }
 

@@ -84,6 +84,24 @@ TEST_CASE("Llama 3.1 config.json: llama3 scaling over 8192, theta 500000, 128-di
   CHECK(preset.rope.max_positions == 131072);
 }
 
+TEST_CASE("Qwen3-VL text config: interleaved mrope sections [24, 20, 20]", "[model_config]") {
+  // The rope_scaling block of Qwen/Qwen3-VL-8B-Instruct's text_config.
+  const ModelConfig m = embrope::model_config_from_hf_json(R"({
+    "model_type": "qwen3_vl_text", "hidden_size": 4096, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 262144,
+    "rope_theta": 5000000,
+    "rope_scaling": {"mrope_interleaved": true, "mrope_section": [24, 20, 20],
+                     "rope_type": "default"}})");
+  CHECK(m.mrope_section == std::array<std::int64_t, 3>{24, 20, 20});
+  CHECK(m.mrope_interleaved);
+  CHECK(m.rope_options().mrope_interleaved);
+  CHECK_THROWS_WITH(embrope::model_config_from_hf_json(R"({
+    "model_type": "qwen3_vl_text", "hidden_size": 4096, "num_attention_heads": 32,
+    "max_position_embeddings": 4096, "rope_theta": 5000000,
+    "rope_scaling": {"mrope_interleaved": 1, "mrope_section": [24, 20, 20]}})"),
+                    Catch::Contains("mrope_interleaved is 1, not a boolean"));
+}
+
 TEST_CASE("Qwen2-VL config.json: mrope sections [16, 24, 24] on 128-dim heads", "[model_config]") {
   const ModelConfig m = load("qwen2-vl-7b-instruct.json");
   CHECK(m.model_type == "qwen2_vl");
@@ -92,6 +110,7 @@ TEST_CASE("Qwen2-VL config.json: mrope sections [16, 24, 24] on 128-dim heads", 
   CHECK(m.rope.base == 1000000.0);
   CHECK(m.rope.scaling == RopeScaling::none);
   CHECK(m.mrope_section == std::array<std::int64_t, 3>{16, 24, 24});
+  CHECK_FALSE(m.mrope_interleaved);
   const embrope::RopeOptions o = m.rope_options();
   CHECK(o.mrope_section == m.mrope_section);
   CHECK(o.rotary_dim == 128);

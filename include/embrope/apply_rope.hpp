@@ -32,6 +32,9 @@ struct RopeOptions {
   // [3, T] or [3, B, S] (temporal, height, width), and frequency i takes its angle from stream
   // j of the section j that holds i (HF apply_multimodal_rotary_pos_emb, both halves alike).
   std::array<std::int64_t, 3> mrope_section{};
+  // With mrope_section: the streams interleaved over the frequencies as Qwen3-VL does them
+  // (mrope_interleaved in its config; detail::mrope_stream) instead of in contiguous sections.
+  bool mrope_interleaved = false;
   // Null: a bad position makes the call throw. Otherwise it is recorded there
   // (deferred_status.hpp).
   DeferredStatus* deferred = nullptr;

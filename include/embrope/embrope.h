@@ -171,6 +171,9 @@ typedef struct embrope_rope_options_t {
   int64_t mrope_section[3];
   /* NULL (default): a bad position fails the call. Otherwise it is recorded there. */
   embrope_deferred_status_t* deferred;
+  /* Nonzero, with mrope_section: the streams interleaved over the frequencies (Qwen3-VL,
+   * mrope_interleaved) rather than in contiguous sections. Default 0. */
+  int32_t mrope_interleaved;
 } embrope_rope_options_t;
 
 EMBROPE_API void embrope_rope_options_init(embrope_rope_options_t* options);

@@ -39,6 +39,7 @@ struct EMBROPE_EXPORT ModelConfig {
   RopeConfig rope;
   RopeLayout layout = RopeLayout::neox;
   std::array<std::int64_t, 3> mrope_section{};
+  bool mrope_interleaved = false;  // Qwen3-VL's interleaved streams (RopeOptions)
   // learned: rows of the position table; type_vocab_size: rows of the token-type table.
   std::int64_t max_positions = 0;
   std::int64_t type_vocab_size = 0;

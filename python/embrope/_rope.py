@@ -78,6 +78,9 @@ class RopeCache:
         The pairing :func:`apply_rope` uses with this cache when its own `layout` is None.
     mrope_section : sequence of 3 ints, optional
         Multimodal sections :func:`apply_rope` uses with this cache by default.
+    mrope_interleaved : bool, default False
+        With `mrope_section`: the streams interleaved over the frequencies (Qwen3-VL's
+        ``mrope_interleaved``) rather than in contiguous sections (Qwen2-VL).
 
     Raises
     ------
@@ -110,6 +113,7 @@ class RopeCache:
         device: Any = "cpu",
         layout: str = "neox",
         mrope_section: Optional[Sequence[int]] = None,
+        mrope_interleaved: bool = False,
         stream: Any = None,
     ) -> None:
         config = _rope_config(
@@ -120,21 +124,24 @@ class RopeCache:
             low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
             short_factor=short_factor, long_factor=long_factor,
             attention_factor=attention_factor)
-        self._init(config, device, layout, mrope_section, stream)
+        self._init(config, device, layout, mrope_section, mrope_interleaved, stream)
 
-    def _init(self, config: Any, device: Any, layout: Any, mrope_section: Any, stream: Any) -> None:
+    def _init(self, config: Any, device: Any, layout: Any, mrope_section: Any,
+              mrope_interleaved: bool, stream: Any) -> None:
         kind, index = _arrays.parse_device(device)
         self._native = _C.RopeCache(config, kind, index, _arrays.stream_handle(stream))
         self.layout = _arrays.enum_value("RopeCache", "layout", _C.RopeLayout, layout).name
         self.mrope_section = _mrope_tuple("RopeCache", mrope_section)
+        self.mrope_interleaved = bool(mrope_interleaved)
         self._torch_tables: dict = {}
 
     @classmethod
     def from_config(cls, config: Any, *, device: Any = "cpu", layout: str = "neox",
-                    mrope_section: Optional[Sequence[int]] = None) -> "RopeCache":
+                    mrope_section: Optional[Sequence[int]] = None,
+                    mrope_interleaved: bool = False) -> "RopeCache":
         """A cache from a :class:`RopeConfig` (for example ``model_preset(...).rope``)."""
         self = cls.__new__(cls)
-        self._init(config, device, layout, mrope_section, None)
+        self._init(config, device, layout, mrope_section, mrope_interleaved, None)
         return self
 
     @classmethod
@@ -150,7 +157,8 @@ class RopeCache:
             config.max_positions = int(max_positions)
         sections = tuple(model.mrope_section)
         return cls.from_config(config, device=device, layout=model.layout,
-                               mrope_section=sections if any(sections) else None)
+                               mrope_section=sections if any(sections) else None,
+                               mrope_interleaved=model.mrope_interleaved)
 
     @classmethod
     def from_preset(cls, name: str, *, max_positions: Optional[int] = None,
@@ -266,23 +274,30 @@ def _table_args(op: str, cache: Any) -> tuple[Any, Any, Any]:
         f"or a (cos, sin) pair, not {type(cache).__name__}")
 
 
-def _rope_settings(op: str, cache: Any, layout: Any, mrope_section: Any) -> tuple[Any, Any]:
-    """The layout and mrope sections a call uses: its own, else its RopeCache's."""
+def _rope_settings(op: str, cache: Any, layout: Any, mrope_section: Any,
+                   mrope_interleaved: Optional[bool]) -> tuple[Any, tuple[int, int, int, int]]:
+    """The layout and multimodal setting a call uses: its own, else its RopeCache's. The
+    setting is (temporal, height, width, interleaved), all 0 without mrope."""
     if layout is None:
         layout = cache.layout if isinstance(cache, RopeCache) else "neox"
-    if mrope_section is None and isinstance(cache, RopeCache):
+    from_cache = mrope_section is None and isinstance(cache, RopeCache)
+    if from_cache:
         mrope_section = cache.mrope_section
-    return layout, _mrope_tuple(op, mrope_section) or (0, 0, 0)
+    if mrope_interleaved is None:
+        mrope_interleaved = cache.mrope_interleaved if from_cache else False
+    sections = _mrope_tuple(op, mrope_section) or (0, 0, 0)
+    return layout, sections + (int(bool(mrope_interleaved)),)
 
 def _rope(op: str, backward: bool, q: Any, k: Any, positions: Any, cache: Any, layout: Any,
-          inverse: bool, rotary_dim: int, mrope_section: Any, inplace: bool, q_out: Any,
-          k_out: Any, deferred: Any, stream: Any) -> tuple[Any, Any]:
+          inverse: bool, rotary_dim: int, mrope_section: Any, mrope_interleaved: Any,
+          inplace: bool, q_out: Any, k_out: Any, deferred: Any,
+          stream: Any) -> tuple[Any, Any]:
     q_name, k_name = ("dq", "dk") if backward else ("q", "k")
     _arrays.check_array(op, q_name, q)
     _arrays.check_optional(op, k_name, k)
     _arrays.check_array(op, "positions", positions)
     native_cache, cos, sin = _table_args(op, cache)
-    layout, sections = _rope_settings(op, cache, layout, mrope_section)
+    layout, mrope = _rope_settings(op, cache, layout, mrope_section, mrope_interleaved)
     allocated_q = q_out is None and not inplace
     allocated_k = k is not None and k_out is None and not inplace
     if allocated_q:
@@ -303,7 +318,7 @@ def _rope(op: str, backward: bool, q: Any, k: Any, positions: Any, cache: Any, l
     _C.apply_rope(
         q, k, positions, native_cache, cos, sin, q_out, k_out,
         _arrays.enum_value(op, "layout", _C.RopeLayout, layout), bool(inverse), int(rotary_dim),
-        sections, _status.native(deferred), _arrays.stream_handle(stream, q), backward)
+        mrope, _status.native(deferred), _arrays.stream_handle(stream, q), backward)
     q_result = q if q_out is None else q_out
     k_result = k if k_out is None or k is None else k_out
     if allocated_q:
@@ -315,7 +330,8 @@ def _rope(op: str, backward: bool, q: Any, k: Any, positions: Any, cache: Any, l
 
 def apply_rope(q: Any, k: Any, positions: Any, cache: Any, *, layout: Optional[str] = None,
                inverse: bool = False, rotary_dim: int = 0,
-               mrope_section: Optional[Sequence[int]] = None, inplace: bool = True,
+               mrope_section: Optional[Sequence[int]] = None,
+               mrope_interleaved: Optional[bool] = None, inplace: bool = True,
                q_out: Any = None, k_out: Any = None, deferred: Any = None,
                stream: Any = None) -> tuple[Any, Any]:
     """Rotate queries and keys by their positions' angles (rotary position embedding).
@@ -343,6 +359,10 @@ def apply_rope(q: Any, k: Any, positions: Any, cache: Any, *, layout: Optional[s
         R are left alone (in place) or copied (out of place).
     mrope_section : 3 ints, optional
         Multimodal RoPE sections (Qwen2-VL), summing to R / 2. Default: the cache's.
+    mrope_interleaved : bool, optional
+        With `mrope_section`: frequency i takes height for i = 1, 4, ... below
+        3 * section[1], width for i = 2, 5, ... below 3 * section[2], else temporal
+        (Qwen3-VL, HF's interleaving). Default: the cache's with its sections, else False.
     inplace : bool, default True
         Rotate q and k in place. False allocates new outputs in q's framework.
     q_out, k_out : arrays, optional
@@ -367,14 +387,15 @@ def apply_rope(q: Any, k: Any, positions: Any, cache: Any, *, layout: Optional[s
         written, and the message names the first offending one.
     """
     return _rope("apply_rope", False, q, k, positions, cache, layout, inverse, rotary_dim,
-                 mrope_section, inplace, q_out, k_out, deferred, stream)
+                 mrope_section, mrope_interleaved, inplace, q_out, k_out, deferred, stream)
 
 
 def apply_rope_backward(dq: Any, dk: Any, positions: Any, cache: Any, *,
                         layout: Optional[str] = None, inverse: bool = False,
                         rotary_dim: int = 0, mrope_section: Optional[Sequence[int]] = None,
-                        inplace: bool = True, q_out: Any = None, k_out: Any = None,
-                        deferred: Any = None, stream: Any = None) -> tuple[Any, Any]:
+                        mrope_interleaved: Optional[bool] = None, inplace: bool = True,
+                        q_out: Any = None, k_out: Any = None, deferred: Any = None,
+                        stream: Any = None) -> tuple[Any, Any]:
     """The gradient of :func:`apply_rope`: ``dx = m R(-angle) dy``.
 
     `dq` and `dk` are the gradients of apply_rope's outputs; `positions`, `cache` and the
@@ -382,7 +403,8 @@ def apply_rope_backward(dq: Any, dk: Any, positions: Any, cache: Any, *,
     the gradients with respect to q and k, in place by default, like :func:`apply_rope`.
     """
     return _rope("apply_rope_backward", True, dq, dk, positions, cache, layout, inverse,
-                 rotary_dim, mrope_section, inplace, q_out, k_out, deferred, stream)
+                 rotary_dim, mrope_section, mrope_interleaved, inplace, q_out, k_out, deferred,
+                 stream)
 
 
 def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
@@ -391,7 +413,8 @@ def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
                          cu_seqlens: Any = None, kv_layout: str = "nhd",
                          k_scale: float = 1.0, v_scale: float = 1.0,
                          layout: Optional[str] = None, rotary_dim: int = 0,
-                         mrope_section: Optional[Sequence[int]] = None, q_out: Any = None,
+                         mrope_section: Optional[Sequence[int]] = None,
+                         mrope_interleaved: Optional[bool] = None, q_out: Any = None,
                          k_out: Any = None, deferred: Any = None,
                          stream: Any = None) -> tuple[Any, Any]:
     """Rotate q and k (RoPE) and write rotated k and v into a KV cache, in one pass.
@@ -407,7 +430,7 @@ def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
         read unless `k_out` is given (it may be k itself).
     v : array [T, Hk, Dv] or [B, S, Hk, Dv]
         q's dtype; Dv may differ from D.
-    positions, cache, layout, rotary_dim, mrope_section, deferred, stream
+    positions, cache, layout, rotary_dim, mrope_section, mrope_interleaved, deferred, stream
         As in :func:`apply_rope`.
     k_cache, v_cache : arrays
         Paged ``[pages, page_size, Hk, D]`` (``kv_layout="nhd"``, vLLM / FlashInfer) or
@@ -457,12 +480,12 @@ def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
     if k_out is not None:
         _arrays.check_writable(op, "k_out", k_out)
     native_cache, cos, sin = _table_args(op, cache)
-    layout, sections = _rope_settings(op, cache, layout, mrope_section)
+    layout, mrope = _rope_settings(op, cache, layout, mrope_section, mrope_interleaved)
     _C.apply_rope_append_kv(
         q, k, v, positions, native_cache, cos, sin, k_cache, v_cache, kv_cache,
         _arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout), float(k_scale),
         float(v_scale), slot_mapping, cache_offsets, cu_seqlens, q_out, k_out,
-        _arrays.enum_value(op, "layout", _C.RopeLayout, layout), int(rotary_dim), sections,
+        _arrays.enum_value(op, "layout", _C.RopeLayout, layout), int(rotary_dim), mrope,
         _status.native(deferred), _arrays.stream_handle(stream, q))
     return (q if q_out is None else q_out), k_out
 

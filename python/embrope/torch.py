@@ -97,12 +97,12 @@ def _split_table(cos_sin_cache: Tensor) -> Tuple[Tensor, Tensor]:
 
 def _rope_impl(op: str, backward: bool, q: Tensor, k: Optional[Tensor], positions: Tensor,
                cos_sin_cache: Tensor, layout: int, inverse: bool, rotary_dim: int,
-               mrope_section: List[int], q_out: Optional[Tensor],
+               mrope: List[int], q_out: Optional[Tensor],
                k_out: Optional[Tensor]) -> None:
     cos, sin = _split_table(cos_sin_cache.detach())
     _C.apply_rope(q.detach(), None if k is None else k.detach(), positions, None, cos, sin,
                   q_out, k_out, _C.RopeLayout(layout), inverse, rotary_dim,
-                  tuple(mrope_section), _deferred(op, q), _stream(q), backward)
+                  tuple(mrope), _deferred(op, q), _stream(q), backward)
 
 
 def _rope_outputs(q: Tensor, k: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
@@ -112,19 +112,19 @@ def _rope_outputs(q: Tensor, k: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
 
 def _rope_out_of_place(op: str, backward: bool, q: Tensor, k: Optional[Tensor],
                        positions: Tensor, cos_sin_cache: Tensor, layout: int, inverse: bool,
-                       rotary_dim: int, mrope_section: List[int]) -> Tuple[Tensor, Tensor]:
+                       rotary_dim: int, mrope: List[int]) -> Tuple[Tensor, Tensor]:
     q_out, k_out = _rope_outputs(q, k)
     _rope_impl(op, backward, q, k, positions, cos_sin_cache, layout, inverse, rotary_dim,
-               mrope_section, q_out, k_out if k is not None else None)
+               mrope, q_out, k_out if k is not None else None)
     return q_out, k_out
 
 
 @torch.library.custom_op("embrope::apply_rope", mutates_args=())
 def _apply_rope_op(q: Tensor, k: Optional[Tensor], positions: Tensor, cos_sin_cache: Tensor,
                    layout: int, inverse: bool, rotary_dim: int,
-                   mrope_section: List[int]) -> Tuple[Tensor, Tensor]:
+                   mrope: List[int]) -> Tuple[Tensor, Tensor]:
     return _rope_out_of_place("apply_rope", False, q, k, positions, cos_sin_cache, layout,
-                              inverse, rotary_dim, mrope_section)
+                              inverse, rotary_dim, mrope)
 
 
 @_apply_rope_op.register_fake
@@ -135,9 +135,9 @@ def _(q, k, *options):
 @torch.library.custom_op("embrope::apply_rope_backward", mutates_args=())
 def _apply_rope_backward_op(dq: Tensor, dk: Optional[Tensor], positions: Tensor,
                             cos_sin_cache: Tensor, layout: int, inverse: bool, rotary_dim: int,
-                            mrope_section: List[int]) -> Tuple[Tensor, Tensor]:
+                            mrope: List[int]) -> Tuple[Tensor, Tensor]:
     return _rope_out_of_place("apply_rope_backward", True, dq, dk, positions, cos_sin_cache,
-                              layout, inverse, rotary_dim, mrope_section)
+                              layout, inverse, rotary_dim, mrope)
 
 
 @_apply_rope_backward_op.register_fake
@@ -148,21 +148,21 @@ def _(dq, dk, *options):
 @torch.library.custom_op("embrope::apply_rope_", mutates_args=("q", "k"))
 def _apply_rope_inplace_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
                            cos_sin_cache: Tensor, layout: int, inverse: bool, rotary_dim: int,
-                           mrope_section: List[int]) -> None:
+                           mrope: List[int]) -> None:
     _rope_impl("apply_rope", False, q, k, positions, cos_sin_cache, layout, inverse,
-               rotary_dim, mrope_section, None, None)
+               rotary_dim, mrope, None, None)
 
 
 @_apply_rope_inplace_op.register_fake
-def _(q, k, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope_section):
+def _(q, k, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope):
     return None
 
 
 def _rope_setup_context(ctx, inputs, output):
-    _, k, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope_section = inputs
+    _, k, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope = inputs
     ctx.save_for_backward(positions, cos_sin_cache)
     ctx.has_k = k is not None
-    ctx.options = (layout, inverse, rotary_dim, mrope_section)
+    ctx.options = (layout, inverse, rotary_dim, mrope)
 
 
 def _rope_backward(ctx, grad_q, grad_k):
@@ -204,19 +204,18 @@ def _cache_tensor(cache: RopeCache, device: torch.device) -> Tensor:
 
 
 def _rope_options(op: str, cache: Any, layout: Optional[str],
-                  mrope_section: Optional[Sequence[int]]) -> Tuple[int, List[int]]:
-    if layout is None:
-        layout = cache.layout if isinstance(cache, RopeCache) else "neox"
-    if mrope_section is None and isinstance(cache, RopeCache):
-        mrope_section = cache.mrope_section
-    sections = _rope._mrope_tuple(op, mrope_section) or (0, 0, 0)
-    return _arrays.enum_value(op, "layout", _C.RopeLayout, layout).value, list(sections)
+                  mrope_section: Optional[Sequence[int]],
+                  mrope_interleaved: Optional[bool]) -> Tuple[int, List[int]]:
+    """The ops' layout value and mrope list (temporal, height, width, interleaved)."""
+    layout, mrope = _rope._rope_settings(op, cache, layout, mrope_section, mrope_interleaved)
+    return _arrays.enum_value(op, "layout", _C.RopeLayout, layout).value, list(mrope)
 
 
 def apply_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
                cache: Union[RopeCache, Tensor], *, layout: Optional[str] = None,
                inverse: bool = False, rotary_dim: int = 0,
                mrope_section: Optional[Sequence[int]] = None,
+               mrope_interleaved: Optional[bool] = None,
                inplace: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
     """Rotary position embedding of q and k, differentiable and traceable.
 
@@ -237,13 +236,13 @@ def apply_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
     """
     op = "apply_rope"
     table = _cos_sin_tensor(op, cache, q.device)
-    layout_value, sections = _rope_options(op, cache, layout, mrope_section)
+    layout_value, mrope = _rope_options(op, cache, layout, mrope_section, mrope_interleaved)
     if inplace:
         torch.ops.embrope.apply_rope_(q, k, positions, table, layout_value, bool(inverse),
-                                      int(rotary_dim), sections)
+                                      int(rotary_dim), mrope)
         return q, k
     q_out, k_out = torch.ops.embrope.apply_rope(q, k, positions, table, layout_value,
-                                                bool(inverse), int(rotary_dim), sections)
+                                                bool(inverse), int(rotary_dim), mrope)
     return q_out, (k_out if k is not None else None)
 
 
@@ -254,13 +253,13 @@ def _apply_rope_append_kv_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
                              slot_mapping: Optional[Tensor], cache_offsets: Optional[Tensor],
                              cu_seqlens: Optional[Tensor], kv_layout: int, k_scale: float,
                              v_scale: float, layout: int, rotary_dim: int,
-                             mrope_section: List[int]) -> None:
+                             mrope: List[int]) -> None:
     cos, sin = _split_table(cos_sin_cache.detach())
     _C.apply_rope_append_kv(
         q.detach(), k.detach(), v.detach(), positions, None, cos, sin, k_cache.detach(),
         v_cache.detach(), None, _C.KvCacheLayout(kv_layout), k_scale, v_scale, slot_mapping,
         cache_offsets, cu_seqlens, None, None, _C.RopeLayout(layout), rotary_dim,
-        tuple(mrope_section), _deferred("apply_rope_append_kv", q), _stream(q))
+        tuple(mrope), _deferred("apply_rope_append_kv", q), _stream(q))
 
 
 @_apply_rope_append_kv_op.register_fake
@@ -275,7 +274,8 @@ def apply_rope_append_kv(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
                          cu_seqlens: Optional[Tensor] = None, kv_layout: str = "nhd",
                          k_scale: float = 1.0, v_scale: float = 1.0,
                          layout: Optional[str] = None, rotary_dim: int = 0,
-                         mrope_section: Optional[Sequence[int]] = None) -> Tensor:
+                         mrope_section: Optional[Sequence[int]] = None,
+                         mrope_interleaved: Optional[bool] = None) -> Tensor:
     """RoPE of q in place and of k into the KV cache, with v, in one pass (the serving path).
 
     ``embrope::apply_rope_append_kv_`` mutates q, k_cache and v_cache (no autograd); k and v
@@ -289,25 +289,26 @@ def apply_rope_append_kv(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
     """
     op = "apply_rope_append_kv"
     table = _cos_sin_tensor(op, cache, q.device)
-    layout_value, sections = _rope_options(op, cache, layout, mrope_section)
+    layout_value, mrope = _rope_options(op, cache, layout, mrope_section, mrope_interleaved)
     kv_value = _arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout).value
     torch.ops.embrope.apply_rope_append_kv_(
         q, k, v, positions, table, k_cache, v_cache, slot_mapping, cache_offsets, cu_seqlens,
-        kv_value, float(k_scale), float(v_scale), layout_value, int(rotary_dim), sections)
+        kv_value, float(k_scale), float(v_scale), layout_value, int(rotary_dim), mrope)
     return q
 
 
 def apply_rope_backward(dq: Tensor, dk: Optional[Tensor], positions: Tensor,
                         cache: Union[RopeCache, Tensor], *, layout: Optional[str] = None,
                         inverse: bool = False, rotary_dim: int = 0,
-                        mrope_section: Optional[Sequence[int]] = None
+                        mrope_section: Optional[Sequence[int]] = None,
+                        mrope_interleaved: Optional[bool] = None
                         ) -> Tuple[Tensor, Optional[Tensor]]:
     """The gradient of :func:`apply_rope` (new tensors): ``m R(-angle) dy``."""
     op = "apply_rope_backward"
     table = _cos_sin_tensor(op, cache, dq.device)
-    layout_value, sections = _rope_options(op, cache, layout, mrope_section)
+    layout_value, mrope = _rope_options(op, cache, layout, mrope_section, mrope_interleaved)
     dq_out, dk_out = torch.ops.embrope.apply_rope_backward(
-        dq, dk, positions, table, layout_value, bool(inverse), int(rotary_dim), sections)
+        dq, dk, positions, table, layout_value, bool(inverse), int(rotary_dim), mrope)
     return dq_out, (dk_out if dk is not None else None)
 
 
@@ -319,19 +320,20 @@ class RotaryEmbedding(torch.nn.Module):
     ----------
     cache : RopeCache or Tensor [max_positions, R]
         The table (copied into the buffer once; a CPU RopeCache is shared without a copy).
-    layout, mrope_section : optional
+    layout, mrope_section, mrope_interleaved : optional
         As in :func:`apply_rope`; default: the cache's.
     """
 
     def __init__(self, cache: Union[RopeCache, Tensor], *, layout: Optional[str] = None,
-                 mrope_section: Optional[Sequence[int]] = None) -> None:
+                 mrope_section: Optional[Sequence[int]] = None,
+                 mrope_interleaved: Optional[bool] = None) -> None:
         super().__init__()
         if isinstance(cache, RopeCache):
             table = torch.from_dlpack(cache._native.table())
         else:
             table = cache.detach()
-        self.layout, self.mrope_section = _rope_options("RotaryEmbedding", cache, layout,
-                                                        mrope_section)
+        self.layout, self.mrope = _rope_options("RotaryEmbedding", cache, layout, mrope_section,
+                                                mrope_interleaved)
         self.register_buffer("cos_sin_cache", table, persistent=False)
 
     def forward(self, positions: Tensor, q: Tensor, k: Optional[Tensor] = None, *,
@@ -339,10 +341,10 @@ class RotaryEmbedding(torch.nn.Module):
         """Rotates q and k by `positions` (vLLM's argument order)."""
         if inplace:
             torch.ops.embrope.apply_rope_(q, k, positions, self.cos_sin_cache, self.layout,
-                                          False, 0, self.mrope_section)
+                                          False, 0, self.mrope)
             return q, k
         q_out, k_out = torch.ops.embrope.apply_rope(q, k, positions, self.cos_sin_cache,
-                                                    self.layout, False, 0, self.mrope_section)
+                                                    self.layout, False, 0, self.mrope)
         return q_out, (k_out if k is not None else None)
 
 

@@ -119,8 +119,7 @@ embrope::Stream stream_of(std::uintptr_t handle) {
 
 // The RopeOptions of a RoPE-family call from its Python arguments.
 embrope::RopeOptions rope_options(const char* op, embrope::RopeLayout layout, bool inverse,
-                                  std::int64_t rotary_dim,
-                                  std::array<std::int64_t, 3> mrope_section,
+                                  std::int64_t rotary_dim, std::array<std::int64_t, 4> mrope,
                                   const OptionalArray& q_out, const OptionalArray& k_out,
                                   embrope::DeferredStatus* deferred, std::uintptr_t stream) {
   embrope::RopeOptions options;
@@ -129,7 +128,9 @@ embrope::RopeOptions rope_options(const char* op, embrope::RopeLayout layout, bo
   options.rotary_dim = rotary_dim;
   options.q_out = view(q_out, op, "q_out");
   options.k_out = view(k_out, op, "k_out");
-  options.mrope_section = mrope_section;
+  // mrope: (temporal, height, width, interleaved), as python/embrope/_rope.py forms it.
+  options.mrope_section = {mrope[0], mrope[1], mrope[2]};
+  options.mrope_interleaved = mrope[3] != 0;
   options.deferred = deferred;
   options.stream = stream_of(stream);
   return options;
@@ -280,6 +281,7 @@ void bind_model_config(nb::module_& m) {
       .def_ro("rope", &ModelConfig::rope)
       .def_ro("layout", &ModelConfig::layout)
       .def_ro("mrope_section", &ModelConfig::mrope_section)
+      .def_ro("mrope_interleaved", &ModelConfig::mrope_interleaved)
       .def_ro("max_positions", &ModelConfig::max_positions)
       .def_ro("type_vocab_size", &ModelConfig::type_vocab_size);
   m.def("model_presets", &embrope::model_presets);
@@ -297,14 +299,14 @@ void bind_apply_rope(nb::module_& m) {
       [](const Array& q, const OptionalArray& k, const Array& positions,
          const embrope::RopeCache* cache, const OptionalArray& cos, const OptionalArray& sin,
          const OptionalArray& q_out, const OptionalArray& k_out, embrope::RopeLayout layout,
-         bool inverse, std::int64_t rotary_dim, std::array<std::int64_t, 3> mrope_section,
+         bool inverse, std::int64_t rotary_dim, std::array<std::int64_t, 4> mrope,
          embrope::DeferredStatus* deferred, std::uintptr_t stream, bool backward) {
         const char* op = backward ? "apply_rope_backward" : "apply_rope";
         const Tensor q_view = view(q, op, backward ? "dq" : "q");
         const std::optional<Tensor> k_view = view(k, op, backward ? "dk" : "k");
         const Tensor positions_view = view(positions, op, "positions");
-        const embrope::RopeOptions options = rope_options(
-            op, layout, inverse, rotary_dim, mrope_section, q_out, k_out, deferred, stream);
+        const embrope::RopeOptions options =
+            rope_options(op, layout, inverse, rotary_dim, mrope, q_out, k_out, deferred, stream);
         if (cache != nullptr) {
           nb::gil_scoped_release nogil;
           if (backward) {
@@ -325,8 +327,8 @@ void bind_apply_rope(nb::module_& m) {
         }
       },
       "q"_a, "k"_a.none(), "positions"_a, "cache"_a.none(), "cos"_a.none(), "sin"_a.none(),
-      "q_out"_a.none(), "k_out"_a.none(), "layout"_a, "inverse"_a, "rotary_dim"_a,
-      "mrope_section"_a, "deferred"_a.none(), "stream"_a, "backward"_a);
+      "q_out"_a.none(), "k_out"_a.none(), "layout"_a, "inverse"_a, "rotary_dim"_a, "mrope"_a,
+      "deferred"_a.none(), "stream"_a, "backward"_a);
 }
 
 void bind_apply_rope_append_kv(nb::module_& m) {
@@ -340,9 +342,8 @@ void bind_apply_rope_append_kv(nb::module_& m) {
          embrope::KvCacheLayout kv_layout, float k_scale, float v_scale,
          const OptionalArray& slot_mapping, const OptionalArray& cache_offsets,
          const OptionalArray& cu_seqlens, const OptionalArray& q_out, const OptionalArray& k_out,
-         embrope::RopeLayout layout, std::int64_t rotary_dim,
-         std::array<std::int64_t, 3> mrope_section, embrope::DeferredStatus* deferred,
-         std::uintptr_t stream) {
+         embrope::RopeLayout layout, std::int64_t rotary_dim, std::array<std::int64_t, 4> mrope,
+         embrope::DeferredStatus* deferred, std::uintptr_t stream) {
         const char* op = "apply_rope_append_kv";
         embrope::KvCache kv;
         if (kv_cache) {
@@ -359,8 +360,8 @@ void bind_apply_rope_append_kv(nb::module_& m) {
         slots.slot_mapping = view(slot_mapping, op, "slot_mapping");
         slots.cache_offsets = view(cache_offsets, op, "cache_offsets");
         slots.cu_seqlens = view(cu_seqlens, op, "cu_seqlens");
-        const embrope::RopeOptions options = rope_options(
-            op, layout, false, rotary_dim, mrope_section, q_out, k_out, deferred, stream);
+        const embrope::RopeOptions options =
+            rope_options(op, layout, false, rotary_dim, mrope, q_out, k_out, deferred, stream);
         const Tensor q_view = view(q, op, "q"), k_view = view(k, op, "k"),
                      v_view = view(v, op, "v");
         const Tensor positions_view = view(positions, op, "positions");
@@ -379,7 +380,7 @@ void bind_apply_rope_append_kv(nb::module_& m) {
       "q"_a, "k"_a, "v"_a, "positions"_a, "cache"_a.none(), "cos"_a.none(), "sin"_a.none(),
       "k_cache"_a.none(), "v_cache"_a.none(), "kv_cache"_a.none(), "kv_layout"_a, "k_scale"_a,
       "v_scale"_a, "slot_mapping"_a.none(), "cache_offsets"_a.none(), "cu_seqlens"_a.none(),
-      "q_out"_a.none(), "k_out"_a.none(), "layout"_a, "rotary_dim"_a, "mrope_section"_a,
+      "q_out"_a.none(), "k_out"_a.none(), "layout"_a, "rotary_dim"_a, "mrope"_a,
       "deferred"_a.none(), "stream"_a);
 }
 

@@ -93,7 +93,7 @@ void rope_kernel(const detail::RopeParams& p) {
           std::int64_t stream_position[3];
           for (int j = 0; j < 3; ++j) stream_position[j] = detail::rope_position(p, b, s, j);
           for (std::int64_t i = 0; i < half; ++i) {
-            const std::int64_t position = stream_position[detail::mrope_stream(i, p.mrope_end)];
+            const std::int64_t position = stream_position[detail::rope_stream(p, i)];
             gathered[i] = cos_base[position * p.cos_stride + i];
             gathered[half + i] = sin_base[position * p.sin_stride + i];
           }
@@ -168,7 +168,7 @@ void rotate_token_portable(const detail::RopeParams& p, float* widened) {
   const auto* cos_base = static_cast<const C*>(p.cos);
   const auto* sin_base = static_cast<const C*>(p.sin);
   for (std::int64_t i = 0; i < half; ++i) {
-    const int stream = p.mrope ? detail::mrope_stream(i, p.mrope_end) : 0;
+    const int stream = detail::rope_stream(p, i);
     const std::int64_t position = detail::rope_position(p, 0, 0, stream);
     widened[i] = to_float(cos_base[position * p.cos_stride + i]);
     widened[half + i] = to_float(sin_base[position * p.sin_stride + i]);

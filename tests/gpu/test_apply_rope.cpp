@@ -198,8 +198,16 @@ TEST_CASE("GPU mrope equals CPU mrope, including chunks that straddle a section"
     c.max_positions = 3000;
     return c;
   };
+  // The last two interleave the streams (Qwen3-VL): no chunk of pairs shares one stream.
+  auto interleaved_shape = [&](std::int64_t head_dim, std::int64_t rotary_dim,
+                               std::array<std::int64_t, 3> section) {
+    MropeCase c = shape(head_dim, rotary_dim, section);
+    c.streams_interleaved = true;
+    return c;
+  };
   const MropeCase all[] = {shape(128, 128, {16, 24, 24}), shape(128, 64, {10, 11, 11}),
-                           shape(80, 80, {0, 20, 20})};
+                           shape(80, 80, {0, 20, 20}), interleaved_shape(128, 128, {24, 20, 20}),
+                           interleaved_shape(128, 64, {12, 10, 10})};
   for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
     for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
       for (const MropeCase& shaped : all) {
@@ -209,7 +217,8 @@ TEST_CASE("GPU mrope equals CPU mrope, including chunks that straddle a section"
           c.interleaved = layout == embrope::RopeLayout::interleaved;
           c.seq = tokens;
           INFO("dtype " << embrope::dtype_name(dtype) << " layout " << static_cast<int>(layout)
-                        << " D " << c.head_dim << " R " << c.rotary_dim << " T " << tokens);
+                        << " D " << c.head_dim << " R " << c.rotary_dim << " T " << tokens
+                        << (c.streams_interleaved ? " streams interleaved" : ""));
           const int es = embrope::dtype_size(dtype);
           const std::int64_t hq = c.hq, hk = c.hk, d = c.head_dim;
           Buffer q(tokens * hq * d * es), k(tokens * hk * d * es), pos(3 * tokens * 8);
@@ -229,6 +238,7 @@ TEST_CASE("GPU mrope equals CPU mrope, including chunks that straddle a section"
           embrope::RopeOptions opt;
           opt.layout = layout;
           opt.mrope_section = c.section;
+          opt.mrope_interleaved = c.streams_interleaved;
           embrope::apply_rope(Tensor(q.host.data(), dtype, {tokens, hq, d}),
                               Tensor(k.host.data(), dtype, {tokens, hk, d}),
                               Tensor(pos.host.data(), DType::int64, {3, tokens}), cpu_cache, opt);

@@ -335,3 +335,60 @@ def test_bert_embeddings_of_all_minilm_l6_v2(report):
     report(f"BertEmbeddings all-MiniLM-L6-v2 {tuple(ids.shape)} tokens: max error embrope "
            f"{emb_err.max():.2e}, HF {hf_err.max():.2e}, max |embrope - HF| "
            f"{np.abs(out - hf).max():.2e}")
+
+
+def test_interleaved_mrope_equals_hf_qwen3_vl(report):
+    """Qwen3-VL's interleaved mrope against HF's own rotary module and apply_rotary_pos_emb,
+    the embrope cache built from the HF config (mrope_section and mrope_interleaved parsed)."""
+    qwen3_vl = pytest.importorskip("transformers.models.qwen3_vl.modeling_qwen3_vl")
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
+    config = Qwen3VLTextConfig(
+        hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+        max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000000.0,
+                         "mrope_section": [24, 20, 20], "mrope_interleaved": True})
+    d = config.to_dict()
+    model = embrope.model_config_from_hf(d)
+    assert tuple(model.mrope_section) == (24, 20, 20) and model.mrope_interleaved
+    rng = np.random.default_rng(11)
+    S = 40
+    # temporal, height and width positions of an image-like grid after a text prefix
+    positions = np.stack([rng.integers(0, 4096, S) for _ in range(3)]).astype(np.int64)
+    q = rng.standard_normal((1, S, 2, 128)).astype(np.float32)
+    k = rng.standard_normal((1, S, 1, 128)).astype(np.float32)
+    rotary = qwen3_vl.Qwen3VLTextRotaryEmbedding(config)
+    x = torch.from_numpy(q)
+    cos, sin = rotary(x, torch.from_numpy(positions[:, None, :]))
+    hf_q, hf_k = qwen3_vl.apply_rotary_pos_emb(torch.from_numpy(q).transpose(1, 2),
+                                              torch.from_numpy(k).transpose(1, 2), cos, sin)
+    hf_q = hf_q.transpose(1, 2).double().numpy()
+    hf_k = hf_k.transpose(1, 2).double().numpy()
+
+    cache = embrope.RopeCache.from_model(model)
+    assert cache.mrope_interleaved
+    emb_q, emb_k = embrope.apply_rope(q, k, positions[:, None, :], cache, inplace=False)
+
+    # float64 reference from the formula, with HF's interleaving written out
+    inv64 = 1.0 / 5000000.0 ** (np.arange(0, 128, 2, dtype=np.float64) / 128)
+    stream = np.zeros(64, dtype=np.int64)
+    stream[1:60:3] = 1
+    stream[2:60:3] = 2
+    angle = np.stack([positions[stream[i]] * inv64[i] for i in range(64)], -1)  # [S, 64]
+    worst = {}
+    for name, src, emb, hf in (("q", q, emb_q, hf_q), ("k", k, emb_k, hf_k)):
+        a, b = src[0, ..., :64].astype(np.float64), src[0, ..., 64:].astype(np.float64)
+        c, s = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+        expected = np.concatenate([a * c - b * s, b * c + a * s], -1)[None]
+        magnitude = np.sqrt(a * a + b * b).max()
+        emb_err = np.abs(np.asarray(emb, np.float64) - expected).max()
+        hf_err = np.abs(hf - expected).max()
+        # HF forms p * inv_freq in float32: at positions up to 4096 that is ~4096 * 2^-24 rad
+        assert emb_err <= 4 * EPS32 * magnitude, name
+        assert hf_err <= 4096 * EPS32 * magnitude, name
+        worst[name] = (emb_err, hf_err)
+    # Contiguous sections (Qwen2-VL's rule) give different angles: the interleaving matters.
+    contiguous, _ = embrope.apply_rope(q, k, positions[:, None, :], cache, inplace=False,
+                                       mrope_interleaved=False)
+    assert np.abs(np.asarray(contiguous, np.float64) - hf_q).max() > 1e-2
+    report(f"apply_rope  qwen3-vl interleaved mrope [24, 20, 20]: max error embrope "
+           f"{max(v[0] for v in worst.values()):.2e}, HF {max(v[1] for v in worst.values()):.2e}")

@@ -143,13 +143,13 @@ def test_opcheck_of_every_operator():
     q = torch.randn(4, 2, 16, requires_grad=True)
     k = torch.randn(4, 1, 16, requires_grad=True)
     positions = torch.tensor([0, 3, 8, 31])
-    rope_args = (q, k, positions, table, 0, False, 0, [0, 0, 0])
+    rope_args = (q, k, positions, table, 0, False, 0, [0, 0, 0, 0])
     torch.library.opcheck(torch.ops.embrope.apply_rope.default, rope_args)
     torch.library.opcheck(torch.ops.embrope.apply_rope_backward.default,
-                          (q.detach(), k.detach(), positions, table, 1, True, 16, [0, 0, 0]))
+                          (q.detach(), k.detach(), positions, table, 1, True, 16, [0, 0, 0, 0]))
     torch.library.opcheck(torch.ops.embrope.apply_rope_.default,
                           (q.detach().clone(), k.detach().clone(), positions, table, 0, False, 0,
-                           [0, 0, 0]))
+                           [0, 0, 0, 0]))
     embed_args = (torch.randn(10, 4, requires_grad=True), torch.tensor([[1, 2], [3, 9]]),
                   torch.randn(6, 4, requires_grad=True), None, None,
                   torch.randn(2, 4, requires_grad=True), torch.tensor([[0, 1], [1, 1]]), 1.5, 0,

@@ -33,9 +33,33 @@ EMBROPE_HD void rotate_pair(float& a, float& b, float cos_v, float sin_v) {
   b = rb;
 }
 
-// Multimodal RoPE (Qwen2-VL): the position stream that frequency i takes its angle from.
-EMBROPE_HD int mrope_stream(std::int64_t i, const std::int64_t* section_end) {
-  return i < section_end[0] ? 0 : (i < section_end[1] ? 1 : 2);
+// Multimodal RoPE: the position stream (0 temporal, 1 height, 2 width) that frequency i takes
+// its angle from, given the three section sizes.
+// - contiguous (Qwen2-VL, HF apply_multimodal_rotary_pos_emb): section j holds the next
+//   section[j] frequencies;
+// - interleaved (Qwen3-VL, HF Qwen3VLTextRotaryEmbedding.recomposition_frequencies): i = 3k + 1
+//   below 3 section[1] takes height, i = 3k + 2 below 3 section[2] takes width, every other i
+//   temporal.
+EMBROPE_HD int mrope_stream(std::int64_t i, const std::int64_t* section, bool interleaved) {
+  if (interleaved) {
+    const std::int64_t r = i % 3;
+    if (r == 1 && i < 3 * section[1]) return 1;
+    if (r == 2 && i < 3 * section[2]) return 2;
+    return 0;
+  }
+  return i < section[0] ? 0 : (i < section[0] + section[1] ? 1 : 2);
+}
+
+// The stream shared by frequencies [first, first + n), or -1 where they take more than one.
+EMBROPE_HD int mrope_chunk_stream(std::int64_t first, std::int64_t n, const std::int64_t* section,
+                                  bool interleaved) {
+  const int stream = mrope_stream(first, section, interleaved);
+  if (n == 1) return stream;
+  if (interleaved) {  // past both interleaved ranges, all temporal
+    const std::int64_t end = 3 * (section[1] > section[2] ? section[1] : section[2]);
+    return first >= end ? 0 : -1;
+  }
+  return stream == mrope_stream(first + n - 1, section, interleaved) ? stream : -1;
 }
 
 }  // namespace embrope::detail
