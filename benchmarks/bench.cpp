@@ -10,7 +10,8 @@
 //
 // Counters per case: GB/s (bytes the op must move / median time), pct_of_copy (that
 // bandwidth over the same-run copy of the same bytes), x_vs_unfused (the unfused baseline's
-// time over the fused op's: q then k in two calls; lookup, then positions, then an add pass).
+// time over the fused op's: q then k in two calls; lookup, then positions, then an add pass;
+// RoPE, then a copy into the KV cache; the lookup with positions, then a LayerNorm pass).
 // On the GPU, decode RoPE is also timed without the default check (/deferred) and as CUDA
 // graph replays (/graph_replay).
 #include <benchmark/benchmark.h>
@@ -558,6 +559,70 @@ void register_all() {
   }
 }
 
+// embed + LayerNorm of [T, D] tokens with learned positions (BERT's embedding, without the
+// pre-norm output): token and position rows read, the normalised row written. Unfused
+// baseline inside embrope: the lookup with positions into a scratch [T, D], then a second
+// embed over the scratch as a table (ids 0 .. T-1) with the norm, a LayerNorm pass.
+void embed_norm_case(benchmark::State& state, DType dtype, std::int64_t dim, std::int64_t tokens,
+                     bool fused) {
+  const std::int64_t vocab = 32000, max_pos = 32768;
+  const int es = embrope::dtype_size(dtype);
+  Memory& table = shared_values("table", vocab * dim * es, dtype);
+  Memory& ptable = shared_values("position_table", max_pos * dim * es, dtype);
+  Memory& gamma = shared_values("norm_weight", dim * 4, DType::float32);
+  Memory& beta = shared_values("norm_bias", dim * 4, DType::float32);
+  Memory& ids = shared_indices("ids", tokens, vocab, false);
+  Memory& pids = shared_indices("position_ids", tokens, max_pos, true);
+  Memory& rows = shared_indices("rows", tokens, tokens, true);
+  Memory& out = shared("out", tokens * dim * es, [](Memory&) {});
+  Memory& tmp = shared("tmp", tokens * dim * es, [](Memory&) {});
+  const Tensor tt(table.data(), dtype, {vocab, dim}, device());
+  const Tensor ti(ids.data(), DType::int64, {tokens}, device());
+  const Tensor to(out.data(), dtype, {tokens, dim}, device());
+  embrope::EmbedOptions lookup;
+  lookup.positions = embrope::PositionEncoding::learned;
+  lookup.position_table = Tensor(ptable.data(), dtype, {max_pos, dim}, device());
+  lookup.position_ids = Tensor(pids.data(), DType::int64, {tokens}, device());
+  embrope::EmbedOptions norm;
+  norm.norm = embrope::Normalization::layer_norm;
+  norm.norm_eps = 1e-12f;
+  norm.norm_weight = Tensor(gamma.data(), DType::float32, {dim}, device());
+  norm.norm_bias = Tensor(beta.data(), DType::float32, {dim}, device());
+  embrope::EmbedOptions both = lookup;
+  both.norm = norm.norm;
+  both.norm_eps = norm.norm_eps;
+  both.norm_weight = norm.norm_weight;
+  both.norm_bias = norm.norm_bias;
+  const Tensor scratch(tmp.data(), dtype, {tokens, dim}, device());
+  const Tensor row_ids(rows.data(), DType::int64, {tokens}, device());
+  const std::int64_t bytes = 3 * tokens * dim * es;
+  std::function<void()> body = [&] { embrope::embed(tt, ti, to, both); };
+  if (!fused) {
+    body = [&] {
+      embrope::embed(tt, ti, scratch, lookup);
+      embrope::embed(scratch, row_ids, to, norm);
+    };
+  }
+  run_timed(state, body, bytes);
+}
+
+void register_embed_norm() {
+  for (const char* dt : {"bf16", "f32"}) {
+    for (std::int64_t t : {1024, 16384}) {
+      if (!g_full && t != 16384) continue;
+      for (bool fused : {false, true}) {
+        const DType dtype = parse_dtype(dt);
+        const std::int64_t dim = 4096;
+        const std::string name = std::string("embed_layer_norm/learned/") + dt +
+                                 "/D=" + std::to_string(dim) + "/T=" + std::to_string(t) +
+                                 (fused ? "" : "/unfused_lookup_then_norm");
+        register_pair(name, 3 * t * dim * embrope::dtype_size(dtype),
+                      [=](benchmark::State& st) { embed_norm_case(st, dtype, dim, t, fused); });
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- backward passes ----
 
 // The vocabulary of the backward cases (as the forward embed cases).
@@ -762,6 +827,7 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("commit", commit);
   }
   register_all();
+  register_embed_norm();
   register_backward();
   PctReporter<ProgressReporter> progress;
   PctReporter<benchmark::ConsoleReporter> table;

@@ -36,7 +36,7 @@ from typing import Any, Optional
 SMALL_BYTES = 256 * 1024
 
 NAME = re.compile(
-    r"^(?P<op>rope_append_kv|rope_backward|rope|embed_backward|embed)/(?P<rest>.*?)(?:/real_time|/manual_time)?$")
+    r"^(?P<op>rope_append_kv|rope_backward|rope|embed_backward|embed_layer_norm|embed)/(?P<rest>.*?)(?:/real_time|/manual_time)?$")
 
 
 def parse_case(name: str) -> Optional[dict]:
@@ -49,8 +49,8 @@ def parse_case(name: str) -> Optional[dict]:
     if op in ("rope", "rope_backward", "rope_append_kv"):
         case.update(shape=parts[0], dtype=parts[1], tokens=int(parts[2][2:]))
         case["variant"] = "/".join(parts[3:])
-    elif op == "embed":
-        case.update(op=f"embed {parts[0]}", shape=parts[2], dtype=parts[1],
+    elif op in ("embed", "embed_layer_norm"):
+        case.update(op=f"{op} {parts[0]}", shape=parts[2], dtype=parts[1],
                     tokens=int(parts[3][2:]))
         case["variant"] = "/".join(parts[4:])
     else:  # embed_backward/deterministic/bf16/D=4096/T=16384[/one_id]
@@ -172,6 +172,19 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
         return time_median(
             lambda: functional.embedding(ids, table) + functional.embedding(positions,
                                                                             position_table), sync)
+    if case["op"].startswith("embed_layer_norm "):  # learned positions, then LayerNorm
+        dim = int(case["shape"].split("=")[1])
+        table = tensor(torch, "table", (vocab, dim), dtype, device)
+        ids = tensor(torch, "ids", (tokens,), None, device, integers=vocab)
+        positions = tensor(torch, "positions", (tokens,), None, device, integers=32768)
+        position_table = tensor(torch, "position_table", (32768, dim), dtype, device)
+        weight = tensor(torch, "norm_weight", (dim,), dtype, device)
+        bias = tensor(torch, "norm_bias", (dim,), dtype, device)
+        functional = torch.nn.functional
+        return time_median(
+            lambda: functional.layer_norm(
+                functional.embedding(ids, table) + functional.embedding(positions, position_table),
+                (dim,), weight, bias, 1e-12), sync)
     return None
 
 
@@ -211,7 +224,8 @@ NOTE = ("% of copy: GB/s over a copy of the same bytes measured in the same run,
         "threads. * marks cases under 256 KB, where both run on one thread from cache: the "
         "percentage compares call overheads more than bandwidth. vs unfused: the unfused "
         "baseline's median time over the op's (RoPE: q then k in two calls; learned positions: "
-        "lookup, positions, then an add pass). vs torch eager: PyTorch eager's median time over "
+        "lookup, positions, then an add pass; RoPE + KV append: RoPE, then a copy; embed + "
+        "LayerNorm: the lookup with positions, then a LayerNorm pass). vs torch eager: PyTorch eager's median time over "
         "the op's, measured in the same run.")
 
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "../src/bad_index.hpp"
+#include "block_shared.cuh"
 
 namespace embrope::gpu {
 
@@ -31,7 +32,7 @@ __device__ __forceinline__ std::int64_t current_key(const detail::BadIndexRecord
 // describes the record (describe_bad_index). Resets the per-launch fields for the next
 // launch.
 __device__ __forceinline__ bool last_block_done(detail::BadIndexRecord* record) {
-  __shared__ bool describe;
+  bool& describe = block_shared().describe;
   __syncthreads();
   if (threadIdx.x == 0 && threadIdx.y == 0) {
     __threadfence();

@@ -3,24 +3,84 @@
 // 16-byte loads and stores when rows are aligned. Token row scaled, then
 // the positional row (learned, or sinusoidal after Vaswani et al. 2017) and the type row
 // added in float32 in that order, as on the CPU, and rounded once. Row resolution and
-// range checks are detail::resolve_embed_row, shared with the CPU path.
+// range checks are detail::resolve_embed_row, shared with the CPU path. With a norm
+// (LayerNorm, Ba et al. 2016; RMSNorm, Zhang & Sennrich 2019), embed_norm_kernel below.
 #include <cstdint>
 
 #include "../src/backend.hpp"
 #include "../src/dispatch.hpp"
 #include "../src/embed_row.hpp"
 #include "bad_index.cuh"
+#include "block_shared.cuh"
 #include "common.cuh"
+#include "embrope/detail/norm_math.hpp"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/sinusoid.hpp"
 #include "vector.cuh"
 
 namespace embrope::gpu {
+
 namespace {
 
 using detail::from_float;
 
 constexpr int kThreadsPerBlock = 256;
+
+// The rows of the tables that a resolved row r reads (null where absent).
+template <typename T>
+struct RowTables {
+  const T* token;
+  const T* position;
+  const T* type;
+  __device__ RowTables(const detail::EmbedParams& p, const detail::EmbedRow& r)
+      : token(static_cast<const T*>(p.table) + r.token * p.table_stride),
+        position(p.position_table == nullptr ? nullptr
+                                             : static_cast<const T*>(p.position_table) +
+                                                   r.position * p.position_table_stride),
+        type(p.type_table == nullptr
+                 ? nullptr
+                 : static_cast<const T*>(p.type_table) + r.type * p.type_table_stride) {}
+};
+
+// v = the float32 sum of the W elements j .. j + W - 1 of row r (aligned to a W chunk):
+// scale * token (zero for a shard miss) + position (learned or sinusoidal) + type, in that
+// order, as on the CPU.
+template <typename T, int W, bool kSinusoidal>
+__device__ __forceinline__ void sum_chunk(const detail::EmbedParams& p, const detail::EmbedRow& r,
+                                          const RowTables<T>& rows, std::int64_t j, float* v) {
+  float add[W];
+  if (r.token_hit) {
+    load_chunk<T, W>(rows.token + j, v);
+#pragma unroll
+    for (int w = 0; w < W; ++w) v[w] *= p.scale;
+  } else {
+#pragma unroll
+    for (int w = 0; w < W; ++w) v[w] = 0.0f;
+  }
+  if (rows.position != nullptr) {
+    load_chunk<T, W>(rows.position + j, add);
+#pragma unroll
+    for (int w = 0; w < W; ++w) v[w] += add[w];
+  } else if constexpr (kSinusoidal) {
+    const std::int64_t half = p.dim / 2;
+    const bool split = p.sinusoid_layout == SinusoidLayout::split;
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      const std::int64_t e = j + w;
+      const std::int64_t i = split ? (e < half ? e : e - half) : (e >> 1);
+      const bool is_sin = split ? e < half : (e & 1) == 0;
+      float sv, cv;
+      detail::sinusoid_sin_cos(r.position, detail::sinusoid_freq(i, p.dim, p.sinusoid_base), &sv,
+                               &cv);
+      v[w] += is_sin ? sv : cv;
+    }
+  }
+  if (rows.type != nullptr) {
+    load_chunk<T, W>(rows.type + j, add);
+#pragma unroll
+    for (int w = 0; w < W; ++w) v[w] += add[w];
+  }
+}
 
 // W is the number of consecutive elements a lane handles: 16 / sizeof(T) on the fast path
 // (aligned rows, D a multiple of W), 1 on the general path. G lanes (blockDim.x) share a row;
@@ -37,8 +97,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 2 : 4)
   constexpr int kRowsPerBlock = kThreadsPerBlock / G;
   const int lane = threadIdx.x;
   const std::int64_t dim = p.dim;
-  const std::int64_t half = dim / 2;
-  const bool split = p.sinusoid_layout == SinusoidLayout::split;
   const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * kRowsPerBlock;
   for (std::int64_t n = blockIdx.x * static_cast<std::int64_t>(kRowsPerBlock) + threadIdx.y;
        n < p.rows; n += row_stride) {
@@ -55,47 +113,161 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 2 : 4)
       if (lane == 0) report_bad_row(p.bad, r.bad_key);
       continue;
     }
-    const T* token = static_cast<const T*>(p.table) + r.token * p.table_stride;
-    const T* pos = p.position_table == nullptr ? nullptr
-                                               : static_cast<const T*>(p.position_table) +
-                                                     r.position * p.position_table_stride;
-    const T* type = p.type_table == nullptr
-                        ? nullptr
-                        : static_cast<const T*>(p.type_table) + r.type * p.type_table_stride;
+    const RowTables<T> rows(p, r);
     for (std::int64_t j = lane * W; j < dim; j += G * W) {
-      float v[W], add[W];
-      if (r.token_hit) {
-        load_chunk<T, W>(token + j, v);
-#pragma unroll
-        for (int w = 0; w < W; ++w) v[w] *= p.scale;
-      } else {
-#pragma unroll
-        for (int w = 0; w < W; ++w) v[w] = 0.0f;
-      }
-      if (pos != nullptr) {
-        load_chunk<T, W>(pos + j, add);
-#pragma unroll
-        for (int w = 0; w < W; ++w) v[w] += add[w];
-      } else if constexpr (kSinusoidal) {
-#pragma unroll
-        for (int w = 0; w < W; ++w) {
-          const std::int64_t e = j + w;
-          const std::int64_t i = split ? (e < half ? e : e - half) : (e >> 1);
-          const bool is_sin = split ? e < half : (e & 1) == 0;
-          float sv, cv;
-          detail::sinusoid_sin_cos(r.position, detail::sinusoid_freq(i, dim, p.sinusoid_base), &sv,
-                                   &cv);
-          v[w] += is_sin ? sv : cv;
-        }
-      }
-      if (type != nullptr) {
-        load_chunk<T, W>(type + j, add);
-#pragma unroll
-        for (int w = 0; w < W; ++w) v[w] += add[w];
-      }
+      float v[W];
+      sum_chunk<T, W, kSinusoidal>(p, r, rows, j, v);
 #pragma unroll
       for (int w = 0; w < W; ++w) result.v[w] = from_float<T>(v[w]);
       *reinterpret_cast<Chunk<T, W>*>(out + j) = result;
+    }
+  }
+  if (last_block_done(p.bad)) {
+    const std::int64_t key = current_key(p.bad);
+    if (key != detail::kNoBadIndex && detail::bad_index_row(key) < p.rows) {
+      const detail::EmbedRow r = detail::resolve_embed_row(p, detail::bad_index_row(key));
+      if (r.bad_key == key) detail::describe_bad_index(p.bad, detail::BadIndexOp::embed, r.bad);
+    }
+  }
+}
+
+// embed with a norm: 32 lanes per row, lane l owning elements 256 t + 8 l + w of the row, so
+// that its 8 running sums are partials 8 l + w of detail/norm_math.hpp; the partials are then
+// combined by halving in shared memory, the order of the CPU. Up to three passes over the row
+// (layer_norm's sum, the squared deviations, the output), each recomputing the float32 sum of the
+// tables' rows (L1/L2 hits after the first) rather than holding D floats per row. kVector: rows in
+// whole 16-byte chunks and D a multiple of 8 (16-bit values: one load per lane per pass
+// step; float32: two).
+// Blocks of kNormBlockRows rows (64 threads): the barriers of the reduction need every
+// thread of the block in every step, so the block walks its rows in lockstep, with inactive
+// slots (past the last row, or bad rows) contributing zero partials. At most 64 registers
+// (16 blocks per multiprocessor); the sinusoidal paths 128.
+constexpr int kNormThreadsPerBlock = kNormBlockRows * detail::kNormLanes;
+template <typename T, bool kVector, bool kSinusoidal>
+__global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
+    embed_norm_kernel(const __grid_constant__ detail::EmbedParams p) {
+  constexpr int kLanes = detail::kNormLanes;
+  constexpr int kWidth = detail::kNormLaneWidth;
+  constexpr int kRowsPerBlock = kNormBlockRows;
+  constexpr int kLoad = kVector ? kVec16<T> : 1;  // elements per access
+  static_assert(kWidth % kVec16<T> == 0, "a lane's elements are whole 16-byte chunks");
+  const int lane = threadIdx.x;
+  const int slot = threadIdx.y;
+  const std::int64_t dim = p.dim;
+  float* const s = block_shared().norm_partials + slot * detail::kNormPartials;
+  // The sum of the row's partials (this lane's kWidth), by halving; every thread of the
+  // block calls it the same number of times.
+  auto reduce = [&](const float* part) {
+#pragma unroll
+    for (int w = 0; w < kWidth; ++w) s[lane * kWidth + w] = part[w];
+    __syncthreads();
+    for (int h = detail::kNormPartials / 2; h >= 1; h /= 2) {
+      for (int m = lane; m < h; m += kLanes) s[m] += s[m + h];
+      __syncthreads();
+    }
+    const float total = s[0];
+    __syncthreads();  // read by every lane before the next reduction writes
+    return total;
+  };
+  const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * kRowsPerBlock;
+  for (std::int64_t first = blockIdx.x * static_cast<std::int64_t>(kRowsPerBlock); first < p.rows;
+       first += row_stride) {
+    const std::int64_t n = first + slot;
+    detail::EmbedRow r;
+    if (n < p.rows) r = detail::resolve_embed_row(p, n);
+    const bool good = n < p.rows && r.bad_key == detail::kNoBadIndex;
+    T* out = static_cast<T*>(p.out) + r.out_offset;
+    if (n < p.rows && !good) {  // zero-filled, like the lookup without a norm
+      for (std::int64_t j = lane; j < dim; j += kLanes) {
+        out[j] = from_float<T>(0.0f);
+        if (p.pre_norm_out != nullptr) {
+          detail::store_value(p.pre_norm_out, p.pre_norm_dtype, r.pre_norm_offset + j, 0.0f);
+        }
+      }
+      if (lane == 0) report_bad_row(p.bad, r.bad_key);
+    }
+    const RowTables<T> rows(p, r);
+    // v = the row's float32 sums at elements j0 .. j0 + kWidth - 1 (0 past D).
+    auto values = [&](std::int64_t j0, float* v) {
+      if constexpr (kVector) {
+#pragma unroll
+        for (int c = 0; c < kWidth; c += kLoad)
+          sum_chunk<T, kLoad, kSinusoidal>(p, r, rows, j0 + c, v + c);
+      } else {
+#pragma unroll
+        for (int w = 0; w < kWidth; ++w) {
+          v[w] = 0.0f;
+          if (j0 + w < dim) sum_chunk<T, 1, kSinusoidal>(p, r, rows, j0 + w, v + w);
+        }
+      }
+    };
+    float part[kWidth];
+    float v[kWidth];
+
+    // Pass 1 (layer_norm): the sum, for the mean.
+    detail::NormStats stats;
+    if (p.norm == Normalization::layer_norm) {
+#pragma unroll
+      for (int w = 0; w < kWidth; ++w) part[w] = 0.0f;
+      if (good) {
+        for (std::int64_t j0 = lane * kWidth; j0 < dim; j0 += kLanes * kWidth) {
+          values(j0, v);
+#pragma unroll
+          for (int w = 0; w < kWidth; ++w) part[w] += v[w];  // zeros past D add nothing
+        }
+      }
+      stats.mean = detail::norm_mean(reduce(part), dim);
+    }
+
+    // Pass 2: the squared deviations (squares for rms_norm), and the pre-norm row.
+#pragma unroll
+    for (int w = 0; w < kWidth; ++w) part[w] = 0.0f;
+    if (good) {
+      for (std::int64_t j0 = lane * kWidth; j0 < dim; j0 += kLanes * kWidth) {
+        values(j0, v);
+#pragma unroll
+        for (int w = 0; w < kWidth; ++w) {
+          if (kVector || j0 + w < dim) part[w] += detail::norm_square_term(v[w], stats.mean);
+        }
+        if (p.pre_norm_out != nullptr) {
+          for (int w = 0; w < kWidth && j0 + w < dim; ++w) {
+            detail::store_value(p.pre_norm_out, p.pre_norm_dtype, r.pre_norm_offset + j0 + w, v[w]);
+          }
+        }
+      }
+    }
+    stats.rstd = detail::norm_rstd(reduce(part), dim, p.norm_eps);
+
+    // Pass 3: the normalised row, rounded once.
+    if (!good) continue;
+    for (std::int64_t j0 = lane * kWidth; j0 < dim; j0 += kLanes * kWidth) {
+      values(j0, v);
+      T result[kWidth];
+#pragma unroll
+      for (int w = 0; w < kWidth; ++w) {
+        const std::int64_t j = j0 + w < dim ? j0 + w : 0;  // in range for the loads
+        const float weight =
+            p.norm_weight == nullptr
+                ? 1.0f
+                : detail::norm_weight_factor(
+                      detail::load_vector_value(p.norm_weight, p.norm_weight_dtype, j),
+                      p.norm_unit_offset);
+        const float bias = p.norm_bias == nullptr
+                               ? 0.0f
+                               : detail::load_vector_value(p.norm_bias, p.norm_bias_dtype, j);
+        result[w] = from_float<T>(detail::norm_apply(v[w], stats, weight, bias));
+      }
+      if constexpr (kVector) {
+#pragma unroll
+        for (int c = 0; c < kWidth; c += kLoad) {
+          Chunk<T, kLoad> chunk;
+#pragma unroll
+          for (int w = 0; w < kLoad; ++w) chunk.v[w] = result[c + w];
+          *reinterpret_cast<Chunk<T, kLoad>*>(out + j0 + c) = chunk;
+        }
+      } else {
+        for (int w = 0; w < kWidth && j0 + w < dim; ++w) out[j0 + w] = result[w];
+      }
     }
   }
   if (last_block_done(p.bad)) {
@@ -126,6 +298,27 @@ bool fits_vector_path(const detail::EmbedParams& p) {
   return true;
 }
 
+template <typename T>
+void launch_norm(const detail::EmbedParams& p, cudaStream_t stream) {
+  const dim3 block(detail::kNormLanes, kNormBlockRows);
+  const unsigned grid = grid_for(p.rows, kNormBlockRows);
+  const bool sinusoidal = p.positions == PositionEncoding::sinusoidal;
+  // A lane's 8 elements are whole vector accesses only when D is a multiple of 8 (for
+  // float32, a multiple of 4 is not enough).
+  if (fits_vector_path<T>(p) && p.dim % detail::kNormLaneWidth == 0) {
+    if (sinusoidal) {
+      embed_norm_kernel<T, true, true><<<grid, block, 0, stream>>>(p);
+    } else {
+      embed_norm_kernel<T, true, false><<<grid, block, 0, stream>>>(p);
+    }
+  } else if (sinusoidal) {
+    embed_norm_kernel<T, false, true><<<grid, block, 0, stream>>>(p);
+  } else {
+    embed_norm_kernel<T, false, false><<<grid, block, 0, stream>>>(p);
+  }
+  check_launch("embed_norm_kernel");
+}
+
 template <typename T, int W, int G>
 void launch_group(const detail::EmbedParams& p, cudaStream_t stream) {
   const dim3 block(G, kThreadsPerBlock / G);
@@ -139,6 +332,10 @@ void launch_group(const detail::EmbedParams& p, cudaStream_t stream) {
 
 template <typename T>
 void launch(const detail::EmbedParams& p, cudaStream_t stream) {
+  if (p.norm != Normalization::none) {
+    launch_norm<T>(p, stream);
+    return;
+  }
   if (fits_vector_path<T>(p)) {
     constexpr int w = kVec16<T>;
     // The smallest group whose lanes cover a row in one 16-byte step each (at least 4 lanes).

@@ -425,6 +425,12 @@ void embrope_embed_options_init(embrope_embed_options_t* options) {
   options->type_table = nullptr;
   options->type_ids = nullptr;
   options->deferred = nullptr;
+  options->norm = EMBROPE_NORM_NONE;
+  options->norm_weight = nullptr;
+  options->norm_bias = nullptr;
+  options->norm_eps = 1e-5f;
+  options->norm_unit_offset = 0;
+  options->pre_norm_out = nullptr;
 }
 
 embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const DLTensor* out,
@@ -467,6 +473,24 @@ embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const
       options.type_table = to_optional(fn, "type_table", o->type_table);
       options.type_ids = to_optional(fn, "type_ids", o->type_ids);
       if (o->deferred != nullptr) options.deferred = &o->deferred->status;
+      switch (raw_enum(o->norm)) {
+        case EMBROPE_NORM_NONE:
+          options.norm = embrope::Normalization::none;
+          break;
+        case EMBROPE_NORM_LAYER_NORM:
+          options.norm = embrope::Normalization::layer_norm;
+          break;
+        case EMBROPE_NORM_RMS_NORM:
+          options.norm = embrope::Normalization::rms_norm;
+          break;
+        default:
+          fail(fn, fmt::format("norm {} is not an embrope_normalization_t", raw_enum(o->norm)));
+      }
+      options.norm_weight = to_optional(fn, "norm_weight", o->norm_weight);
+      options.norm_bias = to_optional(fn, "norm_bias", o->norm_bias);
+      options.norm_eps = o->norm_eps;
+      options.norm_unit_offset = o->norm_unit_offset != 0;
+      options.pre_norm_out = to_optional(fn, "pre_norm_out", o->pre_norm_out);
     }
     embrope::embed(to_tensor(fn, "table", table), to_tensor(fn, "ids", ids),
                    to_tensor(fn, "out", out), options);

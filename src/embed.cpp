@@ -22,6 +22,72 @@ void check_table(const char* name, const Tensor& t, const Tensor& table) {
   validate::check_dim(kOp, name, t, 1, table.shape(1), "the embedding dim D of table");
 }
 
+// A norm weight or bias: [D] contiguous, float32 or the table's dtype, on the table's device.
+void check_norm_vector(const char* name, const Tensor& t, const Tensor& table) {
+  validate::check_view(kOp, name, t, 1, 1);
+  validate::check_same_device(kOp, name, t, "table", table.device());
+  validate::check_float32_or_dtype(kOp, name, t, "table", table.dtype());
+  validate::check_last_contiguous(kOp, name, t);
+  validate::check_dim(kOp, name, t, 0, table.shape(1), "the embedding dim D of table");
+}
+
+// The normalisation options (EmbedOptions::norm and the tensors that go with it).
+void set_norm(const Tensor& ids, const Tensor& out, const Tensor& table, const EmbedOptions& o,
+              detail::EmbedParams& p) {
+  if (o.norm == Normalization::none) {
+    if (o.norm_weight || o.norm_bias || o.pre_norm_out) {
+      fail(kOp, "norm_weight, norm_bias or pre_norm_out is given but norm is none");
+    }
+    if (o.norm_unit_offset) fail(kOp, "norm_unit_offset is set but norm is none");
+    return;
+  }
+  if (o.norm != Normalization::layer_norm && o.norm != Normalization::rms_norm) {
+    fail(kOp, "norm {} is not a Normalization", static_cast<int>(o.norm));
+  }
+  if (o.vocab_shard) {
+    fail(kOp,
+         "norm cannot be combined with vocab_shard: a shard's rows are partial sums; normalise "
+         "after the sum over shards");
+  }
+  if (!(std::isfinite(o.norm_eps) && o.norm_eps >= 0.0f)) {
+    fail(kOp, "norm_eps {} must be finite and >= 0", o.norm_eps);
+  }
+  if (o.norm_bias && o.norm != Normalization::layer_norm) {
+    fail(kOp, "norm_bias is given but norm is rms_norm (a bias is for layer_norm only)");
+  }
+  if (o.norm_unit_offset && !o.norm_weight) {
+    fail(kOp, "norm_unit_offset is set without a norm_weight (the weight applied is 1 + w)");
+  }
+  p.norm = o.norm;
+  p.norm_eps = o.norm_eps;
+  p.norm_unit_offset = o.norm_unit_offset;
+  if (o.norm_weight) {
+    check_norm_vector("norm_weight", *o.norm_weight, table);
+    p.norm_weight = o.norm_weight->data();
+    p.norm_weight_dtype = o.norm_weight->dtype();
+  }
+  if (o.norm_bias) {
+    check_norm_vector("norm_bias", *o.norm_bias, table);
+    p.norm_bias = o.norm_bias->data();
+    p.norm_bias_dtype = o.norm_bias->dtype();
+  }
+  if (o.pre_norm_out) {
+    const Tensor& pre = *o.pre_norm_out;
+    validate::check_view(kOp, "pre_norm_out", pre, out.ndim(), out.ndim());
+    validate::check_same_device(kOp, "pre_norm_out", pre, "table", table.device());
+    validate::check_float32_or_dtype(kOp, "pre_norm_out", pre, "table", table.dtype());
+    validate::check_last_contiguous(kOp, "pre_norm_out", pre);
+    for (int d = 0; d < out.ndim(); ++d) {
+      validate::check_dim(kOp, "pre_norm_out", pre, d, out.shape(d), "the shape of out");
+    }
+    p.pre_norm_out = pre.data();
+    p.pre_norm_dtype = pre.dtype();
+    for (int d = 0; d < ids.ndim(); ++d) {
+      p.index.stride[detail::RowIndex::pre_norm_out][d] = pre.stride(d);
+    }
+  }
+}
+
 // Validates every argument and fills the parameters of the call.
 detail::EmbedParams prepare(const Tensor& table, const Tensor& ids, const Tensor& out,
                             const EmbedOptions& o) {
@@ -90,6 +156,8 @@ detail::EmbedParams prepare(const Tensor& table, const Tensor& ids, const Tensor
     p.type_table_stride = o.type_table->stride(0);
   }
 
+  set_norm(ids, out, table, o, p);
+
   // The output shares no memory with itself or with any input (every input is read while
   // other rows of out are written).
   validate::check_no_self_overlap(kOp, "out", out);
@@ -100,9 +168,21 @@ detail::EmbedParams prepare(const Tensor& table, const Tensor& ids, const Tensor
       {"position_ids", &o.position_ids},
       {"position_offsets", &o.position_offsets},
       {"type_table", &o.type_table},
-      {"type_ids", &o.type_ids}};
+      {"type_ids", &o.type_ids},
+      {"norm_weight", &o.norm_weight},
+      {"norm_bias", &o.norm_bias}};
   for (const auto& [name, input] : optional_inputs) {
     if (*input) validate::check_no_overlap(kOp, "out", out, name, **input);
+  }
+  if (o.pre_norm_out) {
+    const Tensor& pre = *o.pre_norm_out;
+    validate::check_no_self_overlap(kOp, "pre_norm_out", pre);
+    validate::check_no_overlap(kOp, "pre_norm_out", pre, "out", out);
+    validate::check_no_overlap(kOp, "pre_norm_out", pre, "table", table);
+    validate::check_no_overlap(kOp, "pre_norm_out", pre, "ids", ids);
+    for (const auto& [name, input] : optional_inputs) {
+      if (*input) validate::check_no_overlap(kOp, "pre_norm_out", pre, name, **input);
+    }
   }
 
   return p;

@@ -20,10 +20,7 @@ void check_grad(const char* name, const Tensor& t, const Tensor& grad_out, std::
                 detail::GradTable& target, float weight) {
   validate::check_view(kOp, name, t, 2, 2);
   validate::check_same_device(kOp, name, t, "grad_out", grad_out.device());
-  if (t.dtype() != DType::float32 && t.dtype() != grad_out.dtype()) {
-    fail(kOp, "{} has dtype {}, expected float32 or the dtype of grad_out ({})", name,
-         dtype_name(t.dtype()), dtype_name(grad_out.dtype()));
-  }
+  validate::check_float32_or_dtype(kOp, name, t, "grad_out", grad_out.dtype());
   validate::check_last_contiguous(kOp, name, t);
   validate::check_dim(kOp, name, t, 1, dim, "the embedding dim D of grad_out");
   target.grad = t.data();

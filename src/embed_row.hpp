@@ -13,6 +13,7 @@ namespace embrope::detail {
 
 struct EmbedRow {
   std::int64_t out_offset = 0;         // element offset of the row in out
+  std::int64_t pre_norm_offset = 0;    // element offset of the row in pre_norm_out
   std::int64_t token = 0;              // row of the token table (valid when token_hit)
   bool token_hit = true;               // false: a shard miss, the token part is zero
   std::int64_t position = 0;           // position (learned or sinusoidal)
@@ -33,6 +34,7 @@ EMBROPE_HD EmbedRow resolve_embed_row(const EmbedParams& p, std::int64_t row) {
   row_offsets(p.index, row, offsets);
   EmbedRow r;
   r.out_offset = offsets[RowIndex::out];
+  r.pre_norm_offset = offsets[RowIndex::pre_norm_out];
   const std::int64_t id = load_index(p.ids, p.id_dtype, offsets[RowIndex::ids]);
   // Compared before subtracting: no overflow for any id (INT64_MIN included).
   r.token_hit = id >= p.vocab_start && id - p.vocab_start < p.vocab_size;

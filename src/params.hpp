@@ -8,6 +8,7 @@
 
 #include "bad_index.hpp"
 #include "embrope/detail/config.hpp"
+#include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
 #include "embrope/types.hpp"
 
@@ -53,9 +54,9 @@ struct RopeParams {
 };
 
 // Row n of an embed call (a flat row-major index over ids' shape) maps to element offsets in
-// ids, out (its leading dimensions), position_ids and type_ids.
+// ids, out (its leading dimensions), position_ids, type_ids and pre_norm_out.
 struct RowIndex {
-  enum Operand { ids = 0, out = 1, position_ids = 2, type_ids = 3, count = 4 };
+  enum Operand { ids = 0, out = 1, position_ids = 2, type_ids = 3, pre_norm_out = 4, count = 5 };
   int ndim = 0;
   std::int64_t shape[kMaxDims] = {};
   std::int64_t stride[count][kMaxDims] = {};
@@ -102,8 +103,38 @@ struct EmbedParams {
   const void* type_ids = nullptr;
   DType type_id_dtype = DType::int64;
 
+  // Normalisation of the summed row (detail/norm_math.hpp). weight and bias: [D] contiguous,
+  // null when absent (1 and 0).
+  Normalization norm = Normalization::none;
+  const void* norm_weight = nullptr;
+  DType norm_weight_dtype = DType::float32;
+  const void* norm_bias = nullptr;
+  DType norm_bias_dtype = DType::float32;
+  float norm_eps = 0.0f;
+  bool norm_unit_offset = false;
+  void* pre_norm_out = nullptr;  // the summed row before normalisation, or null
+  DType pre_norm_dtype = DType::float32;
+
   BadIndexRecord* bad = nullptr;
 };
+
+// Element j of a [D] vector of float32 or of 16-bit values (a norm weight or bias), as float32.
+EMBROPE_HD float load_vector_value(const void* base, DType dtype, std::int64_t j) {
+  return dtype == DType::float32   ? static_cast<const float*>(base)[j]
+         : dtype == DType::float16 ? to_float(static_cast<const Half*>(base)[j])
+                                   : to_float(static_cast<const BFloat16*>(base)[j]);
+}
+
+// Stores x, rounded once, as element `offset` of a float32 or 16-bit value tensor.
+EMBROPE_HD void store_value(void* base, DType dtype, std::int64_t offset, float x) {
+  if (dtype == DType::float32) {
+    static_cast<float*>(base)[offset] = x;
+  } else if (dtype == DType::float16) {
+    static_cast<Half*>(base)[offset] = from_float<Half>(x);
+  } else {
+    static_cast<BFloat16*>(base)[offset] = from_float<BFloat16>(x);
+  }
+}
 
 struct PackedPositionsParams {
   const void* cu_seqlens = nullptr;  // [B + 1]

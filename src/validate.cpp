@@ -106,6 +106,14 @@ void check_same_dtype(const char* op, const char* name, const Tensor& t, const c
   }
 }
 
+void check_float32_or_dtype(const char* op, const char* name, const Tensor& t,
+                            const char* other_name, DType other) {
+  if (t.dtype() != DType::float32 && t.dtype() != other) {
+    fail(op, "{} has dtype {}, expected float32 or the dtype of {} ({})", name,
+         dtype_name(t.dtype()), other_name, dtype_name(other));
+  }
+}
+
 void check_dim(const char* op, const char* name, const Tensor& t, int dim, std::int64_t expected,
                const char* what) {
   if (t.shape(dim) != expected) {

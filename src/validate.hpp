@@ -33,6 +33,10 @@ void check_same_device(const char* op, const char* name, const Tensor& t, const 
                        Device other);
 void check_same_dtype(const char* op, const char* name, const Tensor& t, const char* other_name,
                       DType other);
+// t is float32 or `other`, the dtype of `other_name` (a float32 gradient, weight or output
+// beside 16-bit values).
+void check_float32_or_dtype(const char* op, const char* name, const Tensor& t,
+                            const char* other_name, DType other);
 // Dimension `dim` of t equals `expected`, which is described by `what` ("head_dim of q").
 void check_dim(const char* op, const char* name, const Tensor& t, int dim, std::int64_t expected,
                const char* what);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "embrope/detail/norm_math.hpp"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
 #include "embrope/detail/sinusoid.hpp"
@@ -223,6 +224,75 @@ void embed_case(float scale, Positions positions_kind, bool types, std::int64_t 
           out, want);
 }
 
+// embed with a norm (learned positions and types, a scale, a weight in float32 or T, a bias,
+// a pre-norm output in T): the vector bodies' sums, statistics and outputs.
+template <typename T, typename W>
+void embed_norm_case(embrope::Normalization norm, bool unit_offset, std::int64_t dim,
+                     std::int64_t rows = 500) {
+  using embrope::detail::NormStats;
+  const std::int64_t vocab = 300, max_positions = 40;
+  std::vector<T> table = make_values<T>(static_cast<std::size_t>(vocab * dim), true, 15);
+  std::vector<T> position_table =
+      make_values<T>(static_cast<std::size_t>(max_positions * dim), true, 16);
+  std::vector<T> type_table = make_values<T>(static_cast<std::size_t>(2 * dim), true, 17);
+  std::vector<W> weight = make_values<W>(static_cast<std::size_t>(dim), true, 18);
+  std::vector<W> bias = make_values<W>(static_cast<std::size_t>(dim), true, 19);
+  const bool layer = norm == embrope::Normalization::layer_norm;
+  std::vector<std::int64_t> ids(rows), position_ids(rows), type_ids(rows);
+  for (std::int64_t n = 0; n < rows; ++n) {
+    ids[n] = (n * 7 + 3) % vocab;
+    position_ids[n] = (n * 13) % max_positions;
+    type_ids[n] = n % 2;
+  }
+  const float scale = 1.25f, eps = 1e-5f;
+  std::vector<T> want(static_cast<std::size_t>(rows * dim)), want_pre(want.size());
+  std::vector<float> a(static_cast<std::size_t>(dim));
+  for (std::int64_t n = 0; n < rows; ++n) {
+    for (std::int64_t j = 0; j < dim; ++j) {
+      a[j] = scale * to_float(table[ids[n] * dim + j]);
+      a[j] += to_float(position_table[position_ids[n] * dim + j]);
+      a[j] += to_float(type_table[type_ids[n] * dim + j]);
+      want_pre[n * dim + j] = from_float<T>(a[j]);
+    }
+    NormStats s;
+    if (layer) {
+      s.mean = embrope::detail::norm_mean(
+          embrope::detail::canonical_row_sum(dim, [&](std::int64_t j) { return a[j]; }), dim);
+    }
+    s.rstd = embrope::detail::norm_rstd(
+        embrope::detail::canonical_row_sum(
+            dim, [&](std::int64_t j) { return embrope::detail::norm_square_term(a[j], s.mean); }),
+        dim, eps);
+    for (std::int64_t j = 0; j < dim; ++j) {
+      const float w = embrope::detail::norm_weight_factor(to_float(weight[j]), unit_offset);
+      want[n * dim + j] =
+          from_float<T>(embrope::detail::norm_apply(a[j], s, w, layer ? to_float(bias[j]) : 0.0f));
+    }
+  }
+  std::vector<T> out(want.size()), pre(want.size());
+  embrope::EmbedOptions options;
+  options.scale = scale;
+  options.positions = embrope::PositionEncoding::learned;
+  options.position_table = Tensor(position_table.data(), dtype_of<T>(), {max_positions, dim});
+  options.position_ids = Tensor(position_ids.data(), DType::int64, {rows});
+  options.type_table = Tensor(type_table.data(), dtype_of<T>(), {2, dim});
+  options.type_ids = Tensor(type_ids.data(), DType::int64, {rows});
+  options.norm = norm;
+  options.norm_eps = eps;
+  options.norm_unit_offset = unit_offset;
+  options.norm_weight = Tensor(weight.data(), dtype_of<W>(), {dim});
+  if (layer) options.norm_bias = Tensor(bias.data(), dtype_of<W>(), {dim});
+  options.pre_norm_out = Tensor(pre.data(), dtype_of<T>(), {rows, dim});
+  embrope::embed(Tensor(table.data(), dtype_of<T>(), {vocab, dim}),
+                 Tensor(ids.data(), DType::int64, {rows}),
+                 Tensor(out.data(), dtype_of<T>(), {rows, dim}), options);
+  const std::string what = std::string("embed ") + name_of<T>() +
+                           (layer ? " layer_norm" : " rms_norm") + " weight " + name_of<W>() +
+                           (unit_offset ? " unit offset" : "") + " D " + std::to_string(dim);
+  compare(what, out, want);
+  compare(what + " pre_norm_out", pre, want_pre);
+}
+
 template <typename T>
 void all_cases_of() {
   for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
@@ -242,6 +312,14 @@ void all_cases_of() {
   // Outputs past 16 MiB: streaming stores, on the rows aligned for them.
   embed_case<T>(1.0f, Positions::none, false, 120000);
   embed_case<T>(0.75f, Positions::learned, true, 120000);
+  for (std::int64_t dim : {76, 384, 1000}) {
+    embed_norm_case<T, float>(embrope::Normalization::layer_norm, false, dim);
+    embed_norm_case<T, T>(embrope::Normalization::layer_norm, true, dim);
+    embed_norm_case<T, T>(embrope::Normalization::rms_norm, false, dim);
+    embed_norm_case<T, float>(embrope::Normalization::rms_norm, true, dim);
+  }
+  // An output past 16 MiB: the normalised rows with streaming stores.
+  embed_norm_case<T, float>(embrope::Normalization::layer_norm, false, 384, 24000);
 }
 
 }  // namespace

@@ -136,6 +136,12 @@ TEST_CASE("the options init functions set the documented defaults", "[c_api]") {
   CHECK(eo.type_table == nullptr);
   CHECK(eo.type_ids == nullptr);
   CHECK(eo.deferred == nullptr);
+  CHECK(eo.norm == EMBROPE_NORM_NONE);
+  CHECK(eo.norm_weight == nullptr);
+  CHECK(eo.norm_bias == nullptr);
+  CHECK(eo.norm_eps == 1e-5f);
+  CHECK(eo.norm_unit_offset == 0);
+  CHECK(eo.pre_norm_out == nullptr);
 }
 
 // ------------------------------------------------------------------ caches ---------------
@@ -516,6 +522,59 @@ TEST_CASE("embrope_embed on DLTensors matches the float64 reference", "[c_api][e
   INFO(m.summary());
   CHECK(m.count == 0);
   for (std::int64_t i = 0; i < 4; ++i) CHECK(out.get(i) != out.get(i));  // still poison (NaN)
+}
+
+TEST_CASE("embrope_embed with a norm gives the C++ API's bytes", "[c_api][embed][norm]") {
+  const std::int64_t v = 30, d = 96, n = 12;
+  for (auto norm : {EMBROPE_NORM_LAYER_NORM, EMBROPE_NORM_RMS_NORM}) {
+    INFO("norm " << static_cast<int>(norm));
+    ref::Buffer table(DType::bfloat16, v * d), ids(DType::int64, n), weight(DType::float32, d);
+    ref::Buffer bias(DType::bfloat16, d), types(DType::bfloat16, 2 * d), type_ids(DType::int32, n);
+    ref::Buffer out(DType::bfloat16, n * d), pre(DType::float32, n * d);
+    ref::Buffer out_cpp(DType::bfloat16, n * d), pre_cpp(DType::float32, n * d);
+    ref::fill_random(table, 61);
+    ref::fill_random_indices(ids, 62, 0, v - 1);
+    ref::fill_random(weight, 63);
+    ref::fill_random(bias, 64);
+    ref::fill_random(types, 65);
+    ref::fill_random_indices(type_ids, 66, 0, 1);
+    const bool layer = norm == EMBROPE_NORM_LAYER_NORM;
+    DL td(table, {v, d}), id(ids, {n}), od(out, {n, d}), wd(weight, {d}), bd(bias, {d});
+    DL tt(types, {2, d}), ti(type_ids, {n}), pd(pre, {n, d});
+    embrope_embed_options_t opt;
+    embrope_embed_options_init(&opt);
+    opt.type_table = &tt.t;
+    opt.type_ids = &ti.t;
+    opt.norm = norm;
+    opt.norm_weight = &wd.t;
+    if (layer) opt.norm_bias = &bd.t;
+    opt.norm_eps = 1e-12f;
+    opt.norm_unit_offset = 1;
+    opt.pre_norm_out = &pd.t;
+    REQUIRE(embrope_embed(&td.t, &id.t, &od.t, &opt, nullptr) == EMBROPE_OK);
+
+    embrope::EmbedOptions o;
+    o.type_table = ref::view(types, 0, {2, d});
+    o.type_ids = ref::view(type_ids, 0, {n});
+    o.norm = layer ? embrope::Normalization::layer_norm : embrope::Normalization::rms_norm;
+    o.norm_weight = ref::view(weight, 0, {d});
+    if (layer) o.norm_bias = ref::view(bias, 0, {d});
+    o.norm_eps = 1e-12f;
+    o.norm_unit_offset = true;
+    o.pre_norm_out = ref::view(pre_cpp, 0, {n, d});
+    embrope::embed(ref::view(table, 0, {v, d}), ref::view(ids, 0, {n}),
+                   ref::view(out_cpp, 0, {n, d}), o);
+    CHECK(out.snapshot() == out_cpp.snapshot());
+    CHECK(pre.snapshot() == pre_cpp.snapshot());
+    o.norm_unit_offset = false;  // the flag travels: without it the bytes differ
+    embrope::embed(ref::view(table, 0, {v, d}), ref::view(ids, 0, {n}),
+                   ref::view(out_cpp, 0, {n, d}), o);
+    CHECK(out.snapshot() != out_cpp.snapshot());
+
+    opt.norm = static_cast<embrope_normalization_t>(7);
+    CHECK(embrope_embed(&td.t, &id.t, &od.t, &opt, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("embrope_embed") && Catch::Contains("norm 7"));
+  }
 }
 
 TEST_CASE("embrope_embed status codes and messages", "[c_api][embed][errors]") {

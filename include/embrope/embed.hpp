@@ -40,14 +40,33 @@ struct EmbedOptions {
   std::optional<Tensor> type_table;
   std::optional<Tensor> type_ids;
 
+  // Normalisation of the summed row x (the embedding LayerNorm of BERT-style encoders, which
+  // TensorRT fuses as embLayerNorm), in float32 before the one rounding:
+  //   layer_norm: (x - mean(x)) / sqrt(var(x) + eps) * weight + bias  (var: biased, over D)
+  //   rms_norm:   x / sqrt(mean(x^2) + eps) * weight
+  // weight and bias are [D], float32 or the table's dtype; absent, 1 and 0. bias is for
+  // layer_norm only. norm_unit_offset: the weight applied is (1 + weight), as Gemma stores it.
+  // The sums run in a fixed order, the same on the CPU and the GPU (docs/numerics.md).
+  // Cannot be combined with vocab_shard: a shard's rows are partial sums, to be normalised
+  // after the sum over shards.
+  Normalization norm = Normalization::none;
+  std::optional<Tensor> norm_weight;
+  std::optional<Tensor> norm_bias;
+  float norm_eps = 1e-5f;  // finite, >= 0 (with 0 an all-zero row gives NaN, as in PyTorch)
+  bool norm_unit_offset = false;
+  // With a norm: also write the summed row before normalisation (the residual stream of
+  // pre-norm models), [ids.shape..., D] in the table's dtype or float32, rounded once.
+  std::optional<Tensor> pre_norm_out;
+
   // Null: a bad id or position makes the call throw. Otherwise it is recorded there.
   DeferredStatus* deferred = nullptr;
   Stream stream{};
 };
 
-// out[n] = scale * table[ids[n] - vocab_start] (+ P(pos_n)) (+ type_table[type_ids[n]]).
-// table [V, D] and out [ids.shape..., D] share a value dtype (float32, float16, bfloat16);
-// ids are int32 or int64 of any shape and strides. Arithmetic in float32, one rounding.
+// out[n] = scale * table[ids[n] - vocab_start] (+ P(pos_n)) (+ type_table[type_ids[n]]),
+// then normalised when options.norm says so. table [V, D] and out [ids.shape..., D] share a
+// value dtype (float32, float16, bfloat16); ids are int32 or int64 of any shape and strides.
+// Arithmetic in float32, one rounding.
 EMBROPE_EXPORT void embed(const Tensor& table, const Tensor& ids, const Tensor& out,
                           const EmbedOptions& options = {});
 

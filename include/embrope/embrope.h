@@ -266,6 +266,12 @@ typedef enum embrope_sinusoid_layout_t {
   EMBROPE_SINUSOID_SPLIT = 1        /* P[i] = sin(p w_i), P[D/2+i] = cos(p w_i) */
 } embrope_sinusoid_layout_t;
 
+typedef enum embrope_normalization_t {
+  EMBROPE_NORM_NONE = 0,
+  EMBROPE_NORM_LAYER_NORM = 1, /* (x - mean) / sqrt(var + eps) * weight + bias */
+  EMBROPE_NORM_RMS_NORM = 2    /* x / sqrt(mean(x^2) + eps) * weight */
+} embrope_normalization_t;
+
 typedef struct embrope_embed_options_t {
   float scale;         /* multiplies the token row; default 1 */
   int64_t vocab_start; /* the table holds ids [vocab_start, vocab_start + V); default 0 */
@@ -279,14 +285,21 @@ typedef struct embrope_embed_options_t {
   const DLTensor* type_table;          /* [num_types, D], or NULL */
   const DLTensor* type_ids;            /* shaped like ids, or NULL */
   embrope_deferred_status_t* deferred; /* NULL (default): a bad row fails the call */
+  /* Normalisation of the summed row, in float32 before the one rounding (embed.hpp). */
+  embrope_normalization_t norm; /* default NONE */
+  const DLTensor* norm_weight;  /* [D], float32 or the table's dtype; NULL: 1 */
+  const DLTensor* norm_bias;    /* [D] (layer_norm only); NULL: 0 */
+  float norm_eps;               /* finite, >= 0; default 1e-5 */
+  int32_t norm_unit_offset;     /* nonzero: the weight applied is 1 + w (Gemma); default 0 */
+  const DLTensor* pre_norm_out; /* the row before the norm, like out (or float32), or NULL */
 } embrope_embed_options_t;
 
 EMBROPE_API void embrope_embed_options_init(embrope_embed_options_t* options);
 
-/* out[n] = scale * table[ids[n] - vocab_start] (+ positional row) (+ type row), in float32
- * with one rounding. table [V, D] and out [ids.shape..., D] share a value dtype. options
- * may be NULL. A bad id, position or type id zero-fills its row and fails with
- * INDEX_OUT_OF_RANGE naming the first such row (flat row-major index into ids). */
+/* out[n] = scale * table[ids[n] - vocab_start] (+ positional row) (+ type row), normalised
+ * when options->norm says so, in float32 with one rounding. table [V, D] and out [ids.shape..., D]
+ * share a value dtype. options may be NULL. A bad id, position or type id zero-fills its row and
+ * fails with INDEX_OUT_OF_RANGE naming the first such row (flat row-major index into ids). */
 EMBROPE_API embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids,
                                            const DLTensor* out,
                                            const embrope_embed_options_t* options, void* stream);

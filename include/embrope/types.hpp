@@ -72,6 +72,14 @@ enum class SinusoidLayout : std::uint8_t {
   split,        // P[i] = sin(p w_i), P[D/2 + i] = cos(p w_i)  (tensor2tensor, fairseq)
 };
 
+// embed: the normalisation of each summed row, in float32 before the one rounding
+// (docs/ops.md, "embed"; detail/norm_math.hpp).
+enum class Normalization : std::uint8_t {
+  none,
+  layer_norm,  // (x - mean) / sqrt(var + eps) * weight + bias  (Ba et al. 2016; BERT)
+  rms_norm,    // x / sqrt(mean(x^2) + eps) * weight             (Zhang & Sennrich 2019; T5)
+};
+
 // apply_rope: which elements form a rotation pair within the first rotary_dim of a head.
 enum class RopeLayout : std::uint8_t {
   neox,         // (x[i], x[i + R/2]): GPT-NeoX, HF Llama rotate_half

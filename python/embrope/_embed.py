@@ -13,11 +13,14 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
           position_table: Any = None, sinusoid_base: float = 10000.0,
           sinusoid_layout: str = "interleaved", position_ids: Any = None,
           position_offsets: Any = None, type_table: Any = None, type_ids: Any = None,
-          deferred: Any = None, stream: Any = None) -> Any:
-    """Token-embedding lookup, with absolute positions and token types, in one pass.
+          norm: Optional[str] = None, norm_weight: Any = None, norm_bias: Any = None,
+          norm_eps: float = 1e-5, norm_unit_offset: bool = False, pre_norm_out: Any = None,
+          return_pre_norm: bool = False, deferred: Any = None, stream: Any = None) -> Any:
+    """Token-embedding lookup, with absolute positions, token types and a norm, in one pass.
 
-    ``out[n] = scale * table[ids[n] - vocab_start] + P(pos_n) + type_table[type_ids[n]]``,
-    in float32 with one rounding to the table's dtype.
+    ``x[n] = scale * table[ids[n] - vocab_start] + P(pos_n) + type_table[type_ids[n]]``,
+    then optionally normalised (``out = LayerNorm(x)`` or ``RMSNorm(x)``), in float32 with
+    one rounding to the table's dtype.
 
     Parameters
     ----------
@@ -49,6 +52,22 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
     type_table : array [num_types, D], optional
     type_ids : array shaped like ids, optional
         Token types (segments), as in BERT.
+    norm : {None, "layer_norm", "rms_norm"}
+        ``(x - mean) / sqrt(var + eps) * norm_weight + norm_bias`` (BERT's embedding
+        LayerNorm; var biased), or ``x / sqrt(mean(x^2) + eps) * norm_weight``. The sums run
+        in a fixed order, the same on the CPU and the GPU.
+    norm_weight, norm_bias : arrays [D], optional
+        float32 or the table's dtype; absent, 1 and 0. A bias is for layer_norm only.
+    norm_eps : float, default 1e-5
+        Finite and >= 0 (BERT uses 1e-12).
+    norm_unit_offset : bool, default False
+        The weight applied is ``1 + norm_weight``, as Gemma stores it.
+    pre_norm_out : array [*ids.shape, D], optional
+        Also written: x before the norm (the residual stream), in the table's dtype or
+        float32.
+    return_pre_norm : bool, default False
+        Return ``(out, pre_norm_out)``, allocating pre_norm_out in the table's dtype when it
+        is not given.
     deferred : DeferredStatus, optional
         Report bad ids and positions there instead of raising.
     stream : CUDA stream, optional
@@ -56,7 +75,7 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
 
     Returns
     -------
-    out
+    out, or (out, pre_norm_out) with `return_pre_norm`
 
     Raises
     ------
@@ -69,8 +88,13 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
     _arrays.check_array(op, "ids", ids)
     for name, value in (("position_table", position_table), ("position_ids", position_ids),
                         ("position_offsets", position_offsets), ("type_table", type_table),
-                        ("type_ids", type_ids)):
+                        ("type_ids", type_ids), ("norm_weight", norm_weight),
+                        ("norm_bias", norm_bias)):
         _arrays.check_optional(op, name, value)
+    norm_kind = _arrays.enum_value(op, "norm", _C.Normalization,
+                                   "none" if norm is None else norm)
+    if return_pre_norm and norm is None:
+        raise _C.InvalidArgumentError(f"{op}: return_pre_norm needs a norm")
     if positions is None:
         positions = "learned" if position_table is not None else "none"
     encoding = _arrays.enum_value(op, "positions", _C.PositionEncoding, positions)
@@ -82,12 +106,22 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
                 f"{op}: table has shape {list(table_shape)}; it must be [V, D]")
         out = _arrays.empty_like(op, table, _arrays.shape_of(ids) + (table_shape[1],))
     _arrays.check_writable(op, "out", out)
+    pre_allocated = return_pre_norm and pre_norm_out is None
+    if pre_allocated:
+        pre_norm_out = _arrays.empty_like(op, table, _arrays.shape_of(out))
+    if pre_norm_out is not None:
+        _arrays.check_writable(op, "pre_norm_out", pre_norm_out)
     _C.embed(table, ids, out, float(scale), int(vocab_start), bool(vocab_shard), encoding,
              position_table, float(sinusoid_base),
              _arrays.enum_value(op, "sinusoid_layout", _C.SinusoidLayout, sinusoid_layout),
-             position_ids, position_offsets, type_table, type_ids, _status.native(deferred),
-             _arrays.stream_handle(stream, table))
-    return _arrays.to_framework(table, out) if allocated else out
+             position_ids, position_offsets, type_table, type_ids, norm_kind, norm_weight,
+             norm_bias, float(norm_eps), bool(norm_unit_offset), pre_norm_out,
+             _status.native(deferred), _arrays.stream_handle(stream, table))
+    if allocated:
+        out = _arrays.to_framework(table, out)
+    if pre_allocated:
+        pre_norm_out = _arrays.to_framework(table, pre_norm_out)
+    return (out, pre_norm_out) if return_pre_norm else out
 
 
 def _backward_args(op: str, grad_out: Any, ids: Any, grad_table: Any, scale: float,

@@ -371,7 +371,8 @@ def _embed_op(table: Tensor, ids: Tensor, position_table: Optional[Tensor],
     _C.embed(table.detach(), ids, out, scale, vocab_start, vocab_shard,
              _C.PositionEncoding(positions), _detach(position_table), sinusoid_base,
              _C.SinusoidLayout(sinusoid_layout), position_ids, position_offsets,
-             _detach(type_table), type_ids, _deferred("embed", table), _stream(table))
+             _detach(type_table), type_ids, _C.Normalization.none, None, None, 0.0, False, None,
+             _deferred("embed", table), _stream(table))
     return out
 
 
@@ -410,16 +411,21 @@ def _(grad_out, ids, position_ids, position_offsets, type_ids, table_rows, posit
             for rows in (table_rows, position_rows, type_rows)]
 
 
-def _embed_setup_context(ctx, inputs, output):
-    (table, ids, position_table, position_ids, position_offsets, type_table, type_ids, scale,
-     vocab_start, vocab_shard, positions, _, _, padding_idx) = inputs
-    ctx.save_for_backward(ids, position_ids, position_offsets, type_ids)
+def _gradient_rows(table, position_table, type_table, positions) -> Tuple[int, int, int]:
+    """The rows of each table's gradient for embed_backward (0: the table needs none)."""
     learned = positions == _C.PositionEncoding.learned.value and position_table is not None
-    ctx.rows = (
+    return (
         table.shape[0] if table.requires_grad else 0,
         position_table.shape[0] if learned and position_table.requires_grad else 0,
         type_table.shape[0] if type_table is not None and type_table.requires_grad else 0,
     )
+
+
+def _embed_setup_context(ctx, inputs, output):
+    (table, ids, position_table, position_ids, position_offsets, type_table, type_ids, scale,
+     vocab_start, vocab_shard, positions, _, _, padding_idx) = inputs
+    ctx.save_for_backward(ids, position_ids, position_offsets, type_ids)
+    ctx.rows = _gradient_rows(table, position_table, type_table, positions)
     ctx.dtype = table.dtype
     ctx.options = (scale, vocab_start, vocab_shard, padding_idx)
 
@@ -437,22 +443,120 @@ torch.library.register_autograd("embrope::embed", _embed_backward,
                                 setup_context=_embed_setup_context)
 
 
+@torch.library.custom_op("embrope::embed_norm", mutates_args=())
+def _embed_norm_op(table: Tensor, ids: Tensor, position_table: Optional[Tensor],
+                   position_ids: Optional[Tensor], position_offsets: Optional[Tensor],
+                   type_table: Optional[Tensor], type_ids: Optional[Tensor],
+                   norm_weight: Optional[Tensor], norm_bias: Optional[Tensor], scale: float,
+                   vocab_start: int, positions: int, sinusoid_base: float, sinusoid_layout: int,
+                   norm: int, norm_eps: float, norm_unit_offset: bool,
+                   padding_idx: Optional[int]) -> Tuple[Tensor, Tensor]:
+    """embed with a norm: (out, pre_norm), both in the table's dtype."""
+    shape = tuple(ids.shape) + (table.shape[-1],)
+    out = torch.empty(shape, dtype=table.dtype, device=table.device)
+    pre = torch.empty(shape, dtype=table.dtype, device=table.device)
+    _C.embed(table.detach(), ids, out, scale, vocab_start, False, _C.PositionEncoding(positions),
+             _detach(position_table), sinusoid_base, _C.SinusoidLayout(sinusoid_layout),
+             position_ids, position_offsets, _detach(type_table), type_ids,
+             _C.Normalization(norm), _detach(norm_weight), _detach(norm_bias), norm_eps,
+             norm_unit_offset, pre, _deferred("embed", table), _stream(table))
+    return out, pre
+
+
+@_embed_norm_op.register_fake
+def _(table, ids, position_table, position_ids, position_offsets, type_table, type_ids,
+      norm_weight, norm_bias, scale, vocab_start, positions, sinusoid_base, sinusoid_layout,
+      norm, norm_eps, norm_unit_offset, padding_idx):
+    shape = tuple(ids.shape) + (table.shape[-1],)
+    return table.new_empty(shape), table.new_empty(shape)
+
+
+def _embed_norm_setup_context(ctx, inputs, output):
+    (table, ids, position_table, position_ids, position_offsets, type_table, type_ids,
+     norm_weight, norm_bias, scale, vocab_start, positions, _, _, norm, norm_eps,
+     norm_unit_offset, padding_idx) = inputs
+    ctx.save_for_backward(ids, position_ids, position_offsets, type_ids, output[1], norm_weight)
+    ctx.rows = _gradient_rows(table, position_table, type_table, positions)
+    ctx.dtype = table.dtype
+    ctx.options = (scale, vocab_start, False, padding_idx)
+    ctx.norm = (norm, norm_eps, norm_unit_offset)
+    ctx.weight_grad = norm_weight is not None and norm_weight.requires_grad
+    ctx.bias = None if norm_bias is None else (norm_bias.requires_grad, norm_bias.dtype)
+
+
+def _embed_norm_backward(ctx, grad_out, grad_pre):
+    """The norm's backward in float32 from the saved pre-norm row (as torch's LayerNorm
+    saves its input), then embed_backward of the summed gradient."""
+    ids, position_ids, position_offsets, type_ids, pre, weight = ctx.saved_tensors
+    norm, eps, unit_offset = ctx.norm
+    x = pre.float()
+    width = x.shape[-1]
+    layer = norm == _C.Normalization.layer_norm.value
+    centred = x - x.mean(-1, keepdim=True) if layer else x
+    rstd = torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
+    xhat = centred * rstd
+    g = torch.zeros_like(x) if grad_out is None else grad_out.float()
+    w = torch.ones(width, device=x.device) if weight is None else weight.float()
+    gw = g * (1.0 + w if unit_offset else w)
+    dx = gw - xhat * (gw * xhat).mean(-1, keepdim=True)
+    if layer:
+        dx = dx - gw.mean(-1, keepdim=True)
+    dx = rstd * dx
+    if grad_pre is not None:
+        dx = dx + grad_pre.float()
+    grads = _embed_backward_op(dx.contiguous(), ids, position_ids, position_offsets, type_ids,
+                               *ctx.rows, torch.float32, *ctx.options)
+    wanted = [g_.to(ctx.dtype) if rows > 0 else None for g_, rows in zip(grads, ctx.rows)]
+    d_weight = (g * xhat).reshape(-1, width).sum(0).to(weight.dtype) if ctx.weight_grad else None
+    d_bias = None
+    if ctx.bias is not None and ctx.bias[0]:
+        d_bias = g.reshape(-1, width).sum(0).to(ctx.bias[1])
+    return (wanted[0], None, wanted[1], None, None, wanted[2], None, d_weight, d_bias, None,
+            None, None, None, None, None, None, None, None)
+
+
+torch.library.register_autograd("embrope::embed_norm", _embed_norm_backward,
+                                setup_context=_embed_norm_setup_context)
+
+
 def embed(table: Tensor, ids: Tensor, *, scale: float = 1.0, vocab_start: int = 0,
           vocab_shard: bool = False, positions: Optional[str] = None,
           position_table: Optional[Tensor] = None, sinusoid_base: float = 10000.0,
           sinusoid_layout: str = "interleaved", position_ids: Optional[Tensor] = None,
           position_offsets: Optional[Tensor] = None, type_table: Optional[Tensor] = None,
-          type_ids: Optional[Tensor] = None, padding_idx: Optional[int] = None) -> Tensor:
-    """Token-embedding lookup with positions and types: :func:`embrope.embed` as a
-    differentiable operator (gradients for `table`, `position_table` and `type_table` when
-    they require grad; `padding_idx` rows give `table` no gradient, as in
-    ``torch.nn.Embedding``). Returns a new tensor ``[*ids.shape, D]``."""
+          type_ids: Optional[Tensor] = None, padding_idx: Optional[int] = None,
+          norm: Optional[str] = None, norm_weight: Optional[Tensor] = None,
+          norm_bias: Optional[Tensor] = None, norm_eps: float = 1e-5,
+          norm_unit_offset: bool = False, return_pre_norm: bool = False):
+    """Token-embedding lookup with positions, types and an optional norm:
+    :func:`embrope.embed` as a differentiable operator (gradients for `table`,
+    `position_table`, `type_table`, `norm_weight` and `norm_bias` when they require grad;
+    `padding_idx` rows give `table` no gradient, as in ``torch.nn.Embedding``). Returns a new
+    tensor ``[*ids.shape, D]``, or ``(out, pre_norm)`` with `return_pre_norm` (the summed row
+    before the norm, in the table's dtype; differentiable too). The norm's backward runs in
+    float32 from the pre-norm row rounded to the table's dtype, as torch's LayerNorm does
+    from its saved input."""
+    layout = _arrays.enum_value("embed", "sinusoid_layout", _C.SinusoidLayout,
+                                sinusoid_layout).value
+    if norm is not None:
+        if vocab_shard:
+            raise _C.InvalidArgumentError(
+                "embed: norm cannot be combined with vocab_shard: a shard's rows are partial "
+                "sums; normalise after the sum over shards")
+        out, pre = torch.ops.embrope.embed_norm(
+            table, ids, position_table, position_ids, position_offsets, type_table, type_ids,
+            norm_weight, norm_bias, float(scale), int(vocab_start),
+            _embed_positions(positions, position_table), float(sinusoid_base), layout,
+            _arrays.enum_value("embed", "norm", _C.Normalization, norm).value,
+            float(norm_eps), bool(norm_unit_offset),
+            None if padding_idx is None else int(padding_idx))
+        return (out, pre) if return_pre_norm else out
+    if return_pre_norm:
+        raise _C.InvalidArgumentError("embed: return_pre_norm needs a norm")
     return torch.ops.embrope.embed(
         table, ids, position_table, position_ids, position_offsets, type_table, type_ids,
         float(scale), int(vocab_start), bool(vocab_shard),
-        _embed_positions(positions, position_table), float(sinusoid_base),
-        _arrays.enum_value("embed", "sinusoid_layout", _C.SinusoidLayout,
-                           sinusoid_layout).value,
+        _embed_positions(positions, position_table), float(sinusoid_base), layout,
         None if padding_idx is None else int(padding_idx))
 
 

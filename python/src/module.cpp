@@ -178,6 +178,10 @@ void bind_enums(nb::module_& m) {
       .value("none", embrope::PositionEncoding::none)
       .value("learned", embrope::PositionEncoding::learned)
       .value("sinusoidal", embrope::PositionEncoding::sinusoidal);
+  nb::enum_<embrope::Normalization>(m, "Normalization")
+      .value("none", embrope::Normalization::none)
+      .value("layer_norm", embrope::Normalization::layer_norm)
+      .value("rms_norm", embrope::Normalization::rms_norm);
   nb::enum_<embrope::SinusoidLayout>(m, "SinusoidLayout")
       .value("interleaved", embrope::SinusoidLayout::interleaved)
       .value("split", embrope::SinusoidLayout::split);
@@ -384,14 +388,14 @@ void bind_apply_rope_append_kv(nb::module_& m) {
       "deferred"_a.none(), "stream"_a);
 }
 
-embrope::EmbedOptions embed_options(float scale, std::int64_t vocab_start, bool vocab_shard,
-                                    embrope::PositionEncoding positions,
-                                    const OptionalArray& position_table, double sinusoid_base,
-                                    embrope::SinusoidLayout sinusoid_layout,
-                                    const OptionalArray& position_ids,
-                                    const OptionalArray& position_offsets,
-                                    const OptionalArray& type_table, const OptionalArray& type_ids,
-                                    embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+embrope::EmbedOptions embed_options(
+    float scale, std::int64_t vocab_start, bool vocab_shard, embrope::PositionEncoding positions,
+    const OptionalArray& position_table, double sinusoid_base,
+    embrope::SinusoidLayout sinusoid_layout, const OptionalArray& position_ids,
+    const OptionalArray& position_offsets, const OptionalArray& type_table,
+    const OptionalArray& type_ids, embrope::Normalization norm, const OptionalArray& norm_weight,
+    const OptionalArray& norm_bias, float norm_eps, bool norm_unit_offset,
+    const OptionalArray& pre_norm_out, embrope::DeferredStatus* deferred, std::uintptr_t stream) {
   embrope::EmbedOptions o;
   o.scale = scale;
   o.vocab_start = vocab_start;
@@ -404,6 +408,12 @@ embrope::EmbedOptions embed_options(float scale, std::int64_t vocab_start, bool 
   o.position_offsets = view(position_offsets, "embed", "position_offsets");
   o.type_table = view(type_table, "embed", "type_table");
   o.type_ids = view(type_ids, "embed", "type_ids");
+  o.norm = norm;
+  o.norm_weight = view(norm_weight, "embed", "norm_weight");
+  o.norm_bias = view(norm_bias, "embed", "norm_bias");
+  o.norm_eps = norm_eps;
+  o.norm_unit_offset = norm_unit_offset;
+  o.pre_norm_out = view(pre_norm_out, "embed", "pre_norm_out");
   o.deferred = deferred;
   o.stream = stream_of(stream);
   return o;
@@ -417,21 +427,25 @@ void bind_embed(nb::module_& m) {
          const OptionalArray& position_table, double sinusoid_base,
          embrope::SinusoidLayout sinusoid_layout, const OptionalArray& position_ids,
          const OptionalArray& position_offsets, const OptionalArray& type_table,
-         const OptionalArray& type_ids, embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+         const OptionalArray& type_ids, embrope::Normalization norm,
+         const OptionalArray& norm_weight, const OptionalArray& norm_bias, float norm_eps,
+         bool norm_unit_offset, const OptionalArray& pre_norm_out,
+         embrope::DeferredStatus* deferred, std::uintptr_t stream) {
         const Tensor table_view = view(table, "embed", "table");
         const Tensor ids_view = view(ids, "embed", "ids");
         const Tensor out_view = view(out, "embed", "out");
-        const embrope::EmbedOptions options =
-            embed_options(scale, vocab_start, vocab_shard, positions, position_table, sinusoid_base,
-                          sinusoid_layout, position_ids, position_offsets, type_table, type_ids,
-                          deferred, stream);
+        const embrope::EmbedOptions options = embed_options(
+            scale, vocab_start, vocab_shard, positions, position_table, sinusoid_base,
+            sinusoid_layout, position_ids, position_offsets, type_table, type_ids, norm,
+            norm_weight, norm_bias, norm_eps, norm_unit_offset, pre_norm_out, deferred, stream);
         nb::gil_scoped_release nogil;
         embrope::embed(table_view, ids_view, out_view, options);
       },
       "table"_a, "ids"_a, "out"_a, "scale"_a, "vocab_start"_a, "vocab_shard"_a, "positions"_a,
       "position_table"_a.none(), "sinusoid_base"_a, "sinusoid_layout"_a, "position_ids"_a.none(),
-      "position_offsets"_a.none(), "type_table"_a.none(), "type_ids"_a.none(), "deferred"_a.none(),
-      "stream"_a);
+      "position_offsets"_a.none(), "type_table"_a.none(), "type_ids"_a.none(), "norm"_a,
+      "norm_weight"_a.none(), "norm_bias"_a.none(), "norm_eps"_a, "norm_unit_offset"_a,
+      "pre_norm_out"_a.none(), "deferred"_a.none(), "stream"_a);
 }
 
 // embed_backward and its workspace query share one argument list.

@@ -1,8 +1,10 @@
 // embed on the CPU: one output row per iteration, threaded with OpenMP. The token row is
 // scaled, then the positional row (learned, or sinusoidal after Vaswani et al. 2017) and the
-// type row are added in float32, in that order, and the sum is rounded once. On x86, rows
-// with a learned position, a type or a scale run the vector body (embed.inc, for AVX2 + F16C
-// or AVX-512, chosen at run time by isa.hpp), with the portable path's bits.
+// type row are added in float32, in that order, and the sum is rounded once, or first
+// normalised (LayerNorm, Ba et al. 2016; RMSNorm, Zhang & Sennrich 2019) in the order of
+// detail/norm_math.hpp. On x86, rows with a learned position, a type, a scale or a norm run
+// the vector body (embed.inc, for AVX2 + F16C or AVX-512, chosen at run time by isa.hpp),
+// with the portable path's bits.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -10,6 +12,7 @@
 #include "../backend.hpp"
 #include "../dispatch.hpp"
 #include "../embed_row.hpp"
+#include "embrope/detail/norm_math.hpp"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/sinusoid.hpp"
 #include "isa.hpp"
@@ -28,8 +31,63 @@ template <typename T>
 struct VectorBody {  // embed.inc of one instruction set
   void (*sum_row)(const detail::EmbedParams&, const detail::EmbedRow&, T*, const double*, float*,
                   bool);
+  void (*sum_row_f32)(const detail::EmbedParams&, const detail::EmbedRow&, float*, const double*,
+                      float*, bool);
   void (*copy_row)(T*, const T*, std::int64_t, bool);
+  void (*round_row)(T*, const float*, std::int64_t);
+  detail::NormStats (*norm_stats)(const float*, std::int64_t, bool, float);
+  void (*norm_row)(T*, const float*, std::int64_t, detail::NormStats, const float*, const float*,
+                   bool);
 };
+
+// The float32 weight and bias factors of a normalised call (1 + w for unit-offset weights;
+// absent: 1 and 0), converted once per call.
+void norm_factors(const detail::EmbedParams& p, std::vector<float>& weight,
+                  std::vector<float>& bias) {
+  weight.assign(static_cast<std::size_t>(p.dim), 1.0f);
+  bias.assign(static_cast<std::size_t>(p.dim), 0.0f);
+  for (std::int64_t j = 0; j < p.dim; ++j) {
+    if (p.norm_weight != nullptr) {
+      weight[j] = detail::norm_weight_factor(
+          detail::load_vector_value(p.norm_weight, p.norm_weight_dtype, j), p.norm_unit_offset);
+    }
+    if (p.norm_bias != nullptr) {
+      bias[j] = detail::load_vector_value(p.norm_bias, p.norm_bias_dtype, j);
+    }
+  }
+}
+
+// Writes the pre-norm row (when asked), then the normalised row of the float32 sum `a`
+// (streaming stores when the call asks for them, on the vector paths).
+template <typename T>
+void normalize_row(const detail::EmbedParams& p, const detail::EmbedRow& r, const float* a, T* out,
+                   const float* weight, const float* bias, const VectorBody<T>* vector,
+                   bool stream) {
+  const std::int64_t dim = p.dim;
+  if (p.pre_norm_out != nullptr) {
+    if (p.pre_norm_dtype == DType::float32) {
+      std::memcpy(static_cast<float*>(p.pre_norm_out) + r.pre_norm_offset, a,
+                  static_cast<std::size_t>(dim) * sizeof(float));
+    } else if (vector != nullptr) {
+      vector->round_row(static_cast<T*>(p.pre_norm_out) + r.pre_norm_offset, a, dim);
+    } else {
+      T* pre = static_cast<T*>(p.pre_norm_out) + r.pre_norm_offset;
+#pragma omp simd
+      for (std::int64_t j = 0; j < dim; ++j) pre[j] = from_float<T>(a[j]);
+    }
+  }
+  const bool layer = p.norm == Normalization::layer_norm;
+  const detail::NormStats s = vector != nullptr ? vector->norm_stats(a, dim, layer, p.norm_eps)
+                                                : detail::row_norm_stats(a, dim, layer, p.norm_eps);
+  if (vector != nullptr) {
+    vector->norm_row(out, a, dim, s, weight, bias, stream);
+    return;
+  }
+#pragma omp simd
+  for (std::int64_t j = 0; j < dim; ++j) {
+    out[j] = from_float<T>(detail::norm_apply(a[j], s, weight[j], bias[j]));
+  }
+}
 
 // vector: the vector body (embed.inc), or null (the portable loops).
 template <typename T>
@@ -39,7 +97,10 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
   const auto* position_table = static_cast<const T*>(p.position_table);
   const auto* type_table = static_cast<const T*>(p.type_table);
   const bool sinusoidal = p.positions == PositionEncoding::sinusoidal;
-  const bool plain = p.positions == PositionEncoding::none && type_table == nullptr;
+  const bool norm = p.norm != Normalization::none;
+  const bool plain = p.positions == PositionEncoding::none && type_table == nullptr && !norm;
+  std::vector<float> norm_weight, norm_bias;
+  if (norm) norm_factors(p, norm_weight, norm_bias);
   std::vector<double> freqs;
   if (sinusoidal) {
     freqs.resize(static_cast<std::size_t>(dim / 2));
@@ -56,7 +117,9 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
 
 #pragma omp parallel reduction(min : first_bad) if (threaded)
   {
-    std::vector<float> acc(static_cast<std::size_t>(plain ? 0 : 2 * dim));
+    // The row's float32 sum and sinusoid scratch (2 D), and with a norm the vector bodies'
+    // sum (D more: their scratch holds the sinusoid row).
+    std::vector<float> acc(static_cast<std::size_t>(plain ? 0 : (norm ? 3 : 2) * dim));
     // Dynamic chunks: a thread that shares its core with other work takes fewer rows.
 #pragma omp for schedule(dynamic, 16)
     for (std::int64_t n = 0; n < p.rows; ++n) {
@@ -64,6 +127,11 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
       T* out = static_cast<T*>(p.out) + r.out_offset;
       if (r.bad_key != detail::kNoBadIndex) {
         std::fill(out, out + dim, from_float<T>(0.0f));
+        if (p.pre_norm_out != nullptr) {  // +0 is all-zero bits in every value dtype
+          std::memset(
+              static_cast<char*>(p.pre_norm_out) + r.pre_norm_offset * dtype_size(p.pre_norm_dtype),
+              0, static_cast<std::size_t>(dim * dtype_size(p.pre_norm_dtype)));
+        }
         first_bad = std::min(first_bad, r.bad_key);
         continue;
       }
@@ -87,7 +155,13 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
         continue;
       }
       if (vector != nullptr) {
-        vector->sum_row(p, r, out, freqs.data(), acc.data(), stream);
+        if (norm) {
+          float* row = acc.data() + 2 * dim;
+          vector->sum_row_f32(p, r, row, freqs.data(), acc.data(), false);
+          normalize_row(p, r, row, out, norm_weight.data(), norm_bias.data(), vector, stream);
+        } else {
+          vector->sum_row(p, r, out, freqs.data(), acc.data(), stream);
+        }
         continue;
       }
       float* a = acc.data();
@@ -122,6 +196,10 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
 #pragma omp simd
         for (std::int64_t j = 0; j < dim; ++j) a[j] += to_float(type[j]);
       }
+      if (norm) {
+        normalize_row(p, r, a, out, norm_weight.data(), norm_bias.data(), vector, stream);
+        continue;
+      }
 #pragma omp simd
       for (std::int64_t j = 0; j < dim; ++j) out[j] = from_float<T>(a[j]);
     }
@@ -145,8 +223,12 @@ void embed(const detail::EmbedParams& p) {
     using T = typename decltype(t)::type;
     const VectorBody<T>* vector = nullptr;
 #if EMBROPE_CPU_X86
-    static const VectorBody<T> avx512_body{avx512::sum_row<T>, avx512::copy_row<T>};
-    static const VectorBody<T> avx2_body{avx2::sum_row<T>, avx2::copy_row<T>};
+    static const VectorBody<T> avx512_body{avx512::sum_row<T>,  avx512::sum_row<T, float>,
+                                           avx512::copy_row<T>, avx512::round_row<T>,
+                                           avx512::norm_stats,  avx512::norm_row<T>};
+    static const VectorBody<T> avx2_body{avx2::sum_row<T>,  avx2::sum_row<T, float>,
+                                         avx2::copy_row<T>, avx2::round_row<T>,
+                                         avx2::norm_stats,  avx2::norm_row<T>};
     if (isa == Isa::avx512) vector = &avx512_body;
     if (isa == Isa::avx2) vector = &avx2_body;
 #endif

@@ -168,3 +168,89 @@ TEST_CASE("GPU embed: vocab shards, explicit positions, split sinusoids, strided
     }
   }
 }
+
+TEST_CASE("GPU embed + layer_norm / rms_norm equals the CPU", "[gpu][embed][norm]") {
+  // 19 rows: blocks of 2 rows with an idle slot in the last. D 64 and 384: the 16-byte path
+  // (one and two lane steps); 1000: the 16-byte path with a partial last step; 100 (not a
+  // multiple of 8): the scalar path, with a partial last step. Row 5 has a bad id (zero
+  // rows, reported).
+  for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+    for (auto norm : {embrope::Normalization::layer_norm, embrope::Normalization::rms_norm}) {
+      for (auto positions :
+           {embrope::PositionEncoding::learned, embrope::PositionEncoding::sinusoidal}) {
+        for (std::int64_t dim : {64, 100, 384, 1000}) {
+          for (bool pre_f32 : {false, true}) {
+            INFO("dtype " << embrope::dtype_name(dtype) << " norm " << static_cast<int>(norm)
+                          << " positions " << static_cast<int>(positions) << " D " << dim
+                          << " pre_norm_out " << (pre_f32 ? "float32" : "table dtype"));
+            const std::int64_t vocab = 50, rows = 19, max_pos = 64;
+            const int es = embrope::dtype_size(dtype);
+            const DType pre_dtype = pre_f32 ? DType::float32 : dtype;
+            const DType weight_dtype = pre_f32 ? dtype : DType::float32;
+            const int ps = embrope::dtype_size(pre_dtype), ws = embrope::dtype_size(weight_dtype);
+            Buffer table(vocab * dim * es), ptable(max_pos * dim * es), ttable(2 * dim * es);
+            Buffer weight(dim * ws), bias(dim * ws), ids(rows * 8), pids(rows * 8), tids(rows * 8);
+            Buffer out(rows * dim * es), pre(rows * dim * ps);
+            fill_random(table, dtype, vocab * dim, 41);
+            fill_random(ptable, dtype, max_pos * dim, 42);
+            fill_random(ttable, dtype, 2 * dim, 43);
+            fill_random(weight, weight_dtype, dim, 44);
+            fill_random(bias, weight_dtype, dim, 45);
+            std::mt19937_64 rng(46);
+            for (std::int64_t n = 0; n < rows; ++n) {
+              const std::int64_t id = n == 5 ? vocab + 1 : static_cast<std::int64_t>(rng() % vocab);
+              const std::int64_t pid = static_cast<std::int64_t>(rng() % max_pos);
+              const std::int64_t tid = n % 2;
+              std::memcpy(ids.host.data() + 8 * n, &id, 8);
+              std::memcpy(pids.host.data() + 8 * n, &pid, 8);
+              std::memcpy(tids.host.data() + 8 * n, &tid, 8);
+            }
+            for (Buffer* b : {&table, &ptable, &ttable, &weight, &bias, &ids, &pids, &tids}) {
+              b->upload();
+            }
+            out.poison_both(0x7f);
+            pre.poison_both(0x7f);
+            auto run = [&](bool gpu) {
+              const Device d = gpu ? Device::cuda(0) : Device::cpu();
+              auto ptr = [&](Buffer& b) -> void* { return gpu ? b.device : b.host.data(); };
+              embrope::DeferredStatus status(d);
+              embrope::EmbedOptions o;
+              o.scale = 1.5f;
+              o.positions = positions;
+              if (positions == embrope::PositionEncoding::learned) {
+                o.position_table = Tensor(ptr(ptable), dtype, {max_pos, dim}, d);
+              }
+              o.position_ids = Tensor(ptr(pids), DType::int64, {rows}, d);
+              o.type_table = Tensor(ptr(ttable), dtype, {2, dim}, d);
+              o.type_ids = Tensor(ptr(tids), DType::int64, {rows}, d);
+              o.norm = norm;
+              o.norm_eps = 1e-6f;
+              o.norm_unit_offset = pre_f32;
+              o.norm_weight = Tensor(ptr(weight), weight_dtype, {dim}, d);
+              if (norm == embrope::Normalization::layer_norm) {
+                o.norm_bias = Tensor(ptr(bias), weight_dtype, {dim}, d);
+              }
+              o.pre_norm_out = Tensor(ptr(pre), pre_dtype, {rows, dim}, d);
+              o.deferred = &status;
+              embrope::embed(Tensor(ptr(table), dtype, {vocab, dim}, d),
+                             Tensor(ptr(ids), DType::int64, {rows}, d),
+                             Tensor(ptr(out), dtype, {rows, dim}, d), o);
+              REQUIRE_THROWS_WITH(status.check(), Catch::Contains("ids[5] = 51"));
+            };
+            run(false);
+            run(true);
+            cuda_check(cudaDeviceSynchronize());
+            if (positions == embrope::PositionEncoding::learned) {
+              // The same arithmetic in the same order: the same bits.
+              REQUIRE(out.download() == out.host);
+              REQUIRE(pre.download() == pre.host);
+            } else {
+              compare_rows(out.download(), out.host, dtype, rows * dim, dim);
+              compare_rows(pre.download(), pre.host, pre_dtype, rows * dim, dim);
+            }
+          }
+        }
+      }
+    }
+  }
+}

@@ -23,6 +23,22 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "ci_required: must run in CI (CI=true): a skip there is a failure")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI=true, a ci_required test that skips (its PyPI package missing) fails."""
+    outcome = yield
+    report = outcome.get_result()
+    if (report.skipped and os.environ.get("CI") == "true"
+            and item.get_closest_marker("ci_required") is not None):
+        report.outcome = "failed"
+        report.longrepr = f"{item.nodeid}: skipped under CI=true, where it must run"
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

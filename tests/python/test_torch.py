@@ -89,6 +89,43 @@ def test_embed_gradients_match_torch_autograd_of_a_reference():
     assert torch.all(table.grad[7] == 0)  # padding_idx gives no gradient
 
 
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+def test_embed_norm_gradients_match_torch_autograd_of_the_composition(norm):
+    """embed + norm (and its pre-norm output, both with gradients) against torch's own
+    embedding, addition and layer_norm / RMS formula under autograd."""
+    torch.manual_seed(2)
+    V, P, D = 30, 16, 48
+    table = torch.randn(V, D, requires_grad=True)
+    position_table = torch.randn(P, D, requires_grad=True)
+    type_table = torch.randn(2, D, requires_grad=True)
+    weight = (0.5 * torch.randn(D)).requires_grad_()
+    bias = torch.randn(D, requires_grad=True) if norm == "layer_norm" else None
+    ids = torch.randint(0, V, (3, 6))
+    ids[0, :3] = 7
+    type_ids = torch.randint(0, 2, (3, 6))
+    out, pre = et.embed(table, ids, scale=2.0, position_table=position_table,
+                        type_table=type_table, type_ids=type_ids, norm=norm, norm_weight=weight,
+                        norm_bias=bias, norm_eps=1e-5, norm_unit_offset=True,
+                        return_pre_norm=True)
+    w_out, w_pre = torch.randn_like(out), torch.randn_like(pre)
+    ((out * w_out).sum() + (pre * w_pre).sum()).backward()
+    leaves = [table, position_table, type_table, weight] + ([bias] if bias is not None else [])
+    refs = [t.detach().clone().requires_grad_() for t in leaves]
+    x = (2.0 * torch.nn.functional.embedding(ids, refs[0]) + refs[1][torch.arange(6)]
+         + refs[2][type_ids])
+    if norm == "layer_norm":
+        expected = torch.nn.functional.layer_norm(x, (D,), 1.0 + refs[3], refs[4], 1e-5)
+    else:
+        expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * (1.0 + refs[3])
+    ((expected * w_out).sum() + (x * w_pre).sum()).backward()
+    torch.testing.assert_close(pre, x, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+    for mine, theirs in zip(leaves, refs):
+        torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-4, rtol=1e-5)
+    with pytest.raises(embrope.InvalidArgumentError, match="vocab_shard"):
+        et.embed(table, ids, norm=norm, vocab_shard=True)
+
+
 def test_embed_backward_is_deterministic_and_frozen_tables_get_none():
     table = torch.randn(5, 4)  # frozen
     positions = torch.randn(8, 4, requires_grad=True)
@@ -155,6 +192,10 @@ def test_opcheck_of_every_operator():
                   torch.randn(2, 4, requires_grad=True), torch.tensor([[0, 1], [1, 1]]), 1.5, 0,
                   False, 1, 10000.0, 0, None)
     torch.library.opcheck(torch.ops.embrope.embed.default, embed_args)
+    torch.library.opcheck(torch.ops.embrope.embed_norm.default,
+                          embed_args[:7] + (torch.randn(4, requires_grad=True),
+                                            torch.randn(4, requires_grad=True), 1.5, 0, 1,
+                                            10000.0, 0, 1, 1e-5, False, None))
     torch.library.opcheck(torch.ops.embrope.embed_backward.default,
                           (torch.randn(2, 2, 4), torch.tensor([[1, 2], [3, 9]]), None, None, None,
                            10, 6, 0, torch.float32, 1.0, 0, False, None))

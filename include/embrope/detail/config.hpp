@@ -6,3 +6,11 @@
 #else
 #define EMBROPE_HD inline
 #endif
+
+// CPU helpers that the per-instruction-set vector bodies must compile as their own code
+// (inlined, then vectorized for the caller's target) rather than call as one generic copy.
+#if defined(__GNUC__)
+#define EMBROPE_INLINE_INTO_CALLER inline __attribute__((always_inline))
+#else
+#define EMBROPE_INLINE_INTO_CALLER inline
+#endif

@@ -1,0 +1,123 @@
+// Row normalisation in float32 (LayerNorm, Ba et al. 2016, arXiv:1607.06450; RMSNorm, Zhang &
+// Sennrich 2019, arXiv:1910.07467), shared by the CPU and CUDA backends (docs/numerics.md,
+// "Normalisation"), so that both sum in the same order and round the same way.
+//
+// The order of a row's sums: element j of the row goes to partial j % kNormPartials, each
+// partial a float32 sum in ascending j starting from +0; the partials are then combined by
+// halving, partial[m] += partial[m + h] for h = 128, 64, ..., 1, and the result is
+// partial[0]. Every step is an independent float32 addition, so a CPU vector loop and the
+// GPU (lane l of a row's 32 lanes owns partials 8l .. 8l + 7, loaded as one 16-byte chunk for
+// 16-bit values) give the same bits. A partial never holds -0 (it starts at +0 and IEEE sums
+// to zero are +0), so partials that no element reaches are exact identities.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "embrope/detail/config.hpp"
+
+namespace embrope::detail {
+
+constexpr int kNormLanes = 32;     // lanes (GPU threads) that share a row
+constexpr int kNormLaneWidth = 8;  // consecutive partials (elements) of one lane
+constexpr int kNormPartials = kNormLanes * kNormLaneWidth;
+
+// The row's statistics: y = (x - mean) * rstd * weight + bias (mean 0 for rms_norm).
+struct NormStats {
+  float mean = 0.0f;
+  float rstd = 1.0f;
+};
+
+// Combines the partials by halving (the order above); partial is overwritten.
+EMBROPE_INLINE_INTO_CALLER float combine_norm_partials(float* partial) {
+  for (int h = kNormPartials / 2; h >= 1; h /= 2) {
+    for (int m = 0; m < h; ++m) partial[m] += partial[m + h];
+  }
+  return partial[0];
+}
+
+// The sum over j < n of term(j), in the order above (the CPU's form; term is a float32 value).
+template <typename Term>
+EMBROPE_INLINE_INTO_CALLER float canonical_row_sum(std::int64_t n, Term term) {
+  float partial[kNormPartials] = {};
+  for (std::int64_t base = 0; base < n; base += kNormPartials) {
+    const int count = n - base < kNormPartials ? static_cast<int>(n - base) : kNormPartials;
+    for (int m = 0; m < count; ++m) partial[m] += term(base + m);
+  }
+  return combine_norm_partials(partial);
+}
+
+// Forward declarations for row_norm_stats (defined below).
+EMBROPE_HD float norm_mean(float sum, std::int64_t dim);
+EMBROPE_HD float norm_square_term(float x, float mean);
+EMBROPE_HD float norm_rstd(float sum_squares, std::int64_t dim, float eps);
+
+// mean = sum / D, correctly rounded.
+EMBROPE_HD float norm_mean(float sum, std::int64_t dim) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(sum, static_cast<float>(dim));
+#else
+  return sum / static_cast<float>(dim);
+#endif
+}
+
+// One term of the second sum: (x - mean)^2, the difference and the square each rounded (for
+// rms_norm mean is 0 and x - 0 is x).
+EMBROPE_HD float norm_square_term(float x, float mean) {
+#if defined(__CUDA_ARCH__)
+  const float d = __fsub_rn(x, mean);
+  return __fmul_rn(d, d);
+#else
+  const float d = x - mean;
+  return d * d;
+#endif
+}
+
+// rstd = 1 / sqrt(sum_squares / D + eps), each step correctly rounded in float32 (sqrtf is
+// IEEE-rounded on the GPU unless built with -prec-sqrt=false or fast math, which embrope is
+// not; not rsqrtf, which is approximate).
+EMBROPE_HD float norm_rstd(float sum_squares, std::int64_t dim, float eps) {
+#if defined(__CUDA_ARCH__)
+  const float var = __fdiv_rn(sum_squares, static_cast<float>(dim));
+  return __fdiv_rn(1.0f, sqrtf(__fadd_rn(var, eps)));
+#else
+  const float var = sum_squares / static_cast<float>(dim);
+  return 1.0f / std::sqrt(var + eps);
+#endif
+}
+
+// The normalised value ((x - mean) * rstd) * weight + bias, every step rounded (weight is
+// already 1 + w for unit-offset weights; absent weight and bias are 1 and 0).
+EMBROPE_HD float norm_apply(float x, NormStats s, float weight, float bias) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x, s.mean), s.rstd), weight), bias);
+#else
+  return (x - s.mean) * s.rstd * weight + bias;
+#endif
+}
+
+// The weight factor of element j from the stored weight w: w, or 1 + w (Gemma's unit offset).
+EMBROPE_HD float norm_weight_factor(float w, bool unit_offset) {
+#if defined(__CUDA_ARCH__)
+  return unit_offset ? __fadd_rn(1.0f, w) : w;
+#else
+  return unit_offset ? 1.0f + w : w;
+#endif
+}
+
+// The statistics of a float32 row a[0 .. dim) (the CPU's form): the mean (layer_norm; 0 for
+// rms_norm) and rstd, with the sums in the order above.
+EMBROPE_INLINE_INTO_CALLER NormStats row_norm_stats(const float* a, std::int64_t dim,
+                                                    bool layer_norm, float eps) {
+  NormStats s;
+  if (layer_norm) {
+    s.mean = norm_mean(canonical_row_sum(dim, [a](std::int64_t j) { return a[j]; }), dim);
+  }
+  const float mean = s.mean;
+  s.rstd = norm_rstd(
+      canonical_row_sum(dim, [a, mean](std::int64_t j) { return norm_square_term(a[j], mean); }),
+      dim, eps);
+  return s;
+}
+
+}  // namespace embrope::detail
