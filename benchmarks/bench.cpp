@@ -623,6 +623,73 @@ void register_embed_norm() {
   }
 }
 
+// qk-norm + RoPE of Qwen3-8B's q and k ([T, 32, 128] and [T, 8, 128]), out of place: q and k
+// read, the normalised and rotated rows written. Unfused baseline inside embrope: each head
+// row normalised by embed with rms_norm (q and k viewed as tables of head rows, ids 0 .. rows
+// - 1, their own weights), then apply_rope of the normalised rows in place.
+void qk_norm_rope_case(benchmark::State& state, DType dtype, std::int64_t tokens, bool fused) {
+  const std::int64_t hq = 32, hk = 8, dim = 128;
+  const int es = embrope::dtype_size(dtype);
+  Memory& q = shared_values("rope_q", tokens * hq * dim * es, dtype);
+  Memory& k = shared_values("rope_k", tokens * hk * dim * es, dtype);
+  Memory& q_out = shared("qk_q_out", tokens * hq * dim * es, [](Memory&) {});
+  Memory& k_out = shared("qk_k_out", tokens * hk * dim * es, [](Memory&) {});
+  Memory& wq = shared_values("q_norm_weight", dim * 4, DType::float32);
+  Memory& wk = shared_values("k_norm_weight", dim * 4, DType::float32);
+  Memory& pos = shared_indices("positions", tokens, 65536, true);
+  Memory& rows = shared_indices("head_rows", tokens * hq, tokens * hq, true);
+  const embrope::RopeCache& cache = shared_cache(dim);
+  const Tensor tq(q.data(), dtype, {tokens, hq, dim}, device());
+  const Tensor tk(k.data(), dtype, {tokens, hk, dim}, device());
+  const Tensor tq_out(q_out.data(), dtype, {tokens, hq, dim}, device());
+  const Tensor tk_out(k_out.data(), dtype, {tokens, hk, dim}, device());
+  const Tensor tp(pos.data(), DType::int64, {tokens}, device());
+  embrope::QkNorm norm;
+  norm.q_weight = Tensor(wq.data(), DType::float32, {dim}, device());
+  norm.k_weight = Tensor(wk.data(), DType::float32, {dim}, device());
+  embrope::RopeOptions options;
+  options.q_out = tq_out;
+  options.k_out = tk_out;
+  // The unfused pair's pieces: q and k as [rows, D] tables.
+  const Tensor q_rows(q.data(), dtype, {tokens * hq, dim}, device());
+  const Tensor k_rows(k.data(), dtype, {tokens * hk, dim}, device());
+  const Tensor q_out_rows(q_out.data(), dtype, {tokens * hq, dim}, device());
+  const Tensor k_out_rows(k_out.data(), dtype, {tokens * hk, dim}, device());
+  const Tensor q_ids(rows.data(), DType::int64, {tokens * hq}, device());
+  const Tensor k_ids(rows.data(), DType::int64, {tokens * hk}, device());
+  embrope::EmbedOptions q_norm, k_norm;
+  q_norm.norm = k_norm.norm = embrope::Normalization::rms_norm;
+  q_norm.norm_eps = k_norm.norm_eps = 1e-6f;
+  q_norm.norm_weight = norm.q_weight;
+  k_norm.norm_weight = norm.k_weight;
+  const std::int64_t bytes = 2 * tokens * (hq + hk) * dim * es;
+  std::function<void()> body = [&] {
+    embrope::apply_qk_norm_rope(tq, tk, tp, cache, norm, options);
+  };
+  if (!fused) {
+    body = [&] {
+      embrope::embed(q_rows, q_ids, q_out_rows, q_norm);
+      embrope::embed(k_rows, k_ids, k_out_rows, k_norm);
+      embrope::apply_rope(tq_out, tk_out, tp, cache);
+    };
+  }
+  run_timed(state, body, bytes);
+}
+
+void register_qk_norm_rope() {
+  for (const char* dt : {"bf16", "f32"}) {
+    if (!g_full && std::strcmp(dt, "bf16") != 0) continue;
+    const DType dtype = parse_dtype(dt);
+    const std::int64_t t = 16384;
+    for (bool fused : {false, true}) {
+      const std::string name = std::string("qk_norm_rope/qwen3-8b/") + dt +
+                               "/T=" + std::to_string(t) + (fused ? "" : "/unfused_norm_then_rope");
+      register_pair(name, 2 * t * (32 + 8) * 128 * embrope::dtype_size(dtype),
+                    [=](benchmark::State& st) { qk_norm_rope_case(st, dtype, t, fused); });
+    }
+  }
+}
+
 // ---------------------------------------------------------------- backward passes ----
 
 // The vocabulary of the backward cases (as the forward embed cases).
@@ -828,6 +895,7 @@ int main(int argc, char** argv) {
   }
   register_all();
   register_embed_norm();
+  register_qk_norm_rope();
   register_backward();
   PctReporter<ProgressReporter> progress;
   PctReporter<benchmark::ConsoleReporter> table;

@@ -36,7 +36,7 @@ from typing import Any, Optional
 SMALL_BYTES = 256 * 1024
 
 NAME = re.compile(
-    r"^(?P<op>rope_append_kv|rope_backward|rope|embed_backward|embed_layer_norm|embed)/(?P<rest>.*?)(?:/real_time|/manual_time)?$")
+    r"^(?P<op>rope_append_kv|rope_backward|qk_norm_rope|rope|embed_backward|embed_layer_norm|embed)/(?P<rest>.*?)(?:/real_time|/manual_time)?$")
 
 
 def parse_case(name: str) -> Optional[dict]:
@@ -46,7 +46,7 @@ def parse_case(name: str) -> Optional[dict]:
         return None
     op, parts = match.group("op"), match.group("rest").split("/")
     case = {"op": op, "variant": ""}
-    if op in ("rope", "rope_backward", "rope_append_kv"):
+    if op in ("rope", "rope_backward", "rope_append_kv", "qk_norm_rope"):
         case.update(shape=parts[0], dtype=parts[1], tokens=int(parts[2][2:]))
         case["variant"] = "/".join(parts[3:])
     elif op in ("embed", "embed_layer_norm"):
@@ -159,6 +159,31 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
             return rotate(q, cos, sin), rotate(k, cos, sin)
 
         return time_median(run, sync)
+    if case["op"] == "qk_norm_rope" and case["shape"] == "qwen3-8b":
+        # HF Qwen3's q_norm / k_norm (RMSNorm in float32, the weight times the normalised
+        # value in the input dtype), then the rotation as above.
+        q = tensor(torch, "q", (tokens, 32, 128), dtype, device)
+        k = tensor(torch, "k", (tokens, 8, 128), dtype, device)
+        wq = tensor(torch, "q_norm_weight", (128,), dtype, device)
+        wk = tensor(torch, "k_norm_weight", (128,), dtype, device)
+        cache = tensor(torch, "cos_sin_cache", (65536, 128), dtype, device)
+        positions = tensor(torch, "positions", (tokens,), None, device, integers=65536)
+
+        def rms_norm(x, w):
+            x32 = x.float()
+            x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)
+            return w * x32.to(x.dtype)
+
+        def rotate_half(x, cos, sin):
+            a, b = x.chunk(2, dim=-1)
+            return torch.cat((a * cos - b * sin, b * cos + a * sin), -1)
+
+        def run_qk():
+            cos, sin = cache.index_select(0, positions).chunk(2, dim=-1)
+            cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+            return rotate_half(rms_norm(q, wq), cos, sin), rotate_half(rms_norm(k, wk), cos, sin)
+
+        return time_median(run_qk, sync)
     if case["op"].startswith("embed ") and not case["op"].startswith("embed_backward"):
         kind = case["op"].split()[1]
         dim = int(case["shape"].split("=")[1])
@@ -225,8 +250,10 @@ NOTE = ("% of copy: GB/s over a copy of the same bytes measured in the same run,
         "percentage compares call overheads more than bandwidth. vs unfused: the unfused "
         "baseline's median time over the op's (RoPE: q then k in two calls; learned positions: "
         "lookup, positions, then an add pass; RoPE + KV append: RoPE, then a copy; embed + "
-        "LayerNorm: the lookup with positions, then a LayerNorm pass). vs torch eager: PyTorch eager's median time over "
-        "the op's, measured in the same run.")
+        "LayerNorm: the lookup with positions, then a LayerNorm pass; qk-norm + RoPE: an "
+        "RMSNorm pass over the head rows (embed with rms_norm), then RoPE). vs torch eager: "
+        "PyTorch eager's median time over the op's, measured in the same run (qk-norm + RoPE: "
+        "HF Qwen3's RMSNorm, then vLLM's RoPE).")
 
 
 def print_table(rows: list[list[str]]) -> None:

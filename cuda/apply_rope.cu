@@ -30,21 +30,6 @@ using detail::to_float;
 
 constexpr int kWarpsPerBlock = 8;
 
-// Run by one thread of the last block: if the record's key names a token of this call whose
-// position is out of range, write that position and the range.
-__device__ void describe_bad_position(const detail::RopeParams& p) {
-  const std::int64_t key = current_key(p.bad);
-  const std::int64_t t = detail::bad_index_row(key);
-  if (key == detail::kNoBadIndex || t >= p.batch * p.seq ||
-      detail::bad_index_arg(key) != detail::BadIndexArg::positions) {
-    return;
-  }
-  const std::int64_t b = t / p.seq;
-  if (detail::rope_bad_stream(p, b, t - b * p.seq) >= 0) {
-    detail::describe_bad_index(p.bad, p.bad_op, detail::rope_bad_position(p, t));
-  }
-}
-
 template <typename T, typename C>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     rope_kernel(const __grid_constant__ detail::RopeParams p) {
@@ -92,7 +77,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       for (std::int64_t j = p.rotary_dim + lane; j < p.head_dim; j += 32) out[j] = in[j];
     }
   }
-  if (last_block_done(p.bad)) describe_bad_position(p);
+  if (last_block_done(p.bad)) describe_bad_rope_position(p);
 }
 
 template <typename T, typename C>
@@ -201,7 +186,7 @@ __global__ void __launch_bounds__(256)
       }
     }
   }
-  if (last_block_done(p.bad)) describe_bad_position(p);
+  if (last_block_done(p.bad)) describe_bad_rope_position(p);
 }
 
 // The fast path needs: a float32 table, whole 16-byte chunks everywhere (rotary part,

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "../src/bad_index.hpp"
+#include "../src/params.hpp"
 #include "block_shared.cuh"
 
 namespace embrope::gpu {
@@ -47,6 +48,21 @@ __device__ __forceinline__ bool last_block_done(detail::BadIndexRecord* record) 
   }
   __syncthreads();
   return describe && threadIdx.x == 0 && threadIdx.y == 0;
+}
+
+// Run by one thread of the last block of a RoPE-family launch: if the record's key names a
+// token of this call whose position is out of range, write that position and the range.
+__device__ inline void describe_bad_rope_position(const detail::RopeParams& p) {
+  const std::int64_t key = current_key(p.bad);
+  const std::int64_t t = detail::bad_index_row(key);
+  if (key == detail::kNoBadIndex || t >= p.batch * p.seq ||
+      detail::bad_index_arg(key) != detail::BadIndexArg::positions) {
+    return;
+  }
+  const std::int64_t b = t / p.seq;
+  if (detail::rope_bad_stream(p, b, t - b * p.seq) >= 0) {
+    detail::describe_bad_index(p.bad, p.bad_op, detail::rope_bad_position(p, t));
+  }
 }
 
 }  // namespace embrope::gpu

@@ -14,6 +14,7 @@
 #include "block_shared.cuh"
 #include "common.cuh"
 #include "embrope/detail/norm_math.hpp"
+#include "norm_reduce.cuh"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/sinusoid.hpp"
 #include "vector.cuh"
@@ -154,21 +155,7 @@ __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
   const int lane = threadIdx.x;
   const int slot = threadIdx.y;
   const std::int64_t dim = p.dim;
-  float* const s = block_shared().norm_partials + slot * detail::kNormPartials;
-  // The sum of the row's partials (this lane's kWidth), by halving; every thread of the
-  // block calls it the same number of times.
-  auto reduce = [&](const float* part) {
-#pragma unroll
-    for (int w = 0; w < kWidth; ++w) s[lane * kWidth + w] = part[w];
-    __syncthreads();
-    for (int h = detail::kNormPartials / 2; h >= 1; h /= 2) {
-      for (int m = lane; m < h; m += kLanes) s[m] += s[m + h];
-      __syncthreads();
-    }
-    const float total = s[0];
-    __syncthreads();  // read by every lane before the next reduction writes
-    return total;
-  };
+  auto reduce = [&](const float* part) { return reduce_norm_partials(part, slot, lane); };
   const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * kRowsPerBlock;
   for (std::int64_t first = blockIdx.x * static_cast<std::int64_t>(kRowsPerBlock); first < p.rows;
        first += row_stride) {

@@ -32,6 +32,12 @@ inline constexpr RopeNames kRopeBackwardNames{
 inline constexpr RopeNames kRopeAppendKvNames{
     "apply_rope_append_kv", "q", "k", "q_out", "k_out",
     "the token dimensions of q", "head_dim of q", BadIndexOp::apply_rope_append_kv};
+inline constexpr RopeNames kQkNormRopeNames{
+    "apply_qk_norm_rope", "q", "k", "q_out", "k_out",
+    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_qk_norm_rope};
+inline constexpr RopeNames kQkNormRopeBackwardNames{
+    "apply_qk_norm_rope_backward", "dq", "dk", "dq_out", "dk_out",
+    "the token dimensions of dq", "head_dim of dq", BadIndexOp::apply_qk_norm_rope_backward};
 // clang-format on
 
 // Where the cos/sin values come from, whatever their owner.

@@ -18,6 +18,8 @@ void embed(const detail::EmbedParams& params);
 void embed_backward(const detail::EmbedBackwardParams& params);
 void apply_rope(const detail::RopeParams& params);
 void apply_rope_append_kv(const detail::RopeAppendKvParams& params);
+void apply_qk_norm_rope(const detail::QkNormRopeParams& params);
+void apply_qk_norm_rope_backward(const detail::QkNormRopeParams& params);
 // Rotates the q and k heads of the one token of `token` (batch = seq = 1, pointers at the
 // token) with the instruction set apply_rope uses. widened: 2 * rotary_dim floats.
 void rotate_one_token(const detail::RopeParams& token, float* widened);
@@ -50,6 +52,12 @@ void embed_backward(const detail::EmbedBackwardParams& params, Device device, St
 std::size_t embed_backward_workspace_size(const detail::EmbedBackwardParams& params, Device device);
 void apply_rope(const detail::RopeParams& params, Device device, Stream stream);
 void apply_rope_append_kv(const detail::RopeAppendKvParams& params, Device device, Stream stream);
+void apply_qk_norm_rope(const detail::QkNormRopeParams& params, Device device, Stream stream);
+void apply_qk_norm_rope_backward(const detail::QkNormRopeParams& params, Device device,
+                                 Stream stream);
+// Bytes of workspace apply_qk_norm_rope_backward needs (0 without a weight gradient).
+std::size_t apply_qk_norm_rope_backward_workspace_size(const detail::QkNormRopeParams& params,
+                                                       Device device);
 void packed_positions(const detail::PackedPositionsParams& params, Device device, Stream stream);
 // Bytes of workspace packed_positions needs for these parameters.
 std::size_t packed_positions_workspace_size(const detail::PackedPositionsParams& params,

@@ -25,6 +25,8 @@ enum class BadIndexOp : std::int32_t {
   embed_backward = 4,
   apply_rope_backward = 5,
   apply_rope_append_kv = 6,
+  apply_qk_norm_rope = 7,
+  apply_qk_norm_rope_backward = 8,
 };
 
 // Which argument of the row was bad. A row may have several bad arguments; the lowest

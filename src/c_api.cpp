@@ -113,6 +113,27 @@ embrope::RopeOptions rope_options(const char* function, const embrope_rope_optio
   return options;
 }
 
+embrope::QkNorm qk_norm(const char* function, const embrope_qk_norm_t* n) {
+  embrope::QkNorm norm;
+  if (n == nullptr) return norm;
+  norm.q_weight = to_optional(function, "q_weight", n->q_weight);
+  norm.k_weight = to_optional(function, "k_weight", n->k_weight);
+  norm.eps = n->eps;
+  norm.unit_offset = n->unit_offset != 0;
+  return norm;
+}
+
+embrope::QkNormGradients qk_norm_gradients(const char* function,
+                                           const embrope_qk_norm_gradients_t* g) {
+  embrope::QkNormGradients grads;
+  if (g == nullptr) return grads;
+  grads.q_weight = to_optional(function, "grads.q_weight", g->q_weight);
+  grads.k_weight = to_optional(function, "grads.k_weight", g->k_weight);
+  grads.workspace = g->workspace;
+  grads.workspace_bytes = g->workspace_bytes;
+  return grads;
+}
+
 }  // namespace
 
 namespace {
@@ -630,6 +651,86 @@ embrope_status_t embrope_apply_rope_backward_cos_sin(const DLTensor* dq, const D
     embrope::apply_rope_backward(to_tensor(fn, "dq", dq), to_optional(fn, "dk", dk),
                                  to_tensor(fn, "positions", positions), to_tensor(fn, "cos", cos),
                                  to_tensor(fn, "sin", sin), rope_options(fn, options, stream));
+  });
+}
+
+void embrope_qk_norm_init(embrope_qk_norm_t* norm) {
+  if (norm == nullptr) return;
+  *norm = embrope_qk_norm_t{};
+  norm->eps = 1e-6f;
+}
+
+void embrope_qk_norm_gradients_init(embrope_qk_norm_gradients_t* grads) {
+  if (grads == nullptr) return;
+  *grads = embrope_qk_norm_gradients_t{};
+}
+
+embrope_status_t embrope_apply_qk_norm_rope(const DLTensor* q, const DLTensor* k,
+                                            const DLTensor* positions,
+                                            const embrope_rope_cache_t* cache,
+                                            const embrope_qk_norm_t* norm,
+                                            const embrope_rope_options_t* options, void* stream) {
+  constexpr const char* fn = "embrope_apply_qk_norm_rope";
+  return guarded(fn, "apply_qk_norm_rope", [&] {
+    if (cache == nullptr) fail(fn, "cache is null");
+    embrope::apply_qk_norm_rope(to_tensor(fn, "q", q), to_optional(fn, "k", k),
+                                to_tensor(fn, "positions", positions), cache->cache,
+                                qk_norm(fn, norm), rope_options(fn, options, stream));
+  });
+}
+
+embrope_status_t embrope_apply_qk_norm_rope_cos_sin(const DLTensor* q, const DLTensor* k,
+                                                    const DLTensor* positions, const DLTensor* cos,
+                                                    const DLTensor* sin,
+                                                    const embrope_qk_norm_t* norm,
+                                                    const embrope_rope_options_t* options,
+                                                    void* stream) {
+  constexpr const char* fn = "embrope_apply_qk_norm_rope_cos_sin";
+  return guarded(fn, "apply_qk_norm_rope", [&] {
+    embrope::apply_qk_norm_rope(to_tensor(fn, "q", q), to_optional(fn, "k", k),
+                                to_tensor(fn, "positions", positions), to_tensor(fn, "cos", cos),
+                                to_tensor(fn, "sin", sin), qk_norm(fn, norm),
+                                rope_options(fn, options, stream));
+  });
+}
+
+embrope_status_t embrope_apply_qk_norm_rope_backward(
+    const DLTensor* dq, const DLTensor* dk, const DLTensor* q, const DLTensor* k,
+    const DLTensor* positions, const embrope_rope_cache_t* cache, const embrope_qk_norm_t* norm,
+    const embrope_qk_norm_gradients_t* grads, const embrope_rope_options_t* options, void* stream) {
+  constexpr const char* fn = "embrope_apply_qk_norm_rope_backward";
+  return guarded(fn, "apply_qk_norm_rope_backward", [&] {
+    if (cache == nullptr) fail(fn, "cache is null");
+    embrope::apply_qk_norm_rope_backward(
+        to_tensor(fn, "dq", dq), to_optional(fn, "dk", dk), to_tensor(fn, "q", q),
+        to_optional(fn, "k", k), to_tensor(fn, "positions", positions), cache->cache,
+        qk_norm(fn, norm), qk_norm_gradients(fn, grads), rope_options(fn, options, stream));
+  });
+}
+
+embrope_status_t embrope_apply_qk_norm_rope_backward_cos_sin(
+    const DLTensor* dq, const DLTensor* dk, const DLTensor* q, const DLTensor* k,
+    const DLTensor* positions, const DLTensor* cos, const DLTensor* sin,
+    const embrope_qk_norm_t* norm, const embrope_qk_norm_gradients_t* grads,
+    const embrope_rope_options_t* options, void* stream) {
+  constexpr const char* fn = "embrope_apply_qk_norm_rope_backward_cos_sin";
+  return guarded(fn, "apply_qk_norm_rope_backward", [&] {
+    embrope::apply_qk_norm_rope_backward(
+        to_tensor(fn, "dq", dq), to_optional(fn, "dk", dk), to_tensor(fn, "q", q),
+        to_optional(fn, "k", k), to_tensor(fn, "positions", positions), to_tensor(fn, "cos", cos),
+        to_tensor(fn, "sin", sin), qk_norm(fn, norm), qk_norm_gradients(fn, grads),
+        rope_options(fn, options, stream));
+  });
+}
+
+embrope_status_t embrope_apply_qk_norm_rope_backward_workspace_size(
+    const DLTensor* dq, const DLTensor* dk, const embrope_qk_norm_gradients_t* grads,
+    size_t* bytes) {
+  constexpr const char* fn = "embrope_apply_qk_norm_rope_backward_workspace_size";
+  return guarded(fn, "apply_qk_norm_rope_backward", [&] {
+    if (bytes == nullptr) fail(fn, "bytes (the result pointer) is null");
+    *bytes = embrope::apply_qk_norm_rope_backward_workspace_size(
+        to_tensor(fn, "dq", dq), to_optional(fn, "dk", dk), qk_norm_gradients(fn, grads));
   });
 }
 

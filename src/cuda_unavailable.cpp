@@ -36,6 +36,15 @@ void apply_rope(const detail::RopeParams&, Device, Stream) {
 void apply_rope_append_kv(const detail::RopeAppendKvParams&, Device, Stream) {
   unavailable("apply_rope_append_kv");
 }
+void apply_qk_norm_rope(const detail::QkNormRopeParams&, Device, Stream) {
+  unavailable("apply_qk_norm_rope");
+}
+void apply_qk_norm_rope_backward(const detail::QkNormRopeParams&, Device, Stream) {
+  unavailable("apply_qk_norm_rope_backward");
+}
+std::size_t apply_qk_norm_rope_backward_workspace_size(const detail::QkNormRopeParams&, Device) {
+  unavailable("apply_qk_norm_rope_backward");
+}
 void packed_positions(const detail::PackedPositionsParams&, Device, Stream) {
   unavailable("packed_positions");
 }

@@ -8,6 +8,7 @@
 
 #include "bad_index.hpp"
 #include "embrope/detail/config.hpp"
+#include "embrope/detail/norm_math.hpp"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
 #include "embrope/types.hpp"
@@ -208,6 +209,85 @@ EMBROPE_HD BadIndexValue rope_bad_position(const RopeParams& p, std::int64_t t) 
   const std::int64_t b = t / p.seq;
   const std::int64_t s = t - b * p.seq;
   return {rope_position(p, b, s, rope_bad_stream(p, b, s)), 0, p.table_rows};
+}
+
+// The table's cos and sin (times sin_sign) of pair i of a token whose stream positions are
+// position0..2 (all the same without mrope). Three scalars, not an array: on the GPU an array
+// indexed at run time would live in local memory.
+template <typename C>
+EMBROPE_HD void rope_pair_cos_sin(const RopeParams& p, std::int64_t position0,
+                                  std::int64_t position1, std::int64_t position2, std::int64_t i,
+                                  float sin_sign, float& cos_v, float& sin_v) {
+  const int stream = rope_stream(p, i);
+  const std::int64_t row = stream == 0 ? position0 : (stream == 1 ? position1 : position2);
+  cos_v = to_float(static_cast<const C*>(p.cos)[row * p.cos_stride + i]);
+  sin_v = sin_sign * to_float(static_cast<const C*>(p.sin)[row * p.sin_stride + i]);
+}
+
+// The pair of element j < rotary_dim (its frequency), its partner element and whether j is the
+// pair's first element.
+struct RopePairOf {
+  std::int64_t pair, partner;
+  bool first;
+};
+EMBROPE_HD RopePairOf rope_pair_of(const RopeParams& p, std::int64_t j) {
+  const std::int64_t half = p.rotary_dim / 2;
+  if (p.layout == RopeLayout::neox) {
+    return j < half ? RopePairOf{j, j + half, true} : RopePairOf{j - half, j - half, false};
+  }
+  return (j & 1) == 0 ? RopePairOf{j / 2, j + 1, true} : RopePairOf{j / 2, j - 1, false};
+}
+
+// Elements (a, b) of pair i.
+EMBROPE_HD std::int64_t rope_pair_first(const RopeParams& p, std::int64_t i) {
+  return p.layout == RopeLayout::neox ? i : 2 * i;
+}
+EMBROPE_HD std::int64_t rope_pair_second(const RopeParams& p, std::int64_t i) {
+  return p.layout == RopeLayout::neox ? i + p.rotary_dim / 2 : 2 * i + 1;
+}
+
+// ------------------------------------------------------------- apply_qk_norm_rope ----
+
+struct QkNormRopeParams {
+  // The rotation and its rows. Forward: rope.q.in is q, rope.q.out the output. Backward:
+  // rope.q.in is dq (the output's gradient), rope.q.out the input's gradient, and rope.inverse
+  // already transposed (the rotation dq is turned by).
+  RopeParams rope;
+  // [D] weights, null when absent (1).
+  const void* q_weight = nullptr;
+  const void* k_weight = nullptr;
+  DType q_weight_dtype = DType::float32, k_weight_dtype = DType::float32;
+  float eps = 0.0f;
+  bool unit_offset = false;
+  // Backward: the forward's inputs (in and the strides; out unused) and the weight gradients
+  // ([D] float32, null when not requested).
+  RopeHeads saved_q, saved_k;
+  float* q_weight_grad = nullptr;
+  float* k_weight_grad = nullptr;
+  void* workspace = nullptr;  // CUDA, with a weight gradient; null: allocate on the stream
+  std::size_t workspace_bytes = 0;
+};
+
+// The weight factor of element j of a q (is_q) or k row: 1, w_j, or 1 + w_j.
+EMBROPE_HD float qk_norm_weight(const QkNormRopeParams& p, bool is_q, std::int64_t j) {
+  const void* w = is_q ? p.q_weight : p.k_weight;
+  if (w == nullptr) return 1.0f;
+  return norm_weight_factor(load_vector_value(w, is_q ? p.q_weight_dtype : p.k_weight_dtype, j),
+                            p.unit_offset);
+}
+
+// Chunks of kWeightGradRows rows of q and of k (the weight gradient's order): q's chunks come
+// first, then k's.
+EMBROPE_HD std::int64_t qk_chunks(std::int64_t rows) {
+  return (rows + kWeightGradRows - 1) / kWeightGradRows;
+}
+
+// The saved forward input of head h of token (b, s) of q (is_q) or k.
+template <typename T>
+EMBROPE_HD const T* qk_saved_row(const QkNormRopeParams& p, bool is_q, std::int64_t b,
+                                 std::int64_t s, std::int64_t h) {
+  const RopeHeads& x = is_q ? p.saved_q : p.saved_k;
+  return static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s + h * x.in_stride_h;
 }
 
 // ------------------------------------------------------------ apply_rope_append_kv ----

@@ -293,6 +293,74 @@ void embed_norm_case(embrope::Normalization norm, bool unit_offset, std::int64_t
   compare(what + " pre_norm_out", pre, want_pre);
 }
 
+// qk-norm + RoPE ([T, 3, D] q and [T, 2, D] k, weights in float32 or T, partial rotary): the
+// vector bodies' sums of squares, rstd and rotations against detail/'s scalar forms.
+template <typename T, typename W>
+void qk_norm_rope_case(embrope::RopeLayout layout, std::int64_t dim, std::int64_t rotary,
+                       bool unit_offset) {
+  const std::int64_t tokens = 37, hq = 3, hk = 2, max_positions = 64;
+  std::vector<T> q = make_values<T>(static_cast<std::size_t>(tokens * hq * dim), true, 31);
+  std::vector<T> k = make_values<T>(static_cast<std::size_t>(tokens * hk * dim), true, 32);
+  std::vector<W> wq = make_values<W>(static_cast<std::size_t>(dim), true, 33);
+  std::vector<W> wk = make_values<W>(static_cast<std::size_t>(dim), true, 34);
+  std::vector<std::int64_t> positions(tokens);
+  for (std::int64_t t = 0; t < tokens; ++t) positions[t] = (t * 11) % max_positions;
+  const embrope::RopeCache cache({rotary, 10000.0, max_positions});
+  std::vector<float> cos_sin(static_cast<std::size_t>(max_positions * rotary));
+  cache.copy_to_host(cos_sin.data(), cos_sin.data() + max_positions * rotary / 2);
+  const float eps = 1e-6f;
+  const std::int64_t half = rotary / 2;
+  auto reference = [&](const std::vector<T>& x, const std::vector<W>& w, std::int64_t heads) {
+    std::vector<T> want(x.size());
+    for (std::int64_t row = 0; row < tokens * heads; ++row) {
+      const T* in = x.data() + row * dim;
+      const float rstd = embrope::detail::norm_rstd(
+          embrope::detail::canonical_row_sum(dim,
+                                             [&](std::int64_t j) {
+                                               return embrope::detail::norm_square_term(
+                                                   to_float(in[j]), 0.0f);
+                                             }),
+          dim, eps);
+      std::vector<float> n(static_cast<std::size_t>(dim));
+      for (std::int64_t j = 0; j < dim; ++j) {
+        n[j] = embrope::detail::norm_product(
+            embrope::detail::rms_normalized(to_float(in[j]), rstd),
+            embrope::detail::norm_weight_factor(to_float(w[j]), unit_offset));
+      }
+      const std::int64_t p = positions[row / heads];
+      for (std::int64_t i = 0; i < half; ++i) {
+        const bool neox = layout == embrope::RopeLayout::neox;
+        const std::int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        float va = n[a], vb = n[b];
+        // The cache's rows (copy_to_host layout): cos [P, R/2], then sin [P, R/2].
+        embrope::detail::rotate_pair(va, vb, cos_sin[p * half + i],
+                                     cos_sin[max_positions * half + p * half + i]);
+        n[a] = va;
+        n[b] = vb;
+      }
+      for (std::int64_t j = 0; j < dim; ++j) want[row * dim + j] = from_float<T>(n[j]);
+    }
+    return want;
+  };
+  const std::vector<T> want_q = reference(q, wq, hq), want_k = reference(k, wk, hk);
+  embrope::QkNorm norm;
+  norm.q_weight = Tensor(wq.data(), dtype_of<W>(), {dim});
+  norm.k_weight = Tensor(wk.data(), dtype_of<W>(), {dim});
+  norm.eps = eps;
+  norm.unit_offset = unit_offset;
+  embrope::RopeOptions options;
+  options.layout = layout;
+  embrope::apply_qk_norm_rope(Tensor(q.data(), dtype_of<T>(), {tokens, hq, dim}),
+                              Tensor(k.data(), dtype_of<T>(), {tokens, hk, dim}),
+                              Tensor(positions.data(), DType::int64, {tokens}), cache, norm,
+                              options);
+  const std::string what = std::string("qk_norm_rope ") + name_of<T>() + " weight " + name_of<W>() +
+                           " D " + std::to_string(dim) + " R " + std::to_string(rotary) +
+                           (layout == embrope::RopeLayout::neox ? " neox" : " interleaved");
+  compare(what + " q", q, want_q);
+  compare(what + " k", k, want_k);
+}
+
 template <typename T>
 void all_cases_of() {
   for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
@@ -320,6 +388,13 @@ void all_cases_of() {
   }
   // An output past 16 MiB: the normalised rows with streaming stores.
   embed_norm_case<T, float>(embrope::Normalization::layer_norm, false, 384, 24000);
+  for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
+    qk_norm_rope_case<T, float>(layout, 128, 128, false);
+    qk_norm_rope_case<T, T>(layout, 80, 64, true);
+    qk_norm_rope_case<T, float>(layout, 256, 256, true);
+    qk_norm_rope_case<T, T>(layout, 18, 12, false);
+    qk_norm_rope_case<T, float>(layout, 300, 300, false);
+  }
 }
 
 }  // namespace

@@ -1064,3 +1064,78 @@ TEST_CASE("C apply_rope_append_kv: float8 paged and combined caches equal the C+
                                      nullptr) == EMBROPE_ERROR_INDEX_OUT_OF_RANGE);
   CHECK(ref::mentions(last_error(), "slot_mapping[4] = 8"));
 }
+
+TEST_CASE("C apply_qk_norm_rope and its backward give the C++ API's bytes",
+          "[c_api][qk_norm_rope]") {
+  const std::int64_t t = 6, hq = 4, hk = 2, d = 64;
+  embrope_rope_config_t config;
+  embrope_rope_config_init(&config);
+  config.rotary_dim = 32;
+  config.max_positions = 64;
+  embrope_rope_cache_t* cache = nullptr;
+  REQUIRE(embrope_rope_cache_create(&config, DLDevice{kDLCPU, 0}, nullptr, &cache) == EMBROPE_OK);
+  embrope::RopeCache cpp_cache({32, 10000.0, 64});
+  ref::Buffer q(DType::bfloat16, t * hq * d), k(DType::bfloat16, t * hk * d), pos(DType::int32, t);
+  ref::Buffer wq(DType::bfloat16, d), wk(DType::float32, d);
+  ref::fill_random(q, 91);
+  ref::fill_random(k, 92);
+  ref::fill_random_indices(pos, 93, 0, 63);
+  ref::fill_random(wq, 94);
+  ref::fill_random(wk, 95);
+  ref::Buffer q2 = q, k2 = k, dq = q, dk = k, dq2 = q, dk2 = k;
+  ref::Buffer gq(DType::float32, d), gk(DType::float32, d), gq2(DType::float32, d),
+      gk2(DType::float32, d);
+
+  embrope_qk_norm_t n;
+  embrope_qk_norm_init(&n);
+  CHECK(n.eps == 1e-6f);
+  CHECK(n.q_weight == nullptr);
+  CHECK(n.unit_offset == 0);
+  DL qd(q, {t, hq, d}), kd(k, {t, hk, d}), pd(pos, {t}), wqd(wq, {d}), wkd(wk, {d});
+  DL dqd(dq, {t, hq, d}), dkd(dk, {t, hk, d}), gqd(gq, {d}), gkd(gk, {d});
+  n.q_weight = &wqd.t;
+  n.k_weight = &wkd.t;
+  n.unit_offset = 1;
+  embrope_qk_norm_gradients_t g;
+  embrope_qk_norm_gradients_init(&g);
+  g.q_weight = &gqd.t;
+  g.k_weight = &gkd.t;
+  size_t bytes = 1;
+  REQUIRE(embrope_apply_qk_norm_rope_backward_workspace_size(&dqd.t, &dkd.t, &g, &bytes) ==
+          EMBROPE_OK);
+  CHECK(bytes == 0);  // the CPU needs none
+  // Backward first: it reads the saved q and k.
+  REQUIRE(embrope_apply_qk_norm_rope_backward(&dqd.t, &dkd.t, &qd.t, &kd.t, &pd.t, cache, &n, &g,
+                                              nullptr, nullptr) == EMBROPE_OK);
+  REQUIRE(embrope_apply_qk_norm_rope(&qd.t, &kd.t, &pd.t, cache, &n, nullptr, nullptr) ==
+          EMBROPE_OK);
+
+  embrope::QkNorm cn;
+  cn.q_weight = ref::view(wq, 0, {d});
+  cn.k_weight = ref::view(wk, 0, {d});
+  cn.unit_offset = true;
+  embrope::QkNormGradients cg;
+  cg.q_weight = ref::view(gq2, 0, {d});
+  cg.k_weight = ref::view(gk2, 0, {d});
+  embrope::apply_qk_norm_rope_backward(ref::view(dq2, 0, {t, hq, d}), ref::view(dk2, 0, {t, hk, d}),
+                                       ref::view(q2, 0, {t, hq, d}), ref::view(k2, 0, {t, hk, d}),
+                                       ref::view(pos, 0, {t}), cpp_cache, cn, cg);
+  embrope::apply_qk_norm_rope(ref::view(q2, 0, {t, hq, d}), ref::view(k2, 0, {t, hk, d}),
+                              ref::view(pos, 0, {t}), cpp_cache, cn);
+  CHECK(q.snapshot() == q2.snapshot());
+  CHECK(k.snapshot() == k2.snapshot());
+  CHECK(dq.snapshot() == dq2.snapshot());
+  CHECK(dk.snapshot() == dk2.snapshot());
+  CHECK(gq.snapshot() == gq2.snapshot());
+  CHECK(gk.snapshot() == gk2.snapshot());
+
+  n.eps = -1.0f;
+  CHECK(embrope_apply_qk_norm_rope(&qd.t, &kd.t, &pd.t, cache, &n, nullptr, nullptr) ==
+        EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("embrope_apply_qk_norm_rope") && Catch::Contains("eps"));
+  CHECK(embrope_apply_qk_norm_rope(&qd.t, &kd.t, &pd.t, nullptr, nullptr, nullptr, nullptr) ==
+        EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK(embrope_apply_qk_norm_rope_backward_workspace_size(&dqd.t, &dkd.t, &g, nullptr) ==
+        EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK(embrope_rope_cache_destroy(cache) == EMBROPE_OK);
+}

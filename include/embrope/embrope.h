@@ -364,6 +364,67 @@ EMBROPE_API embrope_status_t embrope_apply_rope_backward_cos_sin(
     const DLTensor* dq, const DLTensor* dk, const DLTensor* positions, const DLTensor* cos,
     const DLTensor* sin, const embrope_rope_options_t* options, void* stream);
 
+/* ------------------------------------------------------------- qk-norm + RoPE ------ */
+
+/* The per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3): each head row x becomes
+ * x / sqrt(mean(x^2) + eps) * w in float32. */
+typedef struct embrope_qk_norm_t {
+  const DLTensor* q_weight; /* [head_dim], float32 or q's dtype; NULL: 1 (default) */
+  const DLTensor* k_weight; /* the same for k; needs k */
+  float eps;                /* finite, >= 0; default 1e-6 */
+  int32_t unit_offset;      /* nonzero: the weight applied is 1 + w (Gemma); default 0 */
+} embrope_qk_norm_t;
+
+EMBROPE_API void embrope_qk_norm_init(embrope_qk_norm_t* norm);
+
+/* Normalises every head row of q (and k, unless NULL) with norm (NULL: no weights, eps 1e-6),
+ * then rotates it as embrope_apply_rope does, in one pass (options as there: in place unless
+ * q_out / k_out, partial rotary, mrope, the bad-position policy). */
+EMBROPE_API embrope_status_t embrope_apply_qk_norm_rope(const DLTensor* q, const DLTensor* k,
+                                                        const DLTensor* positions,
+                                                        const embrope_rope_cache_t* cache,
+                                                        const embrope_qk_norm_t* norm,
+                                                        const embrope_rope_options_t* options,
+                                                        void* stream);
+
+/* The same with caller-supplied cos and sin tables [max_positions, rotary_dim / 2]. */
+EMBROPE_API embrope_status_t embrope_apply_qk_norm_rope_cos_sin(
+    const DLTensor* q, const DLTensor* k, const DLTensor* positions, const DLTensor* cos,
+    const DLTensor* sin, const embrope_qk_norm_t* norm, const embrope_rope_options_t* options,
+    void* stream);
+
+/* Where the backward's weight gradients go ([head_dim] float32, overwritten), or NULL. */
+typedef struct embrope_qk_norm_gradients_t {
+  const DLTensor* q_weight;
+  const DLTensor* k_weight;
+  void* workspace;        /* CUDA: NULL (default) allocates on the stream */
+  size_t workspace_bytes; /* at least embrope_apply_qk_norm_rope_backward_workspace_size() */
+} embrope_qk_norm_gradients_t;
+
+EMBROPE_API void embrope_qk_norm_gradients_init(embrope_qk_norm_gradients_t* grads);
+
+/* The gradient of embrope_apply_qk_norm_rope: dq and dk (the outputs' gradients) become the
+ * inputs' gradients (or go to options->q_out / k_out); q and k are the forward's inputs; the
+ * weight gradients are sums over every row in a fixed order, the same on CPU and GPU. grads
+ * may be NULL (no weight gradients). */
+EMBROPE_API embrope_status_t embrope_apply_qk_norm_rope_backward(
+    const DLTensor* dq, const DLTensor* dk, const DLTensor* q, const DLTensor* k,
+    const DLTensor* positions, const embrope_rope_cache_t* cache, const embrope_qk_norm_t* norm,
+    const embrope_qk_norm_gradients_t* grads, const embrope_rope_options_t* options,
+    void* stream);
+
+/* The same with caller-supplied cos and sin tables. */
+EMBROPE_API embrope_status_t embrope_apply_qk_norm_rope_backward_cos_sin(
+    const DLTensor* dq, const DLTensor* dk, const DLTensor* q, const DLTensor* k,
+    const DLTensor* positions, const DLTensor* cos, const DLTensor* sin,
+    const embrope_qk_norm_t* norm, const embrope_qk_norm_gradients_t* grads,
+    const embrope_rope_options_t* options, void* stream);
+
+/* Bytes of workspace the backward needs for these gradients (0 on the CPU). */
+EMBROPE_API embrope_status_t embrope_apply_qk_norm_rope_backward_workspace_size(
+    const DLTensor* dq, const DLTensor* dk, const embrope_qk_norm_gradients_t* grads,
+    size_t* bytes);
+
 #ifdef __cplusplus
 }
 #endif

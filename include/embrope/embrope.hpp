@@ -27,6 +27,7 @@
 // One header per op family (the op and its backward), by the op's name:
 #include "embrope/apply_rope.hpp"            // apply_rope, apply_rope_backward
 #include "embrope/apply_rope_append_kv.hpp"  // apply_rope_append_kv, KvCache, KvSlots
+#include "embrope/apply_qk_norm_rope.hpp"    // apply_qk_norm_rope(_backward), QkNorm
 #include "embrope/deferred_status.hpp"       // DeferredStatus
 #include "embrope/embed.hpp"                 // embed, embed_backward
 #include "embrope/error.hpp"                 // Error, ErrorCode

@@ -291,7 +291,9 @@ def _rope_settings(op: str, cache: Any, layout: Any, mrope_section: Any,
 def _rope(op: str, backward: bool, q: Any, k: Any, positions: Any, cache: Any, layout: Any,
           inverse: bool, rotary_dim: int, mrope_section: Any, mrope_interleaved: Any,
           inplace: bool, q_out: Any, k_out: Any, deferred: Any,
-          stream: Any) -> tuple[Any, Any]:
+          stream: Any, native: Any = None) -> tuple[Any, Any]:
+    """The RoPE family's shared call: checks, outputs (allocated unless in place), then
+    native(...) with apply_rope's native arguments (default: _C.apply_rope itself)."""
     q_name, k_name = ("dq", "dk") if backward else ("q", "k")
     _arrays.check_array(op, q_name, q)
     _arrays.check_optional(op, k_name, k)
@@ -315,7 +317,7 @@ def _rope(op: str, backward: bool, q: Any, k: Any, positions: Any, cache: Any, l
             _arrays.check_writable(op, "k_out", k_out)
     elif k_out is not None:
         raise _C.InvalidArgumentError(f"{op}: k_out is given without {k_name}")
-    _C.apply_rope(
+    (native or _C.apply_rope)(
         q, k, positions, native_cache, cos, sin, q_out, k_out,
         _arrays.enum_value(op, "layout", _C.RopeLayout, layout), bool(inverse), int(rotary_dim),
         mrope, _status.native(deferred), _arrays.stream_handle(stream, q), backward)
@@ -405,6 +407,106 @@ def apply_rope_backward(dq: Any, dk: Any, positions: Any, cache: Any, *,
     return _rope("apply_rope_backward", True, dq, dk, positions, cache, layout, inverse,
                  rotary_dim, mrope_section, mrope_interleaved, inplace, q_out, k_out, deferred,
                  stream)
+
+
+def _norm_vector(op: str, name: str, w: Any) -> Any:
+    if w is not None:
+        _arrays.check_array(op, name, w)
+    return w
+
+
+def apply_qk_norm_rope(q: Any, k: Any, positions: Any, cache: Any, *, q_weight: Any = None,
+                       k_weight: Any = None, eps: float = 1e-6, unit_offset: bool = False,
+                       layout: Optional[str] = None, inverse: bool = False, rotary_dim: int = 0,
+                       mrope_section: Optional[Sequence[int]] = None,
+                       mrope_interleaved: Optional[bool] = None, inplace: bool = True,
+                       q_out: Any = None, k_out: Any = None, deferred: Any = None,
+                       stream: Any = None) -> tuple[Any, Any]:
+    """RMSNorm of every head of q and k, then rotary position embedding, in one pass.
+
+    Each (token, head) row x of length D becomes ``x / sqrt(mean(x**2) + eps) * w`` in float32
+    (Qwen3's ``q_norm`` / ``k_norm``; Gemma 3's with ``unit_offset``: ``* (1 + w)``), and is then
+    rotated as :func:`apply_rope` rotates, rounded once. The norm covers all of D; elements at
+    and past the rotary dim are normalised, not rotated.
+
+    Parameters
+    ----------
+    q, k, positions, cache
+        As in :func:`apply_rope`.
+    q_weight, k_weight : array [D], optional
+        The norms' weights, float32 or q's dtype. None: 1. `k_weight` needs `k`.
+    eps : float, default 1e-6
+        Finite and >= 0. With 0, an all-zero row gives NaN, as in PyTorch.
+    unit_offset : bool, default False
+        Apply ``1 + w`` (Gemma's RMSNorm); needs the weights.
+    layout, inverse, rotary_dim, mrope_section, mrope_interleaved, inplace, q_out, k_out, deferred, stream
+        As in :func:`apply_rope`.
+
+    Returns
+    -------
+    (q, k)
+        The normalised and rotated arrays (k is None when no k was given).
+
+    Raises
+    ------
+    InvalidArgumentError (ValueError)
+        A shape, dtype, device or option breaks a rule; nothing was written.
+    BadIndexError (IndexError)
+        A position outside the table: its token's rows are zero-filled.
+    """
+    op = "apply_qk_norm_rope"
+    _norm_vector(op, "q_weight", q_weight)
+    _norm_vector(op, "k_weight", k_weight)
+
+    def native(*args: Any) -> None:
+        _C.apply_qk_norm_rope(*args[:12], q_weight, k_weight, float(eps), bool(unit_offset),
+                              *args[12:], None, None, None, None)
+
+    return _rope(op, False, q, k, positions, cache, layout, inverse, rotary_dim, mrope_section,
+                 mrope_interleaved, inplace, q_out, k_out, deferred, stream, native)
+
+
+def apply_qk_norm_rope_backward(dq: Any, dk: Any, q: Any, k: Any, positions: Any, cache: Any, *,
+                                q_weight: Any = None, k_weight: Any = None, eps: float = 1e-6,
+                                unit_offset: bool = False, layout: Optional[str] = None,
+                                inverse: bool = False, rotary_dim: int = 0,
+                                mrope_section: Optional[Sequence[int]] = None,
+                                mrope_interleaved: Optional[bool] = None, inplace: bool = True,
+                                q_out: Any = None, k_out: Any = None,
+                                q_weight_grad: Any = None, k_weight_grad: Any = None,
+                                deferred: Any = None, stream: Any = None) -> tuple[Any, Any]:
+    """The gradient of :func:`apply_qk_norm_rope`.
+
+    `dq` and `dk` are the gradients of its outputs, `q` and `k` its inputs (the norm's
+    statistics are recomputed from them); the other arguments are the forward call's. The
+    input gradients overwrite dq and dk (or go to `q_out` / `k_out`, or new arrays with
+    ``inplace=False``).
+
+    q_weight_grad, k_weight_grad : array [D] float32, optional
+        Receive dL/dw, summed over every row in a fixed order that the CPU and the GPU share
+        (the same bits run to run and backend to backend). They need `q_weight` / `k_weight`.
+
+    Returns
+    -------
+    (dq, dk)
+        The gradients with respect to q and k (dk is None without k).
+    """
+    op = "apply_qk_norm_rope_backward"
+    _arrays.check_array(op, "q", q)
+    _arrays.check_optional(op, "k", k)
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight),
+                    ("q_weight_grad", q_weight_grad), ("k_weight_grad", k_weight_grad)):
+        _norm_vector(op, name, w)
+    for name, g in (("q_weight_grad", q_weight_grad), ("k_weight_grad", k_weight_grad)):
+        if g is not None:
+            _arrays.check_writable(op, name, g)
+
+    def native(*args: Any) -> None:
+        _C.apply_qk_norm_rope(*args[:12], q_weight, k_weight, float(eps), bool(unit_offset),
+                              *args[12:], q, k, q_weight_grad, k_weight_grad)
+
+    return _rope(op, True, dq, dk, positions, cache, layout, inverse, rotary_dim, mrope_section,
+                 mrope_interleaved, inplace, q_out, k_out, deferred, stream, native)
 
 
 def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,

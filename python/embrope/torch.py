@@ -6,7 +6,9 @@ graph break, and with autograd where it has a gradient:
 
 - :func:`apply_rope` (``embrope::apply_rope``, functional, and ``embrope::apply_rope_``,
   in place): its gradient is ``embrope::apply_rope_backward``, the transposed rotation.
-- :func:`embed` (``embrope::embed``): its gradients with respect to the token, position and
+- :func:`apply_qk_norm_rope` (``embrope::apply_qk_norm_rope``): per-head RMSNorm, then RoPE;
+  its gradient (q, k and both norm weights) is ``embrope::apply_qk_norm_rope_backward``.
+- :func:`embed` (``embrope::embed``, or ``embrope::embed_norm`` with a norm): its gradients with respect to the token, position and
   type tables come from ``embrope::embed_backward``, the deterministic backward (sorted,
   summed in a fixed order: the same bits from run to run, on CPU and GPU alike).
 - :func:`apply_rope_append_kv` (``embrope::apply_rope_append_kv_``): RoPE fused with the
@@ -34,7 +36,7 @@ from ._rope import RopeCache
 from ._status import DeferredStatus
 
 __all__ = [
-    "RotaryEmbedding", "apply_rope", "apply_rope_append_kv", "apply_rope_backward", "deferred_errors", "embed",
+    "RotaryEmbedding", "apply_qk_norm_rope", "apply_rope", "apply_rope_append_kv", "apply_rope_backward", "deferred_errors", "embed",
     "embed_backward", "packed_positions", "DeferredStatus",
 ]
 
@@ -243,6 +245,119 @@ def apply_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
         return q, k
     q_out, k_out = torch.ops.embrope.apply_rope(q, k, positions, table, layout_value,
                                                 bool(inverse), int(rotary_dim), mrope)
+    return q_out, (k_out if k is not None else None)
+
+
+# ------------------------------------------------------------- apply_qk_norm_rope ----
+
+def _qk_native(op: str, q: Tensor, k: Optional[Tensor], positions: Tensor, table: Tensor,
+               q_out: Optional[Tensor], k_out: Optional[Tensor], q_weight: Optional[Tensor],
+               k_weight: Optional[Tensor], eps: float, unit_offset: bool, layout: int,
+               inverse: bool, rotary_dim: int, mrope: List[int], backward: bool,
+               saved_q: Optional[Tensor] = None, saved_k: Optional[Tensor] = None,
+               q_weight_grad: Optional[Tensor] = None,
+               k_weight_grad: Optional[Tensor] = None) -> None:
+    cos, sin = _split_table(table.detach())
+    _C.apply_qk_norm_rope(q.detach(), _detach(k), positions, None, cos, sin, q_out, k_out,
+                          _C.RopeLayout(layout), inverse, rotary_dim, tuple(mrope),
+                          _detach(q_weight), _detach(k_weight), eps, unit_offset,
+                          _deferred(op, q), _stream(q), backward, _detach(saved_q),
+                          _detach(saved_k), q_weight_grad, k_weight_grad)
+
+
+@torch.library.custom_op("embrope::apply_qk_norm_rope", mutates_args=())
+def _apply_qk_norm_rope_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
+                           cos_sin_cache: Tensor, q_weight: Optional[Tensor],
+                           k_weight: Optional[Tensor], eps: float, unit_offset: bool,
+                           layout: int, inverse: bool, rotary_dim: int,
+                           mrope: List[int]) -> Tuple[Tensor, Tensor]:
+    q_out, k_out = _rope_outputs(q, k)
+    _qk_native("apply_qk_norm_rope", q, k, positions, cos_sin_cache, q_out,
+               k_out if k is not None else None, q_weight, k_weight, eps, unit_offset, layout,
+               inverse, rotary_dim, mrope, False)
+    return q_out, k_out
+
+
+@_apply_qk_norm_rope_op.register_fake
+def _(q, k, *options):
+    return _rope_outputs(q, k)
+
+
+@torch.library.custom_op("embrope::apply_qk_norm_rope_backward", mutates_args=())
+def _apply_qk_norm_rope_backward_op(
+        dq: Tensor, dk: Optional[Tensor], q: Tensor, k: Optional[Tensor], positions: Tensor,
+        cos_sin_cache: Tensor, q_weight: Optional[Tensor], k_weight: Optional[Tensor],
+        eps: float, unit_offset: bool, layout: int, inverse: bool, rotary_dim: int,
+        mrope: List[int], q_weight_grad: bool,
+        k_weight_grad: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    dq_out, dk_out = _rope_outputs(dq, dk)
+    dim = q.shape[-1]
+    gq = q.new_empty(dim if q_weight_grad else 0, dtype=torch.float32)
+    gk = q.new_empty(dim if k_weight_grad else 0, dtype=torch.float32)
+    _qk_native("apply_qk_norm_rope_backward", dq, dk, positions, cos_sin_cache, dq_out,
+               dk_out if dk is not None else None, q_weight, k_weight, eps, unit_offset, layout,
+               inverse, rotary_dim, mrope, True, q, k, gq if q_weight_grad else None,
+               gk if k_weight_grad else None)
+    return dq_out, dk_out, gq, gk
+
+
+@_apply_qk_norm_rope_backward_op.register_fake
+def _(dq, dk, q, k, positions, cos_sin_cache, q_weight, k_weight, eps, unit_offset, layout,
+      inverse, rotary_dim, mrope, q_weight_grad, k_weight_grad):
+    dq_out, dk_out = _rope_outputs(dq, dk)
+    dim = q.shape[-1]
+    return (dq_out, dk_out, q.new_empty(dim if q_weight_grad else 0, dtype=torch.float32),
+            q.new_empty(dim if k_weight_grad else 0, dtype=torch.float32))
+
+
+def _qk_setup_context(ctx, inputs, output):
+    (q, k, positions, cos_sin_cache, q_weight, k_weight, eps, unit_offset, layout, inverse,
+     rotary_dim, mrope) = inputs
+    ctx.save_for_backward(q, k, positions, cos_sin_cache, q_weight, k_weight)
+    ctx.options = (eps, unit_offset, layout, inverse, rotary_dim, mrope)
+    ctx.weight_dtypes = (None if q_weight is None else q_weight.dtype,
+                         None if k_weight is None else k_weight.dtype)
+
+
+def _qk_backward(ctx, grad_q, grad_k):
+    q, k, positions, cos_sin_cache, q_weight, k_weight = ctx.saved_tensors
+    want_q = q_weight is not None and ctx.needs_input_grad[4]
+    want_k = k_weight is not None and ctx.needs_input_grad[5]
+    grad_k = _unit_last_stride(grad_k) if k is not None else None
+    dq, dk, gq, gk = _apply_qk_norm_rope_backward_op(
+        _unit_last_stride(grad_q), grad_k, q, k, positions, cos_sin_cache, q_weight, k_weight,
+        *ctx.options, want_q, want_k)
+    gq = gq.to(ctx.weight_dtypes[0]) if want_q else None
+    gk = gk.to(ctx.weight_dtypes[1]) if want_k else None
+    return (dq, (dk if k is not None else None), None, None, gq, gk, None, None, None, None,
+            None, None)
+
+
+torch.library.register_autograd("embrope::apply_qk_norm_rope", _qk_backward,
+                                setup_context=_qk_setup_context)
+
+
+def apply_qk_norm_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
+                       cache: Union[RopeCache, Tensor], *, q_weight: Optional[Tensor] = None,
+                       k_weight: Optional[Tensor] = None, eps: float = 1e-6,
+                       unit_offset: bool = False, layout: Optional[str] = None,
+                       inverse: bool = False, rotary_dim: int = 0,
+                       mrope_section: Optional[Sequence[int]] = None,
+                       mrope_interleaved: Optional[bool] = None
+                       ) -> Tuple[Tensor, Optional[Tensor]]:
+    """Per-head RMSNorm of q and k, then RoPE, in one pass: differentiable and traceable.
+
+    The arguments are those of :func:`embrope.apply_qk_norm_rope` (`cache` as in
+    :func:`apply_rope`). Returns new tensors; autograd runs
+    ``embrope::apply_qk_norm_rope_backward``, which gives q, k and both weights their
+    gradients (the weights' summed in a fixed order, the same on CPU and GPU).
+    """
+    op = "apply_qk_norm_rope"
+    table = _cos_sin_tensor(op, cache, q.device)
+    layout_value, mrope = _rope_options(op, cache, layout, mrope_section, mrope_interleaved)
+    q_out, k_out = torch.ops.embrope.apply_qk_norm_rope(
+        q, k, positions, table, q_weight, k_weight, float(eps), bool(unit_offset), layout_value,
+        bool(inverse), int(rotary_dim), mrope)
     return q_out, (k_out if k is not None else None)
 
 

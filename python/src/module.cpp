@@ -335,6 +335,68 @@ void bind_apply_rope(nb::module_& m) {
       "deferred"_a.none(), "stream"_a, "backward"_a);
 }
 
+void bind_apply_qk_norm_rope(nb::module_& m) {
+  // backward = false: apply_qk_norm_rope(q, k, ...); true: apply_qk_norm_rope_backward(dq, dk,
+  // saved_q, saved_k, ...) with the weight gradients into grad_q_weight / grad_k_weight.
+  m.def(
+      "apply_qk_norm_rope",
+      [](const Array& q, const OptionalArray& k, const Array& positions,
+         const embrope::RopeCache* cache, const OptionalArray& cos, const OptionalArray& sin,
+         const OptionalArray& q_out, const OptionalArray& k_out, embrope::RopeLayout layout,
+         bool inverse, std::int64_t rotary_dim, std::array<std::int64_t, 4> mrope,
+         const OptionalArray& q_weight, const OptionalArray& k_weight, float eps, bool unit_offset,
+         embrope::DeferredStatus* deferred, std::uintptr_t stream, bool backward,
+         const OptionalArray& saved_q, const OptionalArray& saved_k,
+         const OptionalArray& grad_q_weight, const OptionalArray& grad_k_weight) {
+        const char* op = backward ? "apply_qk_norm_rope_backward" : "apply_qk_norm_rope";
+        const Tensor q_view = view(q, op, backward ? "dq" : "q");
+        const std::optional<Tensor> k_view = view(k, op, backward ? "dk" : "k");
+        const Tensor positions_view = view(positions, op, "positions");
+        const embrope::RopeOptions options =
+            rope_options(op, layout, inverse, rotary_dim, mrope, q_out, k_out, deferred, stream);
+        embrope::QkNorm norm;
+        norm.q_weight = view(q_weight, op, "q_weight");
+        norm.k_weight = view(k_weight, op, "k_weight");
+        norm.eps = eps;
+        norm.unit_offset = unit_offset;
+        embrope::QkNormGradients grads;
+        std::optional<Tensor> saved_q_view, saved_k_view;
+        if (backward) {
+          saved_q_view = view(saved_q, op, "q");
+          saved_k_view = view(saved_k, op, "k");
+          if (!saved_q_view)
+            throw embrope::Error(embrope::ErrorCode::invalid_argument,
+                                 std::string(op) + ": q (the forward's input) is required");
+          grads.q_weight = view(grad_q_weight, op, "grads.q_weight");
+          grads.k_weight = view(grad_k_weight, op, "grads.k_weight");
+        }
+        std::optional<Tensor> cos_view, sin_view;
+        if (cache == nullptr) {
+          cos_view = view(cos.value(), op, "cos");
+          sin_view = view(sin.value(), op, "sin");
+        }
+        nb::gil_scoped_release nogil;
+        if (backward && cache != nullptr) {
+          embrope::apply_qk_norm_rope_backward(q_view, k_view, *saved_q_view, saved_k_view,
+                                               positions_view, *cache, norm, grads, options);
+        } else if (backward) {
+          embrope::apply_qk_norm_rope_backward(q_view, k_view, *saved_q_view, saved_k_view,
+                                               positions_view, *cos_view, *sin_view, norm, grads,
+                                               options);
+        } else if (cache != nullptr) {
+          embrope::apply_qk_norm_rope(q_view, k_view, positions_view, *cache, norm, options);
+        } else {
+          embrope::apply_qk_norm_rope(q_view, k_view, positions_view, *cos_view, *sin_view, norm,
+                                      options);
+        }
+      },
+      "q"_a, "k"_a.none(), "positions"_a, "cache"_a.none(), "cos"_a.none(), "sin"_a.none(),
+      "q_out"_a.none(), "k_out"_a.none(), "layout"_a, "inverse"_a, "rotary_dim"_a, "mrope"_a,
+      "q_weight"_a.none(), "k_weight"_a.none(), "eps"_a, "unit_offset"_a, "deferred"_a.none(),
+      "stream"_a, "backward"_a, "saved_q"_a.none(), "saved_k"_a.none(), "grad_q_weight"_a.none(),
+      "grad_k_weight"_a.none());
+}
+
 void bind_apply_rope_append_kv(nb::module_& m) {
   // The cache is k_cache and v_cache, or kv_cache [pages, 2, ...]; slots are slot_mapping, or
   // cache_offsets (with cu_seqlens for packed inputs).
@@ -549,6 +611,7 @@ NB_MODULE(_embrope, m) {
   bind_deferred_status(m);
   bind_model_config(m);
   bind_apply_rope(m);
+  bind_apply_qk_norm_rope(m);
   bind_apply_rope_append_kv(m);
   bind_embed(m);
   bind_embed_backward(m);

@@ -31,14 +31,25 @@ const char* isa_name(Isa isa);
 #define EMBROPE_END_TARGET _Pragma("clang attribute pop")
 #else
 // GCC 12's AVX-512 headers start vectors from a deliberately undefined value, which
-// -Wmaybe-uninitialized reports once inlined: not a finding about embrope.
+// -Wmaybe-uninitialized (and -Wuninitialized, for the lane shuffles) reports once inlined:
+// not a finding about embrope.
 #define EMBROPE_BEGIN_AVX2 \
   _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,f16c\")") _Pragma("GCC diagnostic push")
 #define EMBROPE_BEGIN_AVX512                                                  \
   _Pragma("GCC push_options")                                                 \
       _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c\")") \
           _Pragma("GCC diagnostic push")                                      \
-              _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+              _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")     \
+                  _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
 #define EMBROPE_END_TARGET _Pragma("GCC diagnostic pop") _Pragma("GCC pop_options")
+#endif
+
+// A function whose loops must stay scalar. GCC 12 turns a rotation's scalar loop (a c - b s,
+// a s + b c) into vfmaddsub on AVX-512, a fused multiply-add whatever -ffp-contract says, which
+// rounds differently from the portable path and the GPU. Clang keeps the separate roundings.
+#if defined(__clang__)
+#define EMBROPE_SCALAR_LOOPS
+#else
+#define EMBROPE_SCALAR_LOOPS __attribute__((optimize("no-tree-vectorize", "no-tree-slp-vectorize")))
 #endif
 #endif

@@ -88,6 +88,15 @@ struct Avx2 {
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V swap_pairs(V x) {
     return _mm256_permute_ps(x, 0xb1);
   }
+  // The lanes' sum by halving, lane[m] += lane[m + h] for h = 4, 2, 1 (detail/norm_math.hpp's
+  // order within one vector).
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static float halving_sum(V v) {
+    return halving_sum128(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static float halving_sum128(__m128 x) {
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
+  }
 
   // Streaming (non-temporal) stores, for outputs too large to stay in cache: no read for
   // ownership of the line. p aligned to the store's size (32 bytes of float32, 16 of 16-bit
@@ -159,6 +168,12 @@ struct Avx512 {
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V swap_pairs(V x) {
     return _mm512_permute_ps(x, 0xb1);
+  }
+  // As Avx2's, from h = 8.
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static float halving_sum(V v) {
+    // The upper half brought down by a lane shuffle (GCC 12 warns on the extract intrinsics).
+    const __m512 y = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));
+    return Avx2::halving_sum(_mm512_castps512_ps256(y));
   }
 
   // As Avx2's: 64 bytes of float32, 32 of 16-bit values.

@@ -105,6 +105,57 @@ EMBROPE_HD float norm_weight_factor(float w, bool unit_offset) {
 #endif
 }
 
+// ------------------------------------------------ qk-norm (apply_qk_norm_rope) ----
+// RMSNorm of each (token, head) row of q and k over the head dim D, as Qwen3 and Gemma 3 do it
+// before RoPE: n_j = (x_j * rstd) * w_j with rstd = norm_rstd(sum_j x_j^2, D, eps); then the
+// rotation of the pairs of n, rounded once. Its gradient, for g the gradient of n (the output's
+// gradient rotated back) and u_j = w_j * g_j, xhat_j = x_j * rstd:
+//   dx_j = rstd * u_j - xhat_j * c,   c = (sum_i u_i * xhat_i / D) * rstd
+//   dw_j = sum over rows of g_j * xhat_j
+// (d rstd / d x_i = -rstd^3 x_i / D). Each step is rounded in float32; the sums take the order
+// above.
+
+// xhat = x * rstd, the normalised value before the weight.
+EMBROPE_HD float rms_normalized(float x, float rstd) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(x, rstd);
+#else
+  return x * rstd;
+#endif
+}
+
+// The product of two rounded values, rounded (a term of the backward's sums, or u = w * g).
+EMBROPE_HD float norm_product(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+// c = (sum_u_xhat / D) * rstd, the factor of xhat in dx.
+EMBROPE_HD float rms_backward_factor(float sum_u_xhat, std::int64_t dim, float rstd) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(__fdiv_rn(sum_u_xhat, static_cast<float>(dim)), rstd);
+#else
+  return sum_u_xhat / static_cast<float>(dim) * rstd;
+#endif
+}
+
+// dx = rstd * u - xhat * c.
+EMBROPE_HD float rms_backward_value(float u, float xhat, float rstd, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(__fmul_rn(rstd, u), __fmul_rn(xhat, c));
+#else
+  return rstd * u - xhat * c;
+#endif
+}
+
+// The weight gradient's deterministic order: the rows of q (of k), in their flat (token, head)
+// order, are cut into chunks of kWeightGradRows; a chunk's partial sums its rows in ascending
+// order from +0, and dw_j sums the chunk partials in ascending order from +0. Both backends.
+constexpr std::int64_t kWeightGradRows = 64;
+
 // The statistics of a float32 row a[0 .. dim) (the CPU's form): the mean (layer_norm; 0 for
 // rms_norm) and rstd, with the sums in the order above.
 EMBROPE_INLINE_INTO_CALLER NormStats row_norm_stats(const float* a, std::int64_t dim,

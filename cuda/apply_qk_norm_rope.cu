@@ -1,0 +1,375 @@
+// qk-norm + RoPE on the GPU: RMSNorm of each (token, head) row (Zhang & Sennrich 2019,
+// arXiv:1910.07467; per head as in Qwen3 and Gemma 3), then the RoFormer rotation (Su et al.
+// 2021), and the gradient of the pair; the arithmetic of detail/norm_math.hpp and
+// detail/rope_math.hpp, the sums in the CPU's order (docs/numerics.md), so both backends give
+// the same bits.
+//
+// 32 lanes per row, lane l owning elements 256 k + 8 l + w, so that its 8 running sums are the
+// canonical partials; reduce_norm_partials combines them by halving. The sum pass reads a
+// lane's elements (one 16-byte chunk per 8 16-bit values when kVector); the writing pass hands
+// out whole rotation pairs instead (lane l: pairs l, l + 32, ...), so a pair is read and written
+// by one thread and in place is race-free (the sum's reads all precede the reduction's
+// barriers).
+// - qk_norm_rope_kernel: blocks of kNormBlockRows rows walked in lockstep (the barriers need
+//   every thread), inactive slots passing zero partials.
+// - qk_norm_rope_backward_kernel: one block per chunk of detail::kWeightGradRows rows of q (or
+//   of k), rows in ascending order, so that a lane adding g_j * xhat_j of its elements into the
+//   chunk's workspace row sums each chunk in the CPU's order; qk_weight_grad_kernel then sums
+//   the chunk rows in order. The gradient needs two row sums (x^2, then u * xhat) and writes
+//   dx by pairs after both.
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
+#include "../src/backend.hpp"
+#include "../src/dispatch.hpp"
+#include "bad_index.cuh"
+#include "common.cuh"
+#include "embrope/detail/norm_math.hpp"
+#include "embrope/detail/numeric_types.hpp"
+#include "embrope/detail/rope_math.hpp"
+#include "norm_reduce.cuh"
+#include "vector.cuh"
+#include "workspace.cuh"
+
+namespace embrope::gpu {
+namespace {
+
+using detail::from_float;
+using detail::QkNormRopeParams;
+using detail::to_float;
+
+constexpr int kLanes = detail::kNormLanes;
+constexpr int kWidth = detail::kNormLaneWidth;
+constexpr int kForwardThreads = kNormBlockRows * kLanes;
+
+// This lane's partial sum of squares of the row x (elements 256 k + 8 lane + w), or zeros when
+// the row is inactive. kVector: D a multiple of 8 and the row in whole 16-byte chunks.
+template <typename T, bool kVector>
+__device__ __forceinline__ void square_partials(const T* x, std::int64_t dim, int lane, bool active,
+                                                float* part) {
+#pragma unroll
+  for (int w = 0; w < kWidth; ++w) part[w] = 0.0f;
+  if (!active) return;
+  for (std::int64_t j0 = lane * kWidth; j0 < dim; j0 += kLanes * kWidth) {
+    float v[kWidth];
+    if constexpr (kVector) {
+      constexpr int kLoad = kVec16<T>;
+#pragma unroll
+      for (int c = 0; c < kWidth; c += kLoad) {
+        const Chunk<T, kLoad> chunk = *reinterpret_cast<const Chunk<T, kLoad>*>(x + j0 + c);
+#pragma unroll
+        for (int w = 0; w < kLoad; ++w) v[c + w] = to_float(chunk.v[w]);
+      }
+    } else {
+#pragma unroll
+      for (int w = 0; w < kWidth; ++w) v[w] = j0 + w < dim ? to_float(x[j0 + w]) : 0.0f;
+    }
+#pragma unroll
+    for (int w = 0; w < kWidth; ++w) {
+      if (kVector || j0 + w < dim) part[w] += detail::norm_square_term(v[w], 0.0f);
+    }
+  }
+}
+
+struct TokenPositions {
+  std::int64_t p0, p1, p2;
+};
+__device__ __forceinline__ TokenPositions token_positions(const detail::RopeParams& r,
+                                                          std::int64_t b, std::int64_t s) {
+  const std::int64_t p0 = detail::rope_position(r, b, s, 0);
+  if (!r.mrope) return {p0, p0, p0};
+  return {p0, detail::rope_position(r, b, s, 1), detail::rope_position(r, b, s, 2)};
+}
+
+template <typename T>
+__device__ __forceinline__ void zero_row(T* out, std::int64_t dim, int lane) {
+  for (std::int64_t j = lane; j < dim; j += kLanes) out[j] = from_float<T>(0.0f);
+}
+
+template <typename T, typename C, bool kVector>
+__global__ void __launch_bounds__(kForwardThreads)
+    qk_norm_rope_kernel(const __grid_constant__ QkNormRopeParams p) {
+  const detail::RopeParams& r = p.rope;
+  const int lane = threadIdx.x;
+  const int slot = threadIdx.y;
+  const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
+  const std::int64_t rows = r.batch * r.seq * heads;
+  const std::int64_t dim = r.head_dim;
+  const float sin_sign = r.inverse ? -1.0f : 1.0f;
+  const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * kNormBlockRows;
+  for (std::int64_t first = blockIdx.x * static_cast<std::int64_t>(kNormBlockRows); first < rows;
+       first += row_stride) {
+    const std::int64_t n = first + slot;
+    const bool active = n < rows;
+    const std::int64_t t = active ? n / heads : 0;
+    const std::int64_t h = active ? n - t * heads : 0;
+    const std::int64_t b = t / r.seq;
+    const std::int64_t s = t - b * r.seq;
+    const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, h);
+    const bool bad = active && detail::rope_bad_stream(r, b, s) >= 0;
+    if (bad) {
+      zero_row(row.out, dim, lane);
+      if (lane == 0)
+        report_bad_row(r.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+    }
+    const bool good = active && !bad;
+    float part[kWidth];
+    square_partials<T, kVector>(row.in, dim, lane, good, part);
+    const float rstd = detail::norm_rstd(reduce_norm_partials(part, slot, lane), dim, p.eps);
+    if (!good) continue;
+
+    const bool is_q = h < r.q.heads;
+    const TokenPositions pos = token_positions(r, b, s);
+    auto normalized = [&](std::int64_t j) {
+      return detail::norm_product(detail::rms_normalized(to_float(row.in[j]), rstd),
+                                  detail::qk_norm_weight(p, is_q, j));
+    };
+    for (std::int64_t i = lane; i < r.rotary_dim / 2; i += kLanes) {
+      const std::int64_t ia = detail::rope_pair_first(r, i);
+      const std::int64_t ib = detail::rope_pair_second(r, i);
+      float c, sn;
+      detail::rope_pair_cos_sin<C>(r, pos.p0, pos.p1, pos.p2, i, sin_sign, c, sn);
+      float a = normalized(ia), v = normalized(ib);
+      detail::rotate_pair(a, v, c, sn);
+      row.out[ia] = from_float<T>(a);
+      row.out[ib] = from_float<T>(v);
+    }
+    for (std::int64_t j = r.rotary_dim + lane; j < dim; j += kLanes) {
+      row.out[j] = from_float<T>(normalized(j));
+    }
+  }
+  if (last_block_done(r.bad)) describe_bad_rope_position(r);
+}
+
+// g_j: the gradient of the normalised element j, the output's gradient dy rotated back (the
+// same rotate_pair as the CPU's, so the same bits whichever element of the pair is wanted).
+template <typename T, typename C>
+__device__ __forceinline__ float normalized_gradient(const detail::RopeParams& r, const T* dy,
+                                                     std::int64_t j, const TokenPositions& pos,
+                                                     float sin_sign) {
+  if (j >= r.rotary_dim) return to_float(dy[j]);
+  const detail::RopePairOf pair = detail::rope_pair_of(r, j);
+  float c, sn;
+  detail::rope_pair_cos_sin<C>(r, pos.p0, pos.p1, pos.p2, pair.pair, sin_sign, c, sn);
+  float a = to_float(dy[pair.first ? j : pair.partner]);
+  float v = to_float(dy[pair.first ? pair.partner : j]);
+  detail::rotate_pair(a, v, c, sn);
+  return pair.first ? a : v;
+}
+
+// One block (32 lanes) per chunk: blockIdx.x < q_chunks takes q's chunk blockIdx.x, the rest
+// k's. partials: [chunks, D] per side (q's then k's), or null without weight gradients.
+// Launch bounds: a 32-thread block alone would have ptxas fit 32 blocks per multiprocessor
+// (64 registers) and spill; 16 blocks leave it 128.
+template <typename T, typename C, bool kVector>
+__global__ void __launch_bounds__(kLanes, 16)
+    qk_norm_rope_backward_kernel(const __grid_constant__ QkNormRopeParams p, float* q_partials,
+                                 float* k_partials) {
+  const detail::RopeParams& r = p.rope;
+  const int lane = threadIdx.x;
+  const std::int64_t dim = r.head_dim;
+  const std::int64_t tokens = r.batch * r.seq;
+  const std::int64_t q_chunks = detail::qk_chunks(tokens * r.q.heads);
+  const std::int64_t k_chunks = r.has_k ? detail::qk_chunks(tokens * r.k.heads) : 0;
+  const float sin_sign = r.inverse ? -1.0f : 1.0f;
+  for (std::int64_t block = blockIdx.x; block < q_chunks + k_chunks; block += gridDim.x) {
+    const bool is_q = block < q_chunks;
+    const std::int64_t chunk = is_q ? block : block - q_chunks;
+    const std::int64_t side_heads = is_q ? r.q.heads : r.k.heads;
+    const std::int64_t rows = tokens * side_heads;
+    float* partial = is_q ? q_partials : k_partials;
+    if (partial != nullptr) {
+      partial += chunk * dim;
+      for (std::int64_t j = lane; j < dim; j += kLanes) partial[j] = 0.0f;
+    }
+    const std::int64_t end = min(rows, (chunk + 1) * detail::kWeightGradRows);
+    for (std::int64_t n = chunk * detail::kWeightGradRows; n < end; ++n) {
+      const std::int64_t t = n / side_heads;
+      const std::int64_t h = n - t * side_heads;
+      const std::int64_t b = t / r.seq;
+      const std::int64_t s = t - b * r.seq;
+      const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, is_q ? h : r.q.heads + h);
+      if (detail::rope_bad_stream(r, b, s) >= 0) {  // the same for every lane: no barrier skew
+        zero_row(row.out, dim, lane);
+        if (lane == 0)
+          report_bad_row(r.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+        continue;
+      }
+      const T* x = detail::qk_saved_row<T>(p, is_q, b, s, h);
+      const TokenPositions pos = token_positions(r, b, s);
+      float part[kWidth];
+      square_partials<T, kVector>(x, dim, lane, true, part);
+      const float rstd = detail::norm_rstd(reduce_norm_partials(part, 0, lane), dim, p.eps);
+
+      // The sum of u_j * xhat_j over this lane's elements; the weight gradient's terms.
+#pragma unroll
+      for (int w = 0; w < kWidth; ++w) part[w] = 0.0f;
+      for (std::int64_t j0 = lane * kWidth; j0 < dim; j0 += kLanes * kWidth) {
+#pragma unroll
+        for (int w = 0; w < kWidth; ++w) {
+          const std::int64_t j = j0 + w;
+          if (j < dim) {
+            const float g = normalized_gradient<T, C>(r, row.in, j, pos, sin_sign);
+            const float xhat = detail::rms_normalized(to_float(x[j]), rstd);
+            if (partial != nullptr) partial[j] += detail::norm_product(g, xhat);
+            part[w] += detail::norm_product(
+                detail::norm_product(detail::qk_norm_weight(p, is_q, j), g), xhat);
+          }
+        }
+      }
+      const float c = detail::rms_backward_factor(reduce_norm_partials(part, 0, lane), dim, rstd);
+
+      // dx, pair by pair (then the pass-through elements): each element read and written by
+      // one thread.
+      auto gradient = [&](std::int64_t j, float g) {
+        const float u = detail::norm_product(detail::qk_norm_weight(p, is_q, j), g);
+        const float xhat = detail::rms_normalized(to_float(x[j]), rstd);
+        return from_float<T>(detail::rms_backward_value(u, xhat, rstd, c));
+      };
+      for (std::int64_t i = lane; i < r.rotary_dim / 2; i += kLanes) {
+        const std::int64_t ia = detail::rope_pair_first(r, i);
+        const std::int64_t ib = detail::rope_pair_second(r, i);
+        float cs, sn;
+        detail::rope_pair_cos_sin<C>(r, pos.p0, pos.p1, pos.p2, i, sin_sign, cs, sn);
+        float a = to_float(row.in[ia]), v = to_float(row.in[ib]);
+        detail::rotate_pair(a, v, cs, sn);
+        row.out[ia] = gradient(ia, a);
+        row.out[ib] = gradient(ib, v);
+      }
+      for (std::int64_t j = r.rotary_dim + lane; j < dim; j += kLanes) {
+        row.out[j] = gradient(j, to_float(row.in[j]));
+      }
+    }
+  }
+  if (last_block_done(r.bad)) describe_bad_rope_position(r);
+}
+
+// dw_j = the chunk partials of column j summed in ascending chunk order from +0 (zero for no
+// rows). Threads [0, D) take q's columns, [D, 2 D) k's.
+__global__ void qk_weight_grad_kernel(float* q_grad, const float* q_partials, std::int64_t q_chunks,
+                                      float* k_grad, const float* k_partials, std::int64_t k_chunks,
+                                      std::int64_t dim) {
+  const std::int64_t id = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (id >= 2 * dim) return;
+  const bool is_q = id < dim;
+  const std::int64_t j = is_q ? id : id - dim;
+  float* grad = is_q ? q_grad : k_grad;
+  if (grad == nullptr) return;
+  const float* partials = is_q ? q_partials : k_partials;
+  const std::int64_t chunks = is_q ? q_chunks : k_chunks;
+  float sum = 0.0f;
+  for (std::int64_t c = 0; c < chunks; ++c) sum += partials[c * dim + j];
+  grad[j] = sum;
+}
+
+// The workspace: [chunks, D] float32 partials for each side whose gradient is requested.
+struct PartialsLayout {
+  float* q = nullptr;
+  float* k = nullptr;
+  std::int64_t q_chunks = 0, k_chunks = 0;
+};
+PartialsLayout lay_out(const QkNormRopeParams& p, WorkspaceLayout& layout) {
+  const detail::RopeParams& r = p.rope;
+  const std::int64_t tokens = r.batch * r.seq;
+  PartialsLayout out;
+  out.q_chunks = detail::qk_chunks(tokens * r.q.heads);
+  out.k_chunks = r.has_k ? detail::qk_chunks(tokens * r.k.heads) : 0;
+  const auto dim = static_cast<std::size_t>(r.head_dim);
+  if (p.q_weight_grad != nullptr) out.q = layout.take<float>(out.q_chunks * dim);
+  if (p.k_weight_grad != nullptr) out.k = layout.take<float>(out.k_chunks * dim);
+  return out;
+}
+
+// The sum pass's 16-byte loads need D a multiple of 8 and every row start in whole chunks.
+template <typename T>
+bool fits_vector_path(const detail::RopeHeads& x, bool present, std::int64_t dim) {
+  constexpr std::int64_t vec = kVec16<T>;
+  if (!present) return true;
+  return dim % kWidth == 0 && is_aligned(x.in, 16) && x.in_stride_b % vec == 0 &&
+         x.in_stride_s % vec == 0 && x.in_stride_h % vec == 0;
+}
+
+template <typename T, typename C>
+void launch_forward(const QkNormRopeParams& p, cudaStream_t stream) {
+  const detail::RopeParams& r = p.rope;
+  const std::int64_t rows = r.batch * r.seq * (r.q.heads + (r.has_k ? r.k.heads : 0));
+  const dim3 block(kLanes, kNormBlockRows);
+  const unsigned grid = grid_for(rows, kNormBlockRows);
+  if (fits_vector_path<T>(r.q, true, r.head_dim) && fits_vector_path<T>(r.k, r.has_k, r.head_dim)) {
+    qk_norm_rope_kernel<T, C, true><<<grid, block, 0, stream>>>(p);
+  } else {
+    qk_norm_rope_kernel<T, C, false><<<grid, block, 0, stream>>>(p);
+  }
+  check_launch("qk_norm_rope_kernel");
+}
+
+template <typename T, typename C>
+void launch_backward(const QkNormRopeParams& p, cudaStream_t stream) {
+  const detail::RopeParams& r = p.rope;
+  const bool weight_grads = p.q_weight_grad != nullptr || p.k_weight_grad != nullptr;
+  WorkspaceLayout sizes(nullptr);
+  lay_out(p, sizes);
+  PartialsLayout partials;
+  std::optional<Workspace> workspace;
+  if (weight_grads) {
+    workspace.emplace(p.workspace, sizes.required_bytes(), stream, "apply_qk_norm_rope_backward");
+    WorkspaceLayout layout(workspace->base());
+    partials = lay_out(p, layout);
+  } else {
+    WorkspaceLayout layout(nullptr);
+    partials = lay_out(p, layout);
+  }
+  const std::int64_t blocks = partials.q_chunks + partials.k_chunks;
+  if (blocks > 0) {
+    const bool vector = fits_vector_path<T>(p.saved_q, true, r.head_dim) &&
+                        fits_vector_path<T>(p.saved_k, r.has_k, r.head_dim);
+    const unsigned grid = grid_for(blocks, 1);
+    if (vector) {
+      qk_norm_rope_backward_kernel<T, C, true>
+          <<<grid, kLanes, 0, stream>>>(p, partials.q, partials.k);
+    } else {
+      qk_norm_rope_backward_kernel<T, C, false>
+          <<<grid, kLanes, 0, stream>>>(p, partials.q, partials.k);
+    }
+    check_launch("qk_norm_rope_backward_kernel");
+  }
+  if (weight_grads && r.head_dim > 0) {
+    qk_weight_grad_kernel<<<grid_for(2 * r.head_dim, 256), 256, 0, stream>>>(
+        p.q_weight_grad, partials.q, partials.q_chunks, p.k_weight_grad, partials.k,
+        partials.k_chunks, r.head_dim);
+    check_launch("qk_weight_grad_kernel");
+  }
+}
+
+template <typename Run>
+void dispatch(const QkNormRopeParams& p, Run&& run) {
+  detail::dispatch_value_dtype(p.rope.dtype, [&](auto t) {
+    detail::dispatch_value_dtype(p.rope.table_dtype, [&](auto c) { run(t, c); });
+  });
+}
+
+}  // namespace
+
+void apply_qk_norm_rope(const QkNormRopeParams& p, Device device, Stream stream) {
+  DeviceGuard guard(device);
+  dispatch(p, [&](auto t, auto c) {
+    launch_forward<typename decltype(t)::type, typename decltype(c)::type>(p, to_cuda(stream));
+  });
+}
+
+void apply_qk_norm_rope_backward(const QkNormRopeParams& p, Device device, Stream stream) {
+  DeviceGuard guard(device);
+  dispatch(p, [&](auto t, auto c) {
+    launch_backward<typename decltype(t)::type, typename decltype(c)::type>(p, to_cuda(stream));
+  });
+}
+
+std::size_t apply_qk_norm_rope_backward_workspace_size(const QkNormRopeParams& p, Device) {
+  if (p.q_weight_grad == nullptr && p.k_weight_grad == nullptr) return 0;
+  WorkspaceLayout sizes(nullptr);
+  lay_out(p, sizes);
+  return sizes.required_bytes();
+}
+
+}  // namespace embrope::gpu

@@ -1,0 +1,284 @@
+// qk-norm + RoPE on the CPU: RMSNorm of each (token, head) row (Zhang & Sennrich 2019,
+// arXiv:1910.07467; per head as in Qwen3 and Gemma 3) followed by the RoFormer rotation (Su et
+// al. 2021), and the gradient of the pair. The arithmetic is detail/norm_math.hpp's and
+// detail/rope_math.hpp's, the order of every sum the one the CUDA kernels take, so that both
+// backends give the same bits (docs/numerics.md). Threaded with OpenMP: rows (forward), chunks
+// of kWeightGradRows rows (backward, whose weight gradient sums the chunks in order).
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "../backend.hpp"
+#include "../dispatch.hpp"
+#include "embrope/detail/norm_math.hpp"
+#include "embrope/detail/numeric_types.hpp"
+#include "embrope/detail/rope_math.hpp"
+#include "isa.hpp"
+
+namespace embrope::cpu {
+
+using detail::from_float;
+using detail::to_float;
+
+// The rotation of apply_rope's vector body, then the norm's.
+#define EMBROPE_VECTOR_BODY "apply_rope.inc"
+#include "vector_bodies.hpp"
+#define EMBROPE_VECTOR_BODY "apply_qk_norm_rope.inc"
+#include "vector_bodies.hpp"
+
+namespace {
+
+using detail::QkNormRopeParams;
+
+// The stream positions of token (b, s): temporal, height, width (all one without mrope).
+struct TokenPositions {
+  std::int64_t p0, p1, p2;
+};
+TokenPositions token_positions(const detail::RopeParams& p, std::int64_t b, std::int64_t s) {
+  const std::int64_t p0 = detail::rope_position(p, b, s, 0);
+  if (!p.mrope) return {p0, p0, p0};
+  return {p0, detail::rope_position(p, b, s, 1), detail::rope_position(p, b, s, 2)};
+}
+
+// rstd of a row of D values, its sum of squares in the canonical order.
+template <typename T>
+float row_rstd(const T* x, std::int64_t dim, float eps) {
+  const float sum = detail::canonical_row_sum(
+      dim, [x](std::int64_t j) { return detail::norm_square_term(to_float(x[j]), 0.0f); });
+  return detail::norm_rstd(sum, dim, eps);
+}
+
+// The portable path. Normalises and rotates one head row; `in` and `out` may be the same row (each
+// pair is read before it is written).
+template <typename T, typename C>
+void forward_row(const QkNormRopeParams& p, bool is_q, const T* in, T* out, TokenPositions pos,
+                 float sin_sign) {
+  const detail::RopeParams& r = p.rope;
+  const float rstd = row_rstd(in, r.head_dim, p.eps);
+  const auto normalized = [&](std::int64_t j) {
+    return detail::norm_product(detail::rms_normalized(to_float(in[j]), rstd),
+                                detail::qk_norm_weight(p, is_q, j));
+  };
+  for (std::int64_t i = 0; i < r.rotary_dim / 2; ++i) {
+    const std::int64_t ia = detail::rope_pair_first(r, i), ib = detail::rope_pair_second(r, i);
+    float c, s;
+    detail::rope_pair_cos_sin<C>(r, pos.p0, pos.p1, pos.p2, i, sin_sign, c, s);
+    float a = normalized(ia), b = normalized(ib);
+    detail::rotate_pair(a, b, c, s);
+    out[ia] = from_float<T>(a);
+    out[ib] = from_float<T>(b);
+  }
+  for (std::int64_t j = r.rotary_dim; j < r.head_dim; ++j) out[j] = from_float<T>(normalized(j));
+}
+
+template <typename T, typename C>
+void forward(const QkNormRopeParams& p) {
+  const detail::RopeParams& r = p.rope;
+  const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
+  const std::int64_t rows = r.batch * r.seq * heads;
+  const float sin_sign = r.inverse ? -1.0f : 1.0f;
+  std::int64_t first_bad = detail::kNoBadIndex;
+  const bool threaded = rows * r.head_dim >= (1 << 15);
+#pragma omp parallel for if (threaded) schedule(static) reduction(min : first_bad)
+  for (std::int64_t n = 0; n < rows; ++n) {
+    const std::int64_t t = n / heads, h = n % heads;
+    const std::int64_t b = t / r.seq, s = t % r.seq;
+    const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, h);
+    if (detail::rope_bad_stream(r, b, s) >= 0) {
+      std::fill(row.out, row.out + r.head_dim, from_float<T>(0.0f));
+      first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+      continue;
+    }
+    forward_row<T, C>(p, h < r.q.heads, row.in, row.out, token_positions(r, b, s), sin_sign);
+  }
+  detail::lower_bad_index(r.bad, first_bad, r.bad_op, [&](std::int64_t key) {
+    return detail::rope_bad_position(r, detail::bad_index_row(key));
+  });
+}
+
+// The vector path (x86 with AVX2 or AVX-512): tokens in parallel; per token the cos/sin row
+// widened once (as apply_rope.inc widens it), per call the weight factors; each head row by an
+// instruction set's qk_norm_rope_row.
+template <typename T>
+using QkRow = void (*)(const T*, T*, std::int64_t, std::int64_t, RopeLayout, const float*,
+                       const float*, const float*, float, float*);
+
+template <typename T, typename C>
+void forward_by_token(const QkNormRopeParams& p, QkRow<T> row_fn) {
+  const detail::RopeParams& r = p.rope;
+  const std::int64_t tokens = r.batch * r.seq;
+  const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
+  const std::int64_t dim = r.head_dim, half = r.rotary_dim / 2;
+  const float sin_sign = r.inverse ? -1.0f : 1.0f;
+  const bool neox = r.layout == RopeLayout::neox;
+  std::vector<float> weights(static_cast<std::size_t>(2 * dim));
+  for (std::int64_t j = 0; j < dim; ++j) {
+    weights[j] = detail::qk_norm_weight(p, true, j);
+    if (r.has_k) weights[dim + j] = detail::qk_norm_weight(p, false, j);
+  }
+  std::int64_t first_bad = detail::kNoBadIndex;
+  const bool threaded = tokens > 1 && tokens * heads * dim >= (1 << 15);
+#pragma omp parallel if (threaded) reduction(min : first_bad)
+  {
+    // cos, sin (rotary_dim each), then the row scratch (256 partials + dim).
+    std::vector<float> buffer(
+        static_cast<std::size_t>(2 * r.rotary_dim + detail::kNormPartials + dim));
+    float* const cos_w = buffer.data();
+    float* const sin_w = cos_w + r.rotary_dim;
+    float* const scratch = sin_w + r.rotary_dim;
+#pragma omp for schedule(dynamic, 16)
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const std::int64_t b = t / r.seq, s = t % r.seq;
+      if (detail::rope_bad_stream(r, b, s) >= 0) {
+        for (std::int64_t h = 0; h < heads; ++h) {
+          T* out = detail::rope_row<T>(r, b, s, h).out;
+          std::fill(out, out + dim, from_float<T>(0.0f));
+        }
+        first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+        continue;
+      }
+      const TokenPositions pos = token_positions(r, b, s);
+      for (std::int64_t i = 0; i < half; ++i) {
+        float c, sn;
+        detail::rope_pair_cos_sin<C>(r, pos.p0, pos.p1, pos.p2, i, sin_sign, c, sn);
+        if (neox) {
+          cos_w[i] = c;
+          sin_w[i] = sn;
+        } else {
+          cos_w[2 * i] = cos_w[2 * i + 1] = c;
+          sin_w[2 * i] = -sn;
+          sin_w[2 * i + 1] = sn;
+        }
+      }
+      for (std::int64_t h = 0; h < heads; ++h) {
+        const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, h);
+        row_fn(row.in, row.out, dim, r.rotary_dim, r.layout,
+               weights.data() + (h < r.q.heads ? 0 : dim), cos_w, sin_w, p.eps, scratch);
+      }
+    }
+  }
+  detail::lower_bad_index(r.bad, first_bad, r.bad_op, [&](std::int64_t key) {
+    return detail::rope_bad_position(r, detail::bad_index_row(key));
+  });
+}
+
+// The gradient of one head row: dy (the output's gradient) in, dx out (may be dy's row), x
+// the forward's input. g and xhat: D floats of scratch. Adds g_j * xhat_j to partial[j] when
+// partial is non-null.
+template <typename T, typename C>
+void backward_row(const QkNormRopeParams& p, bool is_q, const T* dy, T* dx, const T* x,
+                  TokenPositions pos, float sin_sign, float* g, float* xhat, float* partial) {
+  const detail::RopeParams& r = p.rope;
+  const std::int64_t dim = r.head_dim;
+  const float rstd = row_rstd(x, dim, p.eps);
+  // g: the gradient of the normalised row, the output's gradient rotated back.
+  for (std::int64_t i = 0; i < r.rotary_dim / 2; ++i) {
+    const std::int64_t ia = detail::rope_pair_first(r, i), ib = detail::rope_pair_second(r, i);
+    float c, s;
+    detail::rope_pair_cos_sin<C>(r, pos.p0, pos.p1, pos.p2, i, sin_sign, c, s);
+    float a = to_float(dy[ia]), b = to_float(dy[ib]);
+    detail::rotate_pair(a, b, c, s);
+    g[ia] = a;
+    g[ib] = b;
+  }
+  for (std::int64_t j = r.rotary_dim; j < dim; ++j) g[j] = to_float(dy[j]);
+  for (std::int64_t j = 0; j < dim; ++j) {
+    xhat[j] = detail::rms_normalized(to_float(x[j]), rstd);
+    if (partial != nullptr) partial[j] += detail::norm_product(g[j], xhat[j]);
+    g[j] = detail::norm_product(detail::qk_norm_weight(p, is_q, j), g[j]);  // now u
+  }
+  const float sum = detail::canonical_row_sum(
+      dim, [&](std::int64_t j) { return detail::norm_product(g[j], xhat[j]); });
+  const float c = detail::rms_backward_factor(sum, dim, rstd);
+  for (std::int64_t j = 0; j < dim; ++j) {
+    dx[j] = from_float<T>(detail::rms_backward_value(g[j], xhat[j], rstd, c));
+  }
+}
+
+// The rows of q (is_q) or k, chunk by chunk; the weight gradient (if requested) from the chunk
+// partials summed in order.
+template <typename T, typename C>
+std::int64_t backward_side(const QkNormRopeParams& p, bool is_q) {
+  const detail::RopeParams& r = p.rope;
+  const std::int64_t side_heads = is_q ? r.q.heads : r.k.heads;
+  const std::int64_t head_offset = is_q ? 0 : r.q.heads;
+  const std::int64_t rows = r.batch * r.seq * side_heads;
+  const std::int64_t dim = r.head_dim;
+  float* const weight_grad = is_q ? p.q_weight_grad : p.k_weight_grad;
+  const std::int64_t chunks = detail::qk_chunks(rows);
+  std::vector<float> partials(weight_grad != nullptr ? static_cast<std::size_t>(chunks * dim) : 0,
+                              0.0f);
+  const float sin_sign = r.inverse ? -1.0f : 1.0f;
+  std::int64_t first_bad = detail::kNoBadIndex;
+  const bool threaded = rows * dim >= (1 << 15);
+#pragma omp parallel if (threaded) reduction(min : first_bad)
+  {
+    std::vector<float> scratch(static_cast<std::size_t>(2 * dim));
+#pragma omp for schedule(static)
+    for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+      float* partial = weight_grad != nullptr ? partials.data() + chunk * dim : nullptr;
+      const std::int64_t end = std::min(rows, (chunk + 1) * detail::kWeightGradRows);
+      for (std::int64_t n = chunk * detail::kWeightGradRows; n < end; ++n) {
+        const std::int64_t t = n / side_heads, h = n % side_heads;
+        const std::int64_t b = t / r.seq, s = t % r.seq;
+        const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, head_offset + h);
+        if (detail::rope_bad_stream(r, b, s) >= 0) {
+          std::fill(row.out, row.out + dim, from_float<T>(0.0f));
+          first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+          continue;
+        }
+        backward_row<T, C>(p, is_q, row.in, row.out, detail::qk_saved_row<T>(p, is_q, b, s, h),
+                           token_positions(r, b, s), sin_sign, scratch.data(), scratch.data() + dim,
+                           partial);
+      }
+    }
+  }
+  if (weight_grad != nullptr) {
+    for (std::int64_t j = 0; j < dim; ++j) {
+      float sum = 0.0f;
+      for (std::int64_t chunk = 0; chunk < chunks; ++chunk) sum += partials[chunk * dim + j];
+      weight_grad[j] = sum;
+    }
+  }
+  return first_bad;
+}
+
+template <typename T, typename C>
+void backward(const QkNormRopeParams& p) {
+  std::int64_t first_bad = backward_side<T, C>(p, true);
+  if (p.rope.has_k) first_bad = std::min(first_bad, backward_side<T, C>(p, false));
+  detail::lower_bad_index(p.rope.bad, first_bad, p.rope.bad_op, [&](std::int64_t key) {
+    return detail::rope_bad_position(p.rope, detail::bad_index_row(key));
+  });
+}
+
+template <typename Run>
+void dispatch(const QkNormRopeParams& p, Run&& run) {
+  detail::dispatch_value_dtype(p.rope.dtype, [&](auto t) {
+    detail::dispatch_value_dtype(p.rope.table_dtype, [&](auto c) { run(t, c); });
+  });
+}
+
+}  // namespace
+
+void apply_qk_norm_rope(const QkNormRopeParams& p) {
+  const Isa isa = active_isa();
+  dispatch(p, [&](auto t, auto c) {
+    using T = typename decltype(t)::type;
+    using C = typename decltype(c)::type;
+#if EMBROPE_CPU_X86
+    if (isa == Isa::avx512) return forward_by_token<T, C>(p, avx512::qk_norm_rope_row<T>);
+    if (isa == Isa::avx2) return forward_by_token<T, C>(p, avx2::qk_norm_rope_row<T>);
+#endif
+    (void)isa;
+    forward<T, C>(p);
+  });
+}
+
+void apply_qk_norm_rope_backward(const QkNormRopeParams& p) {
+  dispatch(p, [&](auto t, auto c) {
+    backward<typename decltype(t)::type, typename decltype(c)::type>(p);
+  });
+}
+
+}  // namespace embrope::cpu
