@@ -1,7 +1,8 @@
 // A libFuzzer target for the C API on the CPU: the input bytes are decoded into one call of
 // embrope_embed, embrope_apply_rope (multimodal sections included),
 // embrope_apply_rope_cos_sin, embrope_apply_rope_backward, embrope_packed_positions,
-// embrope_embed_backward or the cos/sin cache functions (every scaling variant), with
+// embrope_embed_backward, embrope_apply_qk_norm_rope (and its backward) or the cos/sin cache
+// functions (every scaling variant), with
 // arbitrary shapes, strides, dtypes, byte offsets, devices, options and contents (NaN,
 // infinity, ids and positions at the int32/int64 limits), tensors that may alias one another,
 // and deferred bad-index statuses.
@@ -441,9 +442,11 @@ embrope_rope_cache_t* make_cache(Bytes& in, std::int64_t* rotary_dim, std::int64
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes in(data, size);
   // First byte: 0-223 keep the four original ops (so older corpus inputs still decode as they
-  // did), 224-255 pick the newer ones.
+  // did), 224-247 pick the next three, 248-255 qk-norm + RoPE and its backward.
   const std::uint8_t first = in.u8();
-  const std::uint8_t op = first >= 224 ? 4 + (first - 224) % 3 : first % 4;
+  const std::uint8_t op = first >= 248   ? 7 + (first - 248) % 2
+                          : first >= 224 ? 4 + (first - 224) % 3
+                                         : first % 4;
   Call call(in);
   // Sometimes the ops record bad rows in a deferred status instead of failing; it is checked
   // (and must then report through embrope_deferred_status_check) after the call.
@@ -596,6 +599,58 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::vector<unsigned char> before = call.snapshot();
     check("embrope_apply_rope_backward",
           embrope_apply_rope_backward(dq, dk, positions, cache, &o, nullptr), before, call);
+    embrope_rope_cache_destroy(cache);
+    return 0;
+  }
+
+  if (op == 7 || op == 8) {
+    // qk-norm + RoPE: the RoPE arguments, the norm's weights and eps; the backward adds the
+    // output gradients (the tensors written) and the weight gradients.
+    std::int64_t rotary_dim = 0, max_positions = 0;
+    embrope_rope_cache_t* cache = make_cache(in, &rotary_dim, &max_positions);
+    const int rank = 3 + in.u8() % 2;
+    const DLTensor* q = call.tensor(rank, true, 0);
+    const DLTensor* k = in.chance(160) ? call.tensor(rank, true, 0) : nullptr;
+    const DLTensor* positions = call.tensor(rank - 2, false, max_positions > 0 ? max_positions : 8);
+    embrope_qk_norm_t n;
+    embrope_qk_norm_init(&n);
+    if (in.chance(160)) n.q_weight = call.tensor(1, true, 0);
+    if (in.chance(128)) n.k_weight = call.tensor(1, true, 0);
+    if (in.chance(32)) {
+      std::uint32_t bits = static_cast<std::uint32_t>(in.u64());
+      std::memcpy(&n.eps, &bits, 4);
+    }
+    n.unit_offset = in.chance(64) ? 1 : 0;
+    embrope_rope_options_t o;
+    embrope_rope_options_init(&o);
+    set_enum(o.layout, in.chance(8) ? static_cast<int>(in.u64()) : in.u8() % 2);
+    o.inverse = in.u8() % 2;
+    if (in.chance(32)) {
+      for (std::int64_t& section : o.mrope_section) section = in.u8() % 40;
+      o.mrope_interleaved = in.u8() % 2;
+    }
+    if (in.chance(64)) o.q_out = call.tensor(rank, true, 0);
+    if (in.chance(48)) o.k_out = call.tensor(rank, true, 0);
+    o.deferred = deferred;
+    const embrope_qk_norm_t* norm = in.chance(16) ? nullptr : &n;
+    const embrope_rope_cache_t* table = in.chance(4) ? nullptr : cache;
+    if (op == 7) {
+      const std::vector<unsigned char> before = call.snapshot();
+      check("embrope_apply_qk_norm_rope",
+            embrope_apply_qk_norm_rope(q, k, positions, table, norm, &o, nullptr), before, call);
+    } else {
+      const DLTensor* dq = call.tensor(rank, true, 0);
+      const DLTensor* dk = k != nullptr && in.chance(224) ? call.tensor(rank, true, 0) : nullptr;
+      embrope_qk_norm_gradients_t g;
+      embrope_qk_norm_gradients_init(&g);
+      if (in.chance(128)) g.q_weight = call.tensor(1, true, 0);
+      if (in.chance(96)) g.k_weight = call.tensor(1, true, 0);
+      const std::vector<unsigned char> before = call.snapshot();
+      check("embrope_apply_qk_norm_rope_backward",
+            embrope_apply_qk_norm_rope_backward(dq, dk, q, k, positions, table, norm,
+                                                in.chance(16) ? nullptr : &g, &o, nullptr),
+            before, call);
+    }
     embrope_rope_cache_destroy(cache);
     return 0;
   }
