@@ -65,15 +65,31 @@ __device__ __forceinline__ void sum_chunk(const detail::EmbedParams& p, const de
   } else if constexpr (kSinusoidal) {
     const std::int64_t half = p.dim / 2;
     const bool split = p.sinusoid_layout == SinusoidLayout::split;
+    bool paired = false;
+    if constexpr (W % 2 == 0) {
+      if (!split) {  // interleaved, j even (W-aligned): each (sin, cos) pair from one evaluation
 #pragma unroll
-    for (int w = 0; w < W; ++w) {
-      const std::int64_t e = j + w;
-      const std::int64_t i = split ? (e < half ? e : e - half) : (e >> 1);
-      const bool is_sin = split ? e < half : (e & 1) == 0;
-      float sv, cv;
-      detail::sinusoid_sin_cos(r.position, detail::sinusoid_freq(i, p.dim, p.sinusoid_base), &sv,
-                               &cv);
-      v[w] += is_sin ? sv : cv;
+        for (int w = 0; w < W; w += 2) {
+          float sv, cv;
+          detail::sinusoid_sin_cos(
+              r.position, detail::sinusoid_freq((j + w) >> 1, p.dim, p.sinusoid_base), &sv, &cv);
+          v[w] += sv;
+          v[w + 1] += cv;
+        }
+        paired = true;
+      }
+    }
+    if (!paired) {
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const std::int64_t e = j + w;
+        const std::int64_t i = split ? (e < half ? e : e - half) : (e >> 1);
+        const bool is_sin = split ? e < half : (e & 1) == 0;
+        float sv, cv;
+        detail::sinusoid_sin_cos(r.position, detail::sinusoid_freq(i, p.dim, p.sinusoid_base), &sv,
+                                 &cv);
+        v[w] += is_sin ? sv : cv;
+      }
     }
   }
   if (rows.type != nullptr) {
@@ -86,9 +102,9 @@ __device__ __forceinline__ void sum_chunk(const detail::EmbedParams& p, const de
 // W is the number of consecutive elements a lane handles: 16 / sizeof(T) on the fast path
 // (aligned rows, D a multiple of W), 1 on the general path. G lanes (blockDim.x) share a row;
 // blockDim.y rows run side by side in a block.
-// kSinusoidal: the call adds sinusoidal positions (detail/sinusoid.hpp: a float64 reduction
-// and float32 polynomials per element), in instantiations of their own so that the other
-// paths keep their register budget.
+// kSinusoidal: the call adds sinusoidal positions (detail/sinusoid.hpp: two float64 sin/cos
+// and their angle-addition combination per element, or per pair), in instantiations of their
+// own so that the other paths keep their register budget.
 // At least 4 blocks per multiprocessor, at most 64 registers: left to itself, ptxas chose
 // 32 for the scalar float16 path and spilled. The sinusoidal paths hold W float64 angles in
 // flight and get 2 blocks, 128 registers (64 spilled).

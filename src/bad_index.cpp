@@ -37,11 +37,11 @@ std::string describe_bad_index(const BadIndexRecord& record) {
       break;
     case BadIndexArg::position_ids:
       subject = fmt::format("position_ids[{}]", row);
-      table = "the position table";
+      table = "the valid positions";  // the learned table's rows, or sinusoids' range
       break;
     case BadIndexArg::implicit_position:
       subject = fmt::format("the implicit position (position_offsets[b] + s) of ids[{}]", row);
-      table = "the position table";
+      table = "the valid positions";  // the learned table's rows, or sinusoids' range
       break;
     case BadIndexArg::type_ids:
       subject = fmt::format("type_ids[{}]", row);

@@ -138,8 +138,9 @@ detail::EmbedParams prepare(const Tensor& table, const Tensor& ids, const Tensor
   if (o.positions == PositionEncoding::sinusoidal) {
     if (o.position_table) fail(kOp, "position_table is given but positions are sinusoidal");
     if (dim % 2 != 0) fail(kOp, "sinusoidal positions need an even D, got D {}", dim);
-    if (!(std::isfinite(o.sinusoid_base) && o.sinusoid_base > 0.0)) {
-      fail(kOp, "sinusoid_base {} must be finite and positive", o.sinusoid_base);
+    if (!(std::isfinite(o.sinusoid_base) && o.sinusoid_base >= 1.0)) {
+      fail(kOp, "sinusoid_base {} must be finite and at least 1 (frequencies at most 1)",
+           o.sinusoid_base);
     }
     p.sinusoid_base = o.sinusoid_base;
     p.sinusoid_layout = o.sinusoid_layout;

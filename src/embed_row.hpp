@@ -7,6 +7,7 @@
 
 #include "bad_index.hpp"
 #include "embrope/detail/config.hpp"
+#include "embrope/detail/sinusoid.hpp"
 #include "params.hpp"
 
 namespace embrope::detail {
@@ -59,8 +60,10 @@ EMBROPE_HD EmbedRow resolve_embed_row(const EmbedParams& p, std::int64_t row) {
       // offset + s, saturated: an offset near INT64_MAX must not wrap into the table.
       r.position = offset > INT64_MAX - s ? INT64_MAX : offset + s;
     }
+    // Learned: the table's rows; sinusoidal: the positions whose float64 angles stay exact
+    // enough (detail/sinusoid.hpp).
     const std::int64_t upper =
-        p.positions == PositionEncoding::learned ? p.max_positions : INT64_MAX;
+        p.positions == PositionEncoding::learned ? p.max_positions : kSinusoidPositionLimit;
     if (r.position < 0 || r.position >= upper) mark_bad(r, row, arg, r.position, 0, upper);
   }
   if (p.type_table != nullptr) {

@@ -522,7 +522,11 @@ inline bool embed_row(const EmbedSpec& s, std::int64_t id, std::int64_t position
   if (s.positions == Positions::learned && (position < 0 || position >= s.max_positions)) {
     bad = true;
   }
-  if (s.positions == Positions::sinusoidal && position < 0) bad = true;
+  // Sinusoidal positions lie in [0, 2^32) (docs/ops.md).
+  if (s.positions == Positions::sinusoidal &&
+      (position < 0 || position >= (std::int64_t{1} << 32))) {
+    bad = true;
+  }
   if (s.type_table != nullptr && (type < 0 || type >= s.num_types)) bad = true;
   if (bad) return false;
   for (std::size_t d = 0; d < dim; ++d) {

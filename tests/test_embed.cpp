@@ -6,12 +6,15 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "embrope/detail/numeric_types.hpp"
 #include "embrope/embrope.hpp"
 #include "reference.hpp"
 #include "test_support.hpp"
@@ -500,6 +503,126 @@ TEST_CASE("the sinusoid reference follows the paper (self-check of the test's or
   CHECK(p5[1] == std::sin(5.0 / std::pow(10000.0, 2.0 / 8.0)));
 }
 
+// The float32 sinusoid rows of embed at the given positions: a zero scale makes each output
+// element 0 * token + P(p)[j] = P(p)[j], the op's own sinusoid. T: the output dtype (the
+// table is ones).
+template <typename T>
+std::vector<T> embed_sinusoid_rows(const std::vector<std::int64_t>& positions, std::int64_t dim,
+                                   SinusoidLayout layout, float scale = 0.0f,
+                                   const std::vector<T>* table = nullptr) {
+  const auto n = static_cast<std::int64_t>(positions.size());
+  const DType dtype = std::is_same_v<T, float> ? DType::float32 : DType::bfloat16;
+  std::vector<T> ones(static_cast<std::size_t>(dim), embrope::detail::from_float<T>(1.0f));
+  if (table == nullptr) table = &ones;
+  const std::int64_t vocab = static_cast<std::int64_t>(table->size()) / dim;
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(n));
+  for (std::int64_t r = 0; r < n; ++r) ids[static_cast<std::size_t>(r)] = (r * 7) % vocab;
+  std::vector<T> out(static_cast<std::size_t>(n * dim));
+  EmbedOptions o;
+  o.scale = scale;
+  o.positions = PositionEncoding::sinusoidal;
+  o.sinusoid_layout = layout;
+  o.position_ids = Tensor(const_cast<std::int64_t*>(positions.data()), DType::int64, {n});
+  embrope::embed(Tensor(const_cast<T*>(table->data()), dtype, {vocab, dim}),
+                 Tensor(ids.data(), DType::int64, {n}), Tensor(out.data(), dtype, {n, dim}), o);
+  return out;
+}
+
+TEST_CASE("sinusoids are within 4 float32 ulps of 1 of float64 sin/cos below 2^32",
+          "[embed][sinusoidal][numerics]") {
+  // docs/numerics.md: the float32 angle addition of float32-rounded sin/cos of the anchor's and
+  // the offset's angles: four roundings of factors, three of products and sum, and
+  // |sin a cos b| + |cos a sin b| <= 1, so at most 4 * 2^-24; plus the float64 angle: a w +
+  // b w, each product rounded, against the reference's rounded p w, 2^-51 p w at most.
+  const bool split = GENERATE(false, true);
+  const std::int64_t dim = 512;
+  std::vector<std::int64_t> positions;
+  for (std::int64_t p = 0; p < 40; ++p) positions.push_back(p);
+  for (std::int64_t p = 999990; p < 1000030; ++p) positions.push_back(p);
+  std::uint64_t state = 12345;
+  const auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<std::int64_t>(state >> 32);  // [0, 2^32)
+  };
+  for (int k = 0; k < 200; ++k) positions.push_back(next() % (std::int64_t{1} << 20));
+  for (int k = 0; k < 60; ++k) positions.push_back(next());
+  positions.push_back((std::int64_t{1} << 32) - 1);
+  const SinusoidLayout layout = split ? SinusoidLayout::split : SinusoidLayout::interleaved;
+  const std::vector<float> out = embed_sinusoid_rows<float>(positions, dim, layout);
+  double worst_small = 0.0;  // over positions below 2^20
+  ref::Mismatches m;
+  for (std::size_t r = 0; r < positions.size(); ++r) {
+    const std::int64_t p = positions[r];
+    const std::vector<double> want = ref::sinusoid(p, dim, 10000.0, split);
+    for (std::int64_t j = 0; j < dim; ++j) {
+      const std::int64_t i = split ? j % (dim / 2) : j / 2;
+      const double angle = static_cast<double>(p) * ref::sinusoid_freq(i, dim, 10000.0);
+      const double got = out[r * dim + static_cast<std::size_t>(j)];
+      const double error = std::fabs(got - want[static_cast<std::size_t>(j)]);
+      if (p < (1 << 20)) worst_small = std::max(worst_small, error);
+      m.expect_close([&] { return "P(" + std::to_string(p) + ")[" + std::to_string(j) + "]"; }, got,
+                     want[static_cast<std::size_t>(j)],
+                     std::ldexp(4.0, -24) + std::ldexp(angle, -51));
+    }
+  }
+  INFO(m.first << "largest error below position 2^20: " << worst_small);
+  CHECK(m.count == 0);
+  CHECK(m.checked == static_cast<std::int64_t>(positions.size()) * dim);
+}
+
+TEST_CASE("a position's sinusoids do not depend on the call's other rows", "[embed][sinusoidal]") {
+  // The CPU reuses a thread's anchor row across consecutive positions and its offset rows
+  // across the call: each row must equal that position's row computed alone.
+  const bool split = GENERATE(false, true);
+  const bool bf16 = GENERATE(false, true);
+  const std::int64_t dim = GENERATE(512, 76);
+  const SinusoidLayout layout = split ? SinusoidLayout::split : SinusoidLayout::interleaved;
+  std::vector<std::int64_t> positions;
+  for (std::int64_t p = 5; p < 305; ++p) positions.push_back(p);                // consecutive
+  for (std::int64_t p = 400; p > 100; --p) positions.push_back(p);              // decreasing
+  for (int k = 0; k < 100; ++k) positions.push_back(77777);                     // repeated
+  for (std::int64_t k = 0; k < 200; ++k) positions.push_back(1000000 + 7 * k);  // strided
+  for (std::int64_t k = 0; k < 200; ++k) positions.push_back((k * 2654435761ll) % 4294967296ll);
+  INFO("D " << dim << (split ? " split" : " interleaved") << (bf16 ? " bfloat16" : " float32"));
+  const auto check = [&](auto zero) {
+    using T = decltype(zero);
+    std::vector<T> table(static_cast<std::size_t>(13 * dim));
+    for (std::size_t k = 0; k < table.size(); ++k) {
+      table[k] = embrope::detail::from_float<T>(static_cast<float>(std::sin(0.37 * k)));
+    }
+    const std::vector<T> all = embed_sinusoid_rows<T>(positions, dim, layout, 1.0f, &table);
+    std::int64_t differing = 0;
+    for (std::size_t r = 0; r < positions.size(); ++r) {
+      // Alone, with the token row it had in the call (id (r * 7) % 13).
+      std::vector<T> own(table.begin() + static_cast<std::ptrdiff_t>(((r * 7) % 13) * dim),
+                         table.begin() + static_cast<std::ptrdiff_t>(((r * 7) % 13 + 1) * dim));
+      const std::vector<T> alone = embed_sinusoid_rows<T>({positions[r]}, dim, layout, 1.0f, &own);
+      if (std::memcmp(alone.data(), all.data() + r * dim, sizeof(T) * dim) != 0) ++differing;
+    }
+    CHECK(differing == 0);
+  };
+  if (bf16) {
+    check(embrope::detail::BFloat16{0});
+  } else {
+    check(0.0f);
+  }
+}
+
+TEST_CASE("sinusoidal positions at and past 2^32 are bad positions",
+          "[embed][sinusoidal][errors][bad_index]") {
+  EmbedCase c;
+  c.ids_shape = {4};
+  c.dim = 16;
+  c.positions = Positions::sinusoidal;
+  c.position_ids = {3, (std::int64_t{1} << 32) - 1, std::int64_t{1} << 32, 1};
+  const std::optional<Error> e = run_embed(c);  // rows checked against the reference
+  REQUIRE(e.has_value());
+  INFO("message: " << e->what());
+  CHECK(e->code() == ErrorCode::index_out_of_range);
+  CHECK_THAT(e->what(), Catch::Contains("position_ids[2]") && Catch::Contains("4294967296") &&
+                            Catch::Contains("[0, 4294967296)"));
+}
+
 TEST_CASE("embed adds token-type rows", "[embed][types]") {
   const DType dtype = GENERATE(DType::float32, DType::float16, DType::bfloat16);
   const DType id_dtype = GENERATE(DType::int32, DType::int64);
@@ -940,8 +1063,8 @@ TEST_CASE("embed rejects bad position and type options", "[embed][errors]") {
         },
         kInvalid, {"embed", "7"});
   }
-  SECTION("sinusoidal positions with base 0, negative or NaN") {
-    const double base = GENERATE(0.0, -1.0, std::nan(""));
+  SECTION("sinusoidal positions with base 0, negative, below 1 or NaN") {
+    const double base = GENERATE(0.0, -1.0, 0.5, std::nan(""));
     EmbedOptions o;
     o.positions = PositionEncoding::sinusoidal;
     o.sinusoid_base = base;

@@ -595,7 +595,7 @@ std::vector<EmbedCase> embed_cases() {
     a.o.vocab_start = kI64Max - 3;
     return a;
   });
-  for (double base : {0.0, -1.0, kNaN, kInf}) {
+  for (double base : {0.0, -1.0, 0.5, kNaN, kInf}) {
     add("sinusoid_base " + std::to_string(base), invalid({"sinusoid_base"}), [=](F& f) {
       EmbedArgs a = embed_args(f);
       a.o.positions = embrope::PositionEncoding::sinusoidal;

@@ -27,7 +27,7 @@ struct EmbedOptions {
   PositionEncoding positions = PositionEncoding::none;
   // learned: [max_positions, D], the table's dtype.
   std::optional<Tensor> position_table;
-  // sinusoidal: D even, base finite and > 0.
+  // sinusoidal: D even, base finite and >= 1, positions in [0, 2^32).
   double sinusoid_base = 10000.0;
   SinusoidLayout sinusoid_layout = SinusoidLayout::interleaved;
   // Explicit positions, the shape of ids (int32/int64). Absent: implicit positions

@@ -278,7 +278,7 @@ typedef struct embrope_embed_options_t {
   int32_t vocab_shard; /* nonzero: ids outside the shard give zero token rows; default 0 */
   embrope_position_encoding_t positions;     /* default NONE */
   const DLTensor* position_table;            /* learned: [max_positions, D] */
-  double sinusoid_base;                      /* default 10000 */
+  double sinusoid_base;                      /* finite, >= 1; default 10000 */
   embrope_sinusoid_layout_t sinusoid_layout; /* default INTERLEAVED */
   const DLTensor* position_ids;              /* explicit positions shaped like ids, or NULL */
   const DLTensor* position_offsets;    /* implicit offset_b + s: [B] for ids [B, S], or NULL */

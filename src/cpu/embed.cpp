@@ -7,6 +7,7 @@
 // with the portable path's bits.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "../backend.hpp"
@@ -16,6 +17,7 @@
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/sinusoid.hpp"
 #include "isa.hpp"
+#include "sinusoid_rows.hpp"
 
 namespace embrope::cpu {
 
@@ -29,15 +31,16 @@ namespace {
 
 template <typename T>
 struct VectorBody {  // embed.inc of one instruction set
-  void (*sum_row)(const detail::EmbedParams&, const detail::EmbedRow&, T*, const double*, float*,
+  void (*sum_row)(const detail::EmbedParams&, const detail::EmbedRow&, T*, const SinusoidRow*,
                   bool);
-  void (*sum_row_f32)(const detail::EmbedParams&, const detail::EmbedRow&, float*, const double*,
-                      float*, bool);
+  void (*sum_row_f32)(const detail::EmbedParams&, const detail::EmbedRow&, float*,
+                      const SinusoidRow*, bool);
   void (*copy_row)(T*, const T*, std::int64_t, bool);
   void (*round_row)(T*, const float*, std::int64_t);
   detail::NormStats (*norm_stats)(const float*, std::int64_t, bool, float);
   void (*norm_row)(T*, const float*, std::int64_t, detail::NormStats, const float*, const float*,
                    bool);
+  SinusoidSinCosRow sinusoid_sin_cos_row;
 };
 
 // The float32 weight and bias factors of a normalised call (1 + w for unit-offset weights;
@@ -101,12 +104,11 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
   const bool plain = p.positions == PositionEncoding::none && type_table == nullptr && !norm;
   std::vector<float> norm_weight, norm_bias;
   if (norm) norm_factors(p, norm_weight, norm_bias);
-  std::vector<double> freqs;
+  std::optional<SinusoidCall> sinusoids;
   if (sinusoidal) {
-    freqs.resize(static_cast<std::size_t>(dim / 2));
-    for (std::int64_t i = 0; i < dim / 2; ++i) {
-      freqs[i] = detail::sinusoid_freq(i, dim, p.sinusoid_base);
-    }
+    sinusoids.emplace(
+        dim, p.sinusoid_base, p.sinusoid_layout,
+        vector != nullptr ? vector->sinusoid_sin_cos_row : portable_sinusoid_sin_cos_row);
   }
   std::int64_t first_bad = detail::kNoBadIndex;
   const bool threaded = p.rows * dim >= (1 << 15);
@@ -117,11 +119,13 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
 
 #pragma omp parallel reduction(min : first_bad) if (threaded)
   {
-    // The row's float32 sum and sinusoid scratch (2 D), and with a norm the vector bodies'
-    // sum (D more: their scratch holds the sinusoid row).
-    std::vector<float> acc(static_cast<std::size_t>(plain ? 0 : (norm ? 3 : 2) * dim));
-    // Dynamic chunks: a thread that shares its core with other work takes fewer rows.
-#pragma omp for schedule(dynamic, 16)
+    // The row's float32 sum (the portable path's, or the vector bodies' before a norm).
+    std::vector<float> acc(static_cast<std::size_t>(plain ? 0 : dim));
+    std::optional<SinusoidCall::Rows> sinusoid_rows;
+    if (sinusoidal) sinusoid_rows.emplace(*sinusoids);
+      // Dynamic chunks: a thread that shares its core with other work takes fewer rows. A chunk
+      // of consecutive sinusoidal positions shares at most two anchors.
+#pragma omp for schedule(dynamic, detail::kSinusoidBlock)
     for (std::int64_t n = 0; n < p.rows; ++n) {
       const detail::EmbedRow r = detail::resolve_embed_row(p, n);
       T* out = static_cast<T*>(p.out) + r.out_offset;
@@ -146,7 +150,7 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
             std::memcpy(out, token, static_cast<std::size_t>(dim) * sizeof(T));
           }
         } else if (vector != nullptr) {
-          vector->sum_row(p, r, out, freqs.data(), nullptr, stream);
+          vector->sum_row(p, r, out, nullptr, stream);
         } else {
 #pragma omp simd
           for (std::int64_t j = 0; j < dim; ++j)
@@ -154,13 +158,19 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
         }
         continue;
       }
+      SinusoidRow sinusoid_row{};
+      const SinusoidRow* sinusoid = nullptr;
+      if (sinusoidal) {
+        sinusoid_row = sinusoid_rows->row(r.position);
+        sinusoid = &sinusoid_row;
+      }
       if (vector != nullptr) {
         if (norm) {
-          float* row = acc.data() + 2 * dim;
-          vector->sum_row_f32(p, r, row, freqs.data(), acc.data(), false);
+          float* row = acc.data();
+          vector->sum_row_f32(p, r, row, sinusoid, false);
           normalize_row(p, r, row, out, norm_weight.data(), norm_bias.data(), vector, stream);
         } else {
-          vector->sum_row(p, r, out, freqs.data(), acc.data(), stream);
+          vector->sum_row(p, r, out, sinusoid, stream);
         }
         continue;
       }
@@ -176,19 +186,14 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
 #pragma omp simd
         for (std::int64_t j = 0; j < dim; ++j) a[j] += to_float(pos[j]);
       } else if (sinusoidal) {
-        // The sines and cosines first (a loop that vectorizes), then added in the row's order.
         const std::int64_t half = dim / 2;
-        float* sin_v = a + dim;
-        float* cos_v = a + dim + half;
+        const bool split = sinusoid_row.split;
 #pragma omp simd
         for (std::int64_t i = 0; i < half; ++i) {
-          detail::sinusoid_sin_cos(r.position, freqs[i], &sin_v[i], &cos_v[i]);
-        }
-        const bool split = p.sinusoid_layout == SinusoidLayout::split;
-#pragma omp simd
-        for (std::int64_t i = 0; i < half; ++i) {
-          a[split ? i : 2 * i] += sin_v[i];
-          a[split ? half + i : 2 * i + 1] += cos_v[i];
+          float sin_v, cos_v;
+          sinusoid_pair(sinusoid_row, i, &sin_v, &cos_v);
+          a[split ? i : 2 * i] += sin_v;
+          a[split ? half + i : 2 * i + 1] += cos_v;
         }
       }
       if (type_table != nullptr) {
@@ -223,12 +228,12 @@ void embed(const detail::EmbedParams& p) {
     using T = typename decltype(t)::type;
     const VectorBody<T>* vector = nullptr;
 #if EMBROPE_CPU_X86
-    static const VectorBody<T> avx512_body{avx512::sum_row<T>,  avx512::sum_row<T, float>,
-                                           avx512::copy_row<T>, avx512::round_row<T>,
-                                           avx512::norm_stats,  avx512::norm_row<T>};
-    static const VectorBody<T> avx2_body{avx2::sum_row<T>,  avx2::sum_row<T, float>,
-                                         avx2::copy_row<T>, avx2::round_row<T>,
-                                         avx2::norm_stats,  avx2::norm_row<T>};
+    static const VectorBody<T> avx512_body{
+        avx512::sum_row<T>, avx512::sum_row<T, float>, avx512::copy_row<T>, avx512::round_row<T>,
+        avx512::norm_stats, avx512::norm_row<T>,       avx512::sin_cos_row};
+    static const VectorBody<T> avx2_body{
+        avx2::sum_row<T>, avx2::sum_row<T, float>, avx2::copy_row<T>, avx2::round_row<T>,
+        avx2::norm_stats, avx2::norm_row<T>,       avx2::sin_cos_row};
     if (isa == Isa::avx512) vector = &avx512_body;
     if (isa == Isa::avx2) vector = &avx2_body;
 #endif

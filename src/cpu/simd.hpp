@@ -88,6 +88,17 @@ struct Avx2 {
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V swap_pairs(V x) {
     return _mm256_permute_ps(x, 0xb1);
   }
+  // (x0, x1, x2, x3, ...) -> (x0, x0, x2, x2, ...) and -> (x1, -x1, x3, -x3, ...): an
+  // interleaved pair's first member in both lanes, its second with the sign flipped in the
+  // second lane (sinusoids' angle addition).
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V dup_first(V x) { return _mm256_moveldup_ps(x); }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V second_alternating(V x) {
+    const __m256 odd_sign = _mm256_castpd_ps(_mm256_set1_pd(-0.0));  // bit 31 of odd lanes
+    return _mm256_xor_ps(_mm256_movehdup_ps(x), odd_sign);
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V neg(V x) {
+    return _mm256_xor_ps(x, _mm256_set1_ps(-0.0f));
+  }
   // The lanes' sum by halving, lane[m] += lane[m + h] for h = 4, 2, 1 (detail/norm_math.hpp's
   // order within one vector).
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static float halving_sum(V v) {
@@ -168,6 +179,16 @@ struct Avx512 {
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V swap_pairs(V x) {
     return _mm512_permute_ps(x, 0xb1);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V dup_first(V x) {
+    return _mm512_moveldup_ps(x);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V second_alternating(V x) {
+    const __m512 odd_sign = _mm512_castpd_ps(_mm512_set1_pd(-0.0));  // bit 31 of odd lanes
+    return _mm512_xor_ps(_mm512_movehdup_ps(x), odd_sign);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V neg(V x) {
+    return _mm512_xor_ps(x, _mm512_set1_ps(-0.0f));
   }
   // As Avx2's, from h = 8.
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static float halving_sum(V v) {
