@@ -1,6 +1,7 @@
-// embrope-bench: every op against the memory ceiling measured in the same run (a
+// embrope-bench: every op against the memory ceiling measured in the same case (a
 // device-to-device copy on the GPU, memcpy on the CPU, of the same bytes, read + write
-// counted) and against an unfused baseline inside embrope.
+// counted, timed right after the op in every repetition) and against an unfused baseline
+// inside embrope.
 //
 //   embrope-bench [--device=auto|cpu|gpu] [--full] [Google Benchmark flags]
 //
@@ -8,8 +9,9 @@
 // sizes that tell, in about a minute on two cores); --full runs the whole sweep of shapes and
 // token counts. Unless told otherwise, every case runs 3 repetitions and reports medians.
 //
-// Counters per case: GB/s (bytes the op must move / median time), pct_of_copy (that
-// bandwidth over the same-run copy of the same bytes), x_vs_unfused (the unfused baseline's
+// Counters per case: GB/s (bytes the op must move / median time), copy_seconds (the copy's
+// time per iteration), pct_of_copy (the op's bandwidth over the copy's: the copy's time over
+// the op's), x_vs_unfused (the unfused baseline's
 // time over the fused op's: q then k in two calls; lookup, then positions, then an add pass;
 // RoPE, then a copy into the KV cache; the lookup with positions, then a LayerNorm pass).
 // On the GPU, decode RoPE is also timed without the default check (/deferred) and as CUDA
@@ -18,6 +20,7 @@
 #include <embrope/embrope.hpp>
 #include <omp.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -44,7 +47,6 @@ using embrope::Tensor;
 
 bool g_gpu = false;
 bool g_full = false;
-std::map<std::int64_t, double> g_copy_gbps;  // bytes -> same-run copy bandwidth
 
 // Memory on the benchmark's device, filled with values in [-1, 1].
 class Memory {
@@ -162,66 +164,84 @@ const embrope::RopeCache& shared_cache(std::int64_t rotary_dim) {
   return *cache;
 }
 
-// Times body() with CUDA events on `stream` on the GPU (manual time) or wall time on the CPU.
-void run_timed(benchmark::State& state, const std::function<void()>& body, std::int64_t bytes_moved,
-               void* stream = nullptr) {
+// The ceiling: a copy of bytes/2 (read + write = bytes moved), a device-to-device copy on
+// the GPU (on `stream`), memcpy on the CPU split over the cores like the ops it bounds, and,
+// like them, on one thread below 32768 four-byte elements (where waking a team would cost
+// more than the copy).
+std::function<void()> copy_body(std::int64_t bytes, void* stream) {
   (void)stream;  // used by the CUDA build
-  body();        // warm up
+  const std::size_t half = static_cast<std::size_t>(bytes / 2);
+  Memory& src = shared_values("copy_src", half, DType::float32);
+  Memory& dst = shared("copy_dst", half, [](Memory&) {});
+#ifdef EMBROPE_BENCH_CUDA
+  if (g_gpu) {
+    const auto s = static_cast<cudaStream_t>(stream);
+    return [&src, &dst, half, s] {
+      cudaMemcpyAsync(dst.data(), src.data(), half, cudaMemcpyDeviceToDevice, s);
+    };
+  }
+#endif
+  const bool threaded = half / 4 >= (1 << 15);
+  return [&src, &dst, half, threaded] {
+#pragma omp parallel if (threaded)
+    {
+      const std::size_t threads = static_cast<std::size_t>(omp_get_num_threads());
+      const std::size_t chunk = (half + threads - 1) / threads;
+      const std::size_t begin =
+          std::min(half, chunk * static_cast<std::size_t>(omp_get_thread_num()));
+      const std::size_t end = std::min(half, begin + chunk);
+      std::memcpy(static_cast<char*>(dst.data()) + begin,
+                  static_cast<const char*>(src.data()) + begin, end - begin);
+    }
+  };
+}
+
+// Seconds that one call of body takes: CUDA events on `stream` on the GPU, wall time on the
+// CPU.
+double seconds_of(const std::function<void()>& body, void* stream) {
+  (void)stream;  // used by the CUDA build
 #ifdef EMBROPE_BENCH_CUDA
   if (g_gpu) {
     const auto s = static_cast<cudaStream_t>(stream);
     cudaEvent_t start, stop;
     cudaEventCreate(&start);
     cudaEventCreate(&stop);
-    for (auto _ : state) {
-      cudaEventRecord(start, s);
-      body();
-      cudaEventRecord(stop, s);
-      cudaEventSynchronize(stop);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, start, stop);
-      state.SetIterationTime(ms / 1e3);
-    }
+    cudaEventRecord(start, s);
+    body();
+    cudaEventRecord(stop, s);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
-  } else
-#endif
-  {
-    for (auto _ : state) body();
+    return ms / 1e3;
   }
+#endif
+  const auto start = std::chrono::steady_clock::now();
+  body();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Times body() (manual time: CUDA events on `stream` on the GPU, wall time on the CPU), and
+// after each call the copy of the same bytes, into the counter copy_seconds (per iteration).
+// Op and ceiling alternate call by call: a machine whose memory bandwidth drifts within
+// seconds (a shared VM) moves both, and pct_of_copy compares them at the same moments.
+void run_timed(benchmark::State& state, const std::function<void()>& body, std::int64_t bytes_moved,
+               void* stream = nullptr) {
+  const std::function<void()> copy = copy_body(bytes_moved, stream);
+  body();  // warm up
+  copy();
+  double copy_seconds = 0;
+  for (auto _ : state) {
+    state.SetIterationTime(seconds_of(body, stream));
+    copy_seconds += seconds_of(copy, stream);
+  }
+  const benchmark::IterationCount iterations = state.iterations();
+  state.counters["copy_seconds"] =
+      iterations > 0 ? copy_seconds / static_cast<double>(iterations) : 0;
   state.counters["bytes"] = static_cast<double>(bytes_moved);
   state.counters["GBps"] = benchmark::Counter(static_cast<double>(bytes_moved) / 1e9,
                                               benchmark::Counter::kIsIterationInvariantRate);
-}
-
-// The ceiling: copy bytes/2 (read + write = bytes moved).
-void copy_case(benchmark::State& state, std::int64_t bytes) {
-  const std::size_t half = static_cast<std::size_t>(bytes / 2);
-  Memory& src = shared_values("copy_src", half, DType::float32);
-  Memory& dst = shared("copy_dst", half, [](Memory&) {});
-  std::function<void()> body;
-#ifdef EMBROPE_BENCH_CUDA
-  if (g_gpu)
-    body = [&] { cudaMemcpyAsync(dst.data(), src.data(), half, cudaMemcpyDeviceToDevice); };
-#endif
-  if (!g_gpu) {
-    // memcpy split over the cores like the ops it bounds, and, like them, on one thread below
-    // 32768 four-byte elements (where waking a team would cost more than the copy).
-    const bool threaded = half / 4 >= (1 << 15);
-    body = [&, threaded] {
-#pragma omp parallel if (threaded)
-      {
-        const std::size_t threads = static_cast<std::size_t>(omp_get_num_threads());
-        const std::size_t chunk = (half + threads - 1) / threads;
-        const std::size_t begin =
-            std::min(half, chunk * static_cast<std::size_t>(omp_get_thread_num()));
-        const std::size_t end = std::min(half, begin + chunk);
-        std::memcpy(static_cast<char*>(dst.data()) + begin,
-                    static_cast<const char*>(src.data()) + begin, end - begin);
-      }
-    };
-  }
-  run_timed(state, body, bytes);
 }
 
 struct RopeShape {
@@ -411,24 +431,10 @@ void embed_case(benchmark::State& state, DType dtype, std::int64_t dim, std::int
   run_timed(state, body, bytes);
 }
 
+// A case; run_timed times its ceiling, the copy of the same bytes, inside it.
 template <typename Fn>
-void register_pair(const std::string& name, std::int64_t bytes, Fn op) {
-  if (g_copy_gbps.count(bytes) == 0) {
-    g_copy_gbps[bytes] = 0;
-    auto* c = benchmark::RegisterBenchmark(("copy/" + std::to_string(bytes)).c_str(),
-                                           [bytes](benchmark::State& st) { copy_case(st, bytes); });
-    if (g_gpu)
-      c->UseManualTime();
-    else
-      c->UseRealTime();
-    c->Unit(benchmark::kMicrosecond);
-  }
-  auto* b = benchmark::RegisterBenchmark(name.c_str(), op);
-  if (g_gpu)
-    b->UseManualTime();
-  else
-    b->UseRealTime();
-  b->Unit(benchmark::kMicrosecond);
+void register_case(const std::string& name, Fn op) {
+  benchmark::RegisterBenchmark(name.c_str(), op)->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
 DType parse_dtype(const char* s) {
@@ -468,14 +474,12 @@ void register_all() {
         }
       }
       for (std::int64_t t : counts) {
-        const std::int64_t bytes =
-            2 * t * (s.hq + s.hk) * s.rotary_dim * embrope::dtype_size(dtype);
         // The unfused baseline first, so that the fused row can report its speedup.
         for (bool fused : {false, true}) {
           if (!fused && !(main_shape && (g_full || t == 16384))) continue;
           const std::string name = std::string("rope/") + s.model + "/" + dt +
                                    "/T=" + std::to_string(t) + (fused ? "" : "/unfused_q_then_k");
-          register_pair(name, bytes, [s, dtype, t, fused](benchmark::State& st) {
+          register_case(name, [s, dtype, t, fused](benchmark::State& st) {
             rope_case(st, s, dtype, t, fused, Launch::checked);
           });
         }
@@ -485,7 +489,7 @@ void register_all() {
             const std::string name = std::string("rope/") + s.model + "/" + dt +
                                      "/T=" + std::to_string(t) +
                                      (launch == Launch::graph ? "/graph_replay" : "/deferred");
-            register_pair(name, bytes, [s, dtype, t, launch](benchmark::State& st) {
+            register_case(name, [s, dtype, t, launch](benchmark::State& st) {
               rope_case(st, s, dtype, t, true, launch);
             });
           }
@@ -507,16 +511,12 @@ void register_all() {
         for (DType cache_dtype : {dtype, DType::float8_e4m3fn}) {
           const bool fp8 = cache_dtype == DType::float8_e4m3fn;
           if (!g_full && fp8 && t != 4096) continue;
-          const std::int64_t bytes =
-              2 * t * s.hq * s.head_dim * embrope::dtype_size(dtype) +
-              2 * t * s.hk * s.head_dim *
-                  (embrope::dtype_size(dtype) + embrope::dtype_size(cache_dtype));
           for (bool fused : {false, true}) {
             if (!fused && (fp8 || (!g_full && t != 4096))) continue;
             const std::string name = std::string("rope_append_kv/") + s.model + "/" + dt +
                                      (fp8 ? "->fp8e4m3" : "") + "/T=" + std::to_string(t) +
                                      (fused ? "" : "/unfused_rope_then_copy");
-            register_pair(name, bytes, [=](benchmark::State& st) {
+            register_case(name, [=](benchmark::State& st) {
               append_kv_case(st, s, dtype, cache_dtype, t, fused);
             });
           }
@@ -539,8 +539,6 @@ void register_all() {
           const char* pname = positions == embrope::PositionEncoding::none      ? "lookup"
                               : positions == embrope::PositionEncoding::learned ? "learned"
                                                                                 : "sinusoidal";
-          const std::int64_t reads = positions == embrope::PositionEncoding::learned ? 2 : 1;
-          const std::int64_t bytes = (reads + 1) * t * dim * embrope::dtype_size(dtype);
           for (bool fused : {false, true}) {
             if (!fused && positions != embrope::PositionEncoding::learned) continue;
             if (!fused && !g_full && t != 16384) continue;
@@ -549,7 +547,7 @@ void register_all() {
             const std::string name = std::string("embed/") + pname + "/" + dt +
                                      "/D=" + std::to_string(dim) + "/T=" + std::to_string(t) +
                                      (fused ? "" : "/unfused_lookup_then_add");
-            register_pair(name, bytes, [=](benchmark::State& st) {
+            register_case(name, [=](benchmark::State& st) {
               embed_case(st, dtype, dim, t, positions, fused);
             });
           }
@@ -616,7 +614,7 @@ void register_embed_norm() {
         const std::string name = std::string("embed_layer_norm/learned/") + dt +
                                  "/D=" + std::to_string(dim) + "/T=" + std::to_string(t) +
                                  (fused ? "" : "/unfused_lookup_then_norm");
-        register_pair(name, 3 * t * dim * embrope::dtype_size(dtype),
+        register_case(name,
                       [=](benchmark::State& st) { embed_norm_case(st, dtype, dim, t, fused); });
       }
     }
@@ -684,8 +682,7 @@ void register_qk_norm_rope() {
     for (bool fused : {false, true}) {
       const std::string name = std::string("qk_norm_rope/qwen3-8b/") + dt +
                                "/T=" + std::to_string(t) + (fused ? "" : "/unfused_norm_then_rope");
-      register_pair(name, 2 * t * (32 + 8) * 128 * embrope::dtype_size(dtype),
-                    [=](benchmark::State& st) { qk_norm_rope_case(st, dtype, t, fused); });
+      register_case(name, [=](benchmark::State& st) { qk_norm_rope_case(st, dtype, t, fused); });
     }
   }
 }
@@ -769,26 +766,24 @@ void register_backward() {
           // The CPU path is deterministic in either mode: time it once.
           if (!g_gpu && mode == embrope::BackwardMode::atomic) continue;
           const std::int64_t dim = 4096;
-          const std::int64_t distinct = distinct_ids(t, one_id ? 1 : backward_vocab());
-          const std::int64_t bytes = t * dim * embrope::dtype_size(dtype) + 2 * distinct * dim * 4;
           const std::string name =
               std::string("embed_backward/") +
               (mode == embrope::BackwardMode::atomic ? "atomic" : "deterministic") + "/" + dt +
               "/D=4096/T=" + std::to_string(t) + (one_id ? "/one_id" : "");
-          register_pair(name, bytes, [=](benchmark::State& st) {
+          register_case(name, [=](benchmark::State& st) {
             embed_backward_case(st, dtype, dim, t, mode, one_id);
           });
         }
       }
-      const std::int64_t rope_bytes = 2 * t * (32 + 8) * 128 * embrope::dtype_size(dtype);
-      register_pair(std::string("rope_backward/llama3-8b/") + dt + "/T=" + std::to_string(t),
-                    rope_bytes, [=](benchmark::State& st) { rope_backward_case(st, dtype, t); });
+      register_case(std::string("rope_backward/llama3-8b/") + dt + "/T=" + std::to_string(t),
+                    [=](benchmark::State& st) { rope_backward_case(st, dtype, t); });
     }
   }
 }
 
-// Adds pct_of_copy to every op row from the copy row of the same byte count in this run
-// (on the terminal and in the JSON file alike).
+// Adds pct_of_copy to every row from the copy timed inside the same case (run_timed), and
+// x_vs_unfused to a fused row from its baseline's row (on the terminal and in the JSON file
+// alike). For the median aggregate, the medians of the op's and the copy's times.
 template <typename Base>
 class PctReporter : public Base {
  public:
@@ -796,19 +791,13 @@ class PctReporter : public Base {
   void ReportRuns(const std::vector<Run>& runs) override {
     std::vector<Run> copy = runs;
     for (Run& run : copy) {
-      auto it = run.counters.find("bytes");
-      if (it == run.counters.end()) continue;
-      const auto bytes = static_cast<std::int64_t>(it->second.value);
       const double seconds = run.GetAdjustedRealTime() / 1e6;  // unit: microseconds
-      const double gbps = static_cast<double>(bytes) / seconds / 1e9;
-      if (run.run_name.function_name.rfind("copy/", 0) == 0) {
-        if (run.run_type == Run::RT_Iteration || run.aggregate_name == "median") {
-          g_copy_gbps[bytes] = gbps;
-        }
-        continue;
-      }
-      if (g_copy_gbps[bytes] > 0) run.counters["pct_of_copy"] = 100.0 * gbps / g_copy_gbps[bytes];
       const bool is_time = run.run_type == Run::RT_Iteration || run.aggregate_name == "median";
+      const auto copy_seconds = run.counters.find("copy_seconds");
+      if ((is_time || run.aggregate_name == "mean") && copy_seconds != run.counters.end() &&
+          copy_seconds->second.value > 0 && seconds > 0) {
+        run.counters["pct_of_copy"] = 100.0 * copy_seconds->second.value / seconds;
+      }
       const std::string& name = run.run_name.function_name;
       const std::size_t unfused = name.find("/unfused");
       if (unfused != std::string::npos) {

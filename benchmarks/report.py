@@ -6,12 +6,13 @@ Reads Google Benchmark's JSON written by embrope-bench (medians of repetitions),
 eager's time for the same cases, measured now, in this run, on the same device and threads,
 when torch is importable, and writes into DIR:
 
-- bench.json: one record per case (op, shape, dtype, tokens, median time, GB/s, % of the
-  same-run copy, the ratio to the unfused baseline and to PyTorch eager) and the run's
-  metadata (machine, commit, command, instruction set);
+- bench.json: one record per case (op, shape, dtype, tokens, median time, GB/s, the GB/s of
+  the copy of the same bytes timed inside the same case and the op's percentage of it, the
+  ratio to the unfused baseline and to PyTorch eager) and the run's metadata (machine,
+  commit, command, instruction set);
 - bench.md: the same as a markdown table, with the machine, command and commit;
-- bench.png: GB/s against tokens for each op and dtype, the same-run copy ceiling drawn as
-  a dashed line (needs matplotlib).
+- bench.png: GB/s against tokens for each op and dtype, the copy ceiling of each case drawn
+  as a dashed line (needs matplotlib).
 
 The table is also printed. Only the Python standard library is needed for the table and the
 JSON; torch and matplotlib are optional.
@@ -60,9 +61,10 @@ def parse_case(name: str) -> Optional[dict]:
     return case
 
 
-def read_cases(raw: dict) -> tuple[list[dict], dict[int, float]]:
-    """(op rows, copy GB/s by bytes) from the medians in Google Benchmark's JSON."""
-    cases, copies = [], {}
+def read_cases(raw: dict) -> list[dict]:
+    """The op rows from the medians in Google Benchmark's JSON, each with the GB/s of the copy
+    of the same bytes timed inside the same case (copy_gbps)."""
+    cases = []
     for b in raw["benchmarks"]:
         if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
             continue
@@ -70,17 +72,16 @@ def read_cases(raw: dict) -> tuple[list[dict], dict[int, float]]:
             continue
         seconds = b["real_time"] * {"us": 1e-6, "ms": 1e-3, "ns": 1e-9, "s": 1.0}[b["time_unit"]]
         name = b.get("run_name", b["name"])
-        moved = int(b.get("bytes", 0))
-        if name.startswith("copy/"):
-            copies[moved] = moved / seconds / 1e9
-            continue
         case = parse_case(name)
         if case is None:
             continue
+        moved = int(b.get("bytes", 0))
+        copy_seconds = b.get("copy_seconds")
         case.update(name=name, seconds=seconds, bytes=moved, gbps=moved / seconds / 1e9,
+                    copy_gbps=moved / copy_seconds / 1e9 if copy_seconds else None,
                     pct_of_copy=b.get("pct_of_copy"), x_vs_unfused=b.get("x_vs_unfused"))
         cases.append(case)
-    return cases, copies
+    return cases
 
 
 # ------------------------------------------------------------------- PyTorch eager ----
@@ -238,15 +239,18 @@ def table_rows(cases: list[dict]) -> list[list[str]]:
         pct = c.get("pct_of_copy")
         small = c["bytes"] < SMALL_BYTES
         rows.append([op, c["shape"], c["dtype"], str(c["tokens"]), fmt(c["seconds"] * 1e6, ".1f"),
-                     fmt(c["gbps"], ".2f"), fmt(pct, ".0f", "%" + ("*" if small else "")),
+                     fmt(c["gbps"], ".2f"), fmt(c.get("copy_gbps"), ".2f"),
+                     fmt(pct, ".0f", "%" + ("*" if small else "")),
                      fmt(c.get("x_vs_unfused"), ".2f", "x"), fmt(c.get("x_vs_torch"), ".2f", "x")])
     return rows
 
 
-HEADER = ["op", "shape", "dtype", "tokens", "median us", "GB/s", "% of copy", "vs unfused",
-          "vs torch eager"]
-NOTE = ("% of copy: GB/s over a copy of the same bytes measured in the same run, on the same "
-        "threads. * marks cases under 256 KB, where both run on one thread from cache: the "
+HEADER = ["op", "shape", "dtype", "tokens", "median us", "GB/s", "copy GB/s", "% of copy",
+          "vs unfused", "vs torch eager"]
+NOTE = ("copy GB/s: a copy of the same bytes on the same threads (memcpy on the CPU, a "
+        "device copy on the GPU), timed after every call of the op in the same case, so that "
+        "both see the machine's memory at the same moments; % of copy: the op's GB/s over it "
+        "(medians of both). * marks cases under 256 KB, where both run on one thread from cache: the "
         "percentage compares call overheads more than bandwidth. vs unfused: the unfused "
         "baseline's median time over the op's (RoPE: q then k in two calls; learned positions: "
         "lookup, positions, then an add pass; RoPE + KV append: RoPE, then a copy; embed + "
@@ -258,7 +262,7 @@ NOTE = ("% of copy: GB/s over a copy of the same bytes measured in the same run,
 
 def print_table(rows: list[list[str]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADER)]
-    right = {3, 4, 5, 6, 7, 8}
+    right = set(range(3, len(HEADER)))
 
     def line(cells):
         return "  ".join(c.rjust(w) if i in right else c.ljust(w)
@@ -275,12 +279,12 @@ def markdown(rows: list[list[str]], meta: dict) -> str:
            f"Machine: {meta['machine'].get('cpu', '?')}, {meta['machine']['cpus']} CPUs, "
            f"{meta['threads']} threads, CPU kernels: {meta['cpu_isa']}; {meta['date']}; "
            f"commit {meta['commit']}.", f"Command: `{meta['command']}`", "", NOTE, "",
-           "| " + " | ".join(HEADER) + " |", "|" + "---|" * 3 + "---:|" * 6]
+           "| " + " | ".join(HEADER) + " |", "|" + "---|" * 3 + "---:|" * (len(HEADER) - 3)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(out) + "\n"
 
 
-def plot(cases: list[dict], copies: dict[int, float], path: pathlib.Path, title: str) -> bool:
+def plot(cases: list[dict], path: pathlib.Path, title: str) -> bool:
     try:
         import matplotlib
 
@@ -301,13 +305,13 @@ def plot(cases: list[dict], copies: dict[int, float], path: pathlib.Path, title:
     colors = {"f32": "tab:blue", "f16": "tab:orange", "bf16": "tab:green"}
     for ax, key in zip(axes.flat, panels):
         for dtype in ("f32", "f16", "bf16"):
-            points = sorted((c["tokens"], c["gbps"], c["bytes"]) for c in groups[key]
+            points = sorted((c["tokens"], c["gbps"], c["copy_gbps"]) for c in groups[key]
                             if c["dtype"] == dtype)
             if not points:
                 continue
             tokens = [p[0] for p in points]
             ax.plot(tokens, [p[1] for p in points], "o-", color=colors[dtype], label=dtype)
-            ceiling = [copies.get(p[2]) for p in points]
+            ceiling = [p[2] for p in points]
             if all(v is not None for v in ceiling):
                 ax.plot(tokens, ceiling, "--x", color=colors[dtype], alpha=0.6,
                         label=f"copy, {dtype} bytes")
@@ -333,7 +337,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     raw = json.loads(pathlib.Path(args.raw).read_text())
     context = raw.get("context", {})
-    cases, copies = read_cases(raw)
+    cases = read_cases(raw)
     device = context.get("device", "cpu")
     torch_version = None
     if not args.no_torch:
@@ -371,10 +375,9 @@ def main(argv: list[str]) -> int:
     print_table(rows)
     print()
     print(NOTE)
-    (out / "bench.json").write_text(json.dumps({"meta": meta, "cases": cases,
-                                                "copy_gbps_by_bytes": copies}, indent=1))
+    (out / "bench.json").write_text(json.dumps({"meta": meta, "cases": cases}, indent=1))
     (out / "bench.md").write_text(markdown(rows, meta))
-    plotted = plot(cases, copies, out / "bench.png",
+    plotted = plot(cases, out / "bench.png",
                    f"embrope on {meta['machine'].get('cpu', device)} ({meta['cpu_isa']}), "
                    f"commit {commit}")
     print(f"\nwrote {out / 'bench.json'}, {out / 'bench.md'}"
