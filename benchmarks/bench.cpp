@@ -1,6 +1,6 @@
 // embrope-bench: every op against the memory ceiling measured in the same case (a
 // device-to-device copy on the GPU, memcpy on the CPU, of the same bytes, read + write
-// counted, timed right after the op in every repetition) and against an unfused baseline
+// counted, timed after every call of the op) and against an unfused baseline
 // inside embrope.
 //
 //   embrope-bench [--device=auto|cpu|gpu] [--full] [Google Benchmark flags]
