@@ -1,9 +1,9 @@
 // Every CPU path gives the portable path's bits: apply_rope and embed run under the
-// instruction set named on the command line (EMBROPE_CPU_ISA = portable, avx2 or avx512),
-// and each output byte is compared with the portable arithmetic of include/embrope/detail/
-// (the numerics contract, itself tested against float64 references), element by element.
-// float16 and bfloat16 inputs take every one of their 65536 bit patterns (NaN, infinities,
-// subnormals, signed zeros); float32 inputs random values and those specials.
+// instruction set named on the command line (EMBROPE_CPU_ISA = portable, avx2, avx512 or
+// avx512_bf16), and each output byte is compared with the portable arithmetic of
+// include/embrope/detail/ (the numerics contract, itself tested against float64 references),
+// element by element. float16 and bfloat16 inputs take every one of their 65536 bit patterns (NaN,
+// infinities, subnormals, signed zeros); float32 inputs random values and those specials.
 //
 //   embrope_cpu_isa_parity ISA
 // exits 0 when every byte matches, 1 when one differs, 77 (skipped) when this CPU lacks ISA.
@@ -372,6 +372,9 @@ void all_cases_of() {
     }
   }
   embed_case<T>(0.75f, Positions::none, false);
+  // Sums across the float32 subnormals (which bfloat16 keeps and VCVTNEPS2BF16 would flush).
+  embed_case<T>(0x1.3p-110f, Positions::none, false);
+  embed_case<T>(0x1.3p-110f, Positions::learned, false);
   embed_case<T>(1.0f, Positions::learned, false);
   embed_case<T>(3.0f, Positions::learned, true);
   embed_case<T>(1.0f, Positions::none, true);
@@ -401,7 +404,7 @@ void all_cases_of() {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s portable|avx2|avx512\n", argv[0]);
+    std::fprintf(stderr, "usage: %s portable|avx2|avx512|avx512_bf16\n", argv[0]);
     return 2;
   }
   setenv("EMBROPE_CPU_ISA", argv[1], 1);  // before the first op chooses

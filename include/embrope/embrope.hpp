@@ -46,10 +46,10 @@ namespace embrope {
 // or without a device.
 EMBROPE_EXPORT int cuda_device_count();
 
-// The instruction set of the CPU kernels: "avx512", "avx2" (with F16C) or "portable", the
-// widest this CPU has unless the environment variable EMBROPE_CPU_ISA (portable, avx2 or
-// avx512) caps it. Chosen once per process; every choice gives the same bits. Throws
-// Error(invalid_argument) when EMBROPE_CPU_ISA names none of them.
+// The instruction set of the CPU kernels: "avx512_bf16" (AVX-512 with AVX512_BF16), "avx512",
+// "avx2" (with F16C) or "portable", the widest this CPU has unless the environment variable
+// EMBROPE_CPU_ISA (one of those names) caps it. Chosen once per process; every choice gives
+// the same bits. Throws Error(invalid_argument) when EMBROPE_CPU_ISA names none of them.
 EMBROPE_EXPORT const char* cpu_isa();
 
 }  // namespace embrope

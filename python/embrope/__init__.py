@@ -46,9 +46,9 @@ from ._status import DeferredStatus
 
 
 def cpu_isa() -> str:
-    """The instruction set of the CPU kernels: "avx512", "avx2" or "portable" (the widest this
-    CPU has, unless the environment variable EMBROPE_CPU_ISA caps it; every choice gives the
-    same bits)."""
+    """The instruction set of the CPU kernels: "avx512_bf16", "avx512", "avx2" or "portable"
+    (the widest this CPU has, unless the environment variable EMBROPE_CPU_ISA caps it; every
+    choice gives the same bits)."""
     return _embrope.cpu_isa()
 
 

@@ -6,6 +6,7 @@
 // of kWeightGradRows rows (backward, whose weight gradient sums the chunks in order).
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "../backend.hpp"
@@ -267,7 +268,12 @@ void apply_qk_norm_rope(const QkNormRopeParams& p) {
     using T = typename decltype(t)::type;
     using C = typename decltype(c)::type;
 #if EMBROPE_CPU_X86
-    if (isa == Isa::avx512) return forward_by_token<T, C>(p, avx512::qk_norm_rope_row<T>);
+    if constexpr (std::is_same_v<T, detail::BFloat16>) {
+      if (isa == Isa::avx512_bf16) {
+        return forward_by_token<T, C>(p, avx512_bf16::qk_norm_rope_row<T>);
+      }
+    }
+    if (isa >= Isa::avx512) return forward_by_token<T, C>(p, avx512::qk_norm_rope_row<T>);
     if (isa == Isa::avx2) return forward_by_token<T, C>(p, avx2::qk_norm_rope_row<T>);
 #endif
     (void)isa;

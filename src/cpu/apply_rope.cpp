@@ -5,6 +5,7 @@
 // iteration with its cos/sin row widened once.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "../backend.hpp"
@@ -193,7 +194,10 @@ void dispatch_rotation(const detail::RopeParams& p, OnVector&& on_vector,
       using T = typename decltype(t)::type;
       using C = typename decltype(c)::type;
 #if EMBROPE_CPU_X86
-      if (isa == Isa::avx512) return on_vector(t, avx512::rotate_token<T, C>);
+      if constexpr (std::is_same_v<T, detail::BFloat16>) {
+        if (isa == Isa::avx512_bf16) return on_vector(t, avx512_bf16::rotate_token<T, C>);
+      }
+      if (isa >= Isa::avx512) return on_vector(t, avx512::rotate_token<T, C>);
       if (isa == Isa::avx2) return on_vector(t, avx2::rotate_token<T, C>);
 #endif
       (void)isa;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "../backend.hpp"
@@ -234,7 +235,14 @@ void embed(const detail::EmbedParams& p) {
     static const VectorBody<T> avx2_body{
         avx2::sum_row<T>, avx2::sum_row<T, float>, avx2::copy_row<T>, avx2::round_row<T>,
         avx2::norm_stats, avx2::norm_row<T>,       avx2::sin_cos_row};
-    if (isa == Isa::avx512) vector = &avx512_body;
+    if (isa >= Isa::avx512) vector = &avx512_body;
+    if constexpr (std::is_same_v<T, detail::BFloat16>) {
+      static const VectorBody<T> avx512_bf16_body{
+          avx512_bf16::sum_row<T>,   avx512_bf16::sum_row<T, float>, avx512_bf16::copy_row<T>,
+          avx512_bf16::round_row<T>, avx512_bf16::norm_stats,        avx512_bf16::norm_row<T>,
+          avx512_bf16::sin_cos_row};
+      if (isa == Isa::avx512_bf16) vector = &avx512_bf16_body;
+    }
     if (isa == Isa::avx2) vector = &avx2_body;
 #endif
     (void)isa;

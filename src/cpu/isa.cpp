@@ -22,7 +22,11 @@ Isa detect() {
   const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
   if (f16c && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-    return Isa::avx512;
+    // AVX512_BF16 from CPUID leaf 7, sub-leaf 1 (EAX bit 5); the OS saves the AVX-512 state,
+    // which __builtin_cpu_supports("avx512f") has checked.
+    const bool bf16 =
+        __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 5)) != 0;
+    return bf16 ? Isa::avx512_bf16 : Isa::avx512;
   }
   if (f16c && __builtin_cpu_supports("avx2")) return Isa::avx2;
 #endif
@@ -33,12 +37,13 @@ Isa choose() {
   const Isa best = detect();
   const char* cap = std::getenv("EMBROPE_CPU_ISA");
   if (cap == nullptr || *cap == '\0') return best;
-  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512}) {
+  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512_bf16}) {
     if (std::strcmp(cap, isa_name(isa)) == 0) return isa < best ? isa : best;
   }
-  throw Error(ErrorCode::invalid_argument,
-              std::string("EMBROPE_CPU_ISA is '") + cap +
-                  "'; it must be portable, avx2 or avx512 (the widest the CPU may use)");
+  throw Error(
+      ErrorCode::invalid_argument,
+      std::string("EMBROPE_CPU_ISA is '") + cap +
+          "'; it must be portable, avx2, avx512 or avx512_bf16 (the widest the CPU may use)");
 }
 
 }  // namespace
@@ -50,6 +55,8 @@ Isa active_isa() {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::avx512_bf16:
+      return "avx512_bf16";
     case Isa::avx512:
       return "avx512";
     case Isa::avx2:

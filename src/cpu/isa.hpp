@@ -1,14 +1,16 @@
 // Which instruction set the CPU kernels use, chosen once per process: the widest the CPU has
-// among AVX-512 (F, BW, VL, DQ), AVX2 with F16C, and the portable code, capped by the
-// environment variable EMBROPE_CPU_ISA (portable, avx2 or avx512). Every choice gives the
-// same bits (src/cpu/simd.hpp); only the speed differs.
+// among AVX-512 with AVX512_BF16, AVX-512 (F, BW, VL, DQ), AVX2 with F16C, and the portable
+// code, capped by the environment variable EMBROPE_CPU_ISA (portable, avx2, avx512 or
+// avx512_bf16). Every choice gives the same bits (src/cpu/simd.hpp); only the speed differs.
+// avx512_bf16 differs from avx512 only in its bfloat16 outputs: kernels of other dtypes run
+// avx512's code under it (`isa >= Isa::avx512`).
 #pragma once
 
 #include "simd.hpp"
 
 namespace embrope::cpu {
 
-enum class Isa { portable, avx2, avx512 };
+enum class Isa { portable, avx2, avx512, avx512_bf16 };  // in order of width
 
 // Throws Error(invalid_argument) when EMBROPE_CPU_ISA names no instruction set.
 Isa active_isa();
@@ -27,6 +29,7 @@ const char* isa_name(Isa isa);
 // (_Pragma takes one string literal: no concatenation.)
 // clang-format off
 #define EMBROPE_BEGIN_AVX512 _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c\"))), apply_to = function)")
+#define EMBROPE_BEGIN_AVX512_BF16 _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,f16c\"))), apply_to = function)")
 // clang-format on
 #define EMBROPE_END_TARGET _Pragma("clang attribute pop")
 #else
@@ -40,6 +43,12 @@ const char* isa_name(Isa isa);
       _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c\")") \
           _Pragma("GCC diagnostic push")                                      \
               _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")     \
+                  _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
+#define EMBROPE_BEGIN_AVX512_BF16                                                        \
+  _Pragma("GCC push_options")                                                            \
+      _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,f16c\")") \
+          _Pragma("GCC diagnostic push")                                                 \
+              _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")                \
                   _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
 #define EMBROPE_END_TARGET _Pragma("GCC diagnostic pop") _Pragma("GCC pop_options")
 #endif

@@ -2,6 +2,10 @@
 and every error mapped to its exception. Expected values come from reference.py (float64,
 from the formulas)."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -476,7 +480,30 @@ def test_every_op_in_every_framework_and_dtype(framework, dtype, rng):
 
 
 def test_cpu_isa_names_the_instruction_set():
-    assert embrope.cpu_isa() in ("avx512", "avx2", "portable")
+    assert embrope.cpu_isa() in ("avx512_bf16", "avx512", "avx2", "portable")
+
+
+def run_with_cpu_isa(cap, code):
+    env = dict(os.environ, EMBROPE_CPU_ISA=cap)
+    return subprocess.run([sys.executable, "-c", "import embrope\n" + code], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cpu_isa_cap_never_widens_the_choice():
+    widest = embrope.cpu_isa()
+    order = ["portable", "avx2", "avx512", "avx512_bf16"]
+    for cap in order:
+        got = run_with_cpu_isa(cap, "print(embrope.cpu_isa())")
+        assert got.returncode == 0, got.stderr
+        want = order[min(order.index(cap), order.index(widest))]
+        assert got.stdout.strip() == want
+
+
+def test_an_unknown_cpu_isa_cap_is_an_error_naming_the_choices():
+    got = run_with_cpu_isa("avx1024", "embrope.cpu_isa()")
+    assert got.returncode != 0
+    assert "EMBROPE_CPU_ISA is 'avx1024'" in got.stderr
+    assert "portable, avx2, avx512 or avx512_bf16" in got.stderr
 
 
 def test_a_table_too_large_to_hold_is_a_memory_error():
