@@ -25,6 +25,28 @@ namespace embrope::cpu {
 using detail::from_float;
 using detail::to_float;
 
+// The table rows that an output row reads (null: none): the token row (none for a shard miss),
+// the learned position row and the type row.
+template <typename T>
+struct EmbedSources {
+  const T* token = nullptr;
+  const T* position = nullptr;
+  const T* type = nullptr;
+};
+
+template <typename T>
+EmbedSources<T> embed_sources(const detail::EmbedParams& p, const detail::EmbedRow& r) {
+  EmbedSources<T> s;
+  if (r.token_hit) s.token = static_cast<const T*>(p.table) + r.token * p.table_stride;
+  if (p.position_table != nullptr) {
+    s.position = static_cast<const T*>(p.position_table) + r.position * p.position_table_stride;
+  }
+  if (p.type_table != nullptr) {
+    s.type = static_cast<const T*>(p.type_table) + r.type * p.type_table_stride;
+  }
+  return s;
+}
+
 #define EMBROPE_VECTOR_BODY "embed.inc"
 #include "vector_bodies.hpp"
 
@@ -32,11 +54,11 @@ namespace {
 
 template <typename T>
 struct VectorBody {  // embed.inc of one instruction set
-  void (*sum_row)(const detail::EmbedParams&, const detail::EmbedRow&, T*, const SinusoidRow*,
-                  bool);
-  void (*sum_row_f32)(const detail::EmbedParams&, const detail::EmbedRow&, float*,
-                      const SinusoidRow*, bool);
-  void (*copy_row)(T*, const T*, std::int64_t, bool);
+  void (*sum_row)(const detail::EmbedParams&, const EmbedSources<T>&, T*, const SinusoidRow*,
+                  const EmbedSources<T>&, bool);
+  void (*sum_row_f32)(const detail::EmbedParams&, const EmbedSources<T>&, float*,
+                      const SinusoidRow*, const EmbedSources<T>&, bool);
+  void (*copy_row)(T*, const T*, const T*, std::int64_t, bool);
   void (*round_row)(T*, const float*, std::int64_t);
   detail::NormStats (*norm_stats)(const float*, std::int64_t, bool, float);
   void (*norm_row)(T*, const float*, std::int64_t, detail::NormStats, const float*, const float*,
@@ -96,13 +118,13 @@ void normalize_row(const detail::EmbedParams& p, const detail::EmbedRow& r, cons
 // vector: the vector body (embed.inc), or null (the portable loops).
 template <typename T>
 void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
+  // Rows per chunk of the thread team (a sinusoidal block: a chunk of consecutive positions
+  // shares at most two anchors).
+  constexpr std::int64_t kChunk = detail::kSinusoidBlock;
   const std::int64_t dim = p.dim;
-  const auto* table = static_cast<const T*>(p.table);
-  const auto* position_table = static_cast<const T*>(p.position_table);
-  const auto* type_table = static_cast<const T*>(p.type_table);
   const bool sinusoidal = p.positions == PositionEncoding::sinusoidal;
   const bool norm = p.norm != Normalization::none;
-  const bool plain = p.positions == PositionEncoding::none && type_table == nullptr && !norm;
+  const bool plain = p.positions == PositionEncoding::none && p.type_table == nullptr && !norm;
   std::vector<float> norm_weight, norm_bias;
   if (norm) norm_factors(p, norm_weight, norm_bias);
   std::optional<SinusoidCall> sinusoids;
@@ -124,11 +146,20 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
     std::vector<float> acc(static_cast<std::size_t>(plain ? 0 : dim));
     std::optional<SinusoidCall::Rows> sinusoid_rows;
     if (sinusoidal) sinusoid_rows.emplace(*sinusoids);
-      // Dynamic chunks: a thread that shares its core with other work takes fewer rows. A chunk
-      // of consecutive sinusoidal positions shares at most two anchors.
-#pragma omp for schedule(dynamic, detail::kSinusoidBlock)
+    // The thread's next row, resolved a row ahead (vector bodies only) so that its table rows
+    // can be asked for while the current one is written.
+    std::int64_t ahead_n = -1;
+    detail::EmbedRow ahead;
+    // Dynamic chunks: a thread that shares its core with other work takes fewer rows.
+#pragma omp for schedule(dynamic, kChunk)
     for (std::int64_t n = 0; n < p.rows; ++n) {
-      const detail::EmbedRow r = detail::resolve_embed_row(p, n);
+      const detail::EmbedRow r = n == ahead_n ? ahead : detail::resolve_embed_row(p, n);
+      EmbedSources<T> next;
+      if (vector != nullptr && n + 1 < p.rows && (n + 1) % kChunk != 0) {
+        ahead_n = n + 1;
+        ahead = detail::resolve_embed_row(p, ahead_n);
+        if (ahead.bad_key == detail::kNoBadIndex) next = embed_sources<T>(p, ahead);
+      }
       T* out = static_cast<T*>(p.out) + r.out_offset;
       if (r.bad_key != detail::kNoBadIndex) {
         std::fill(out, out + dim, from_float<T>(0.0f));
@@ -140,18 +171,19 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
         first_bad = std::min(first_bad, r.bad_key);
         continue;
       }
-      const T* token = table + r.token * p.table_stride;
+      const EmbedSources<T> src = embed_sources<T>(p, r);
+      const T* token = src.token;
       if (plain) {
-        if (!r.token_hit) {
+        if (token == nullptr) {
           std::fill(out, out + dim, from_float<T>(0.0f));
         } else if (p.scale == 1.0f) {
           if (vector != nullptr) {
-            vector->copy_row(out, token, dim, stream);
+            vector->copy_row(out, token, next.token, dim, stream);
           } else {
             std::memcpy(out, token, static_cast<std::size_t>(dim) * sizeof(T));
           }
         } else if (vector != nullptr) {
-          vector->sum_row(p, r, out, nullptr, stream);
+          vector->sum_row(p, src, out, nullptr, next, stream);
         } else {
 #pragma omp simd
           for (std::int64_t j = 0; j < dim; ++j)
@@ -168,22 +200,22 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
       if (vector != nullptr) {
         if (norm) {
           float* row = acc.data();
-          vector->sum_row_f32(p, r, row, sinusoid, false);
+          vector->sum_row_f32(p, src, row, sinusoid, next, false);
           normalize_row(p, r, row, out, norm_weight.data(), norm_bias.data(), vector, stream);
         } else {
-          vector->sum_row(p, r, out, sinusoid, stream);
+          vector->sum_row(p, src, out, sinusoid, next, stream);
         }
         continue;
       }
       float* a = acc.data();
-      if (r.token_hit) {
+      if (token != nullptr) {
 #pragma omp simd
         for (std::int64_t j = 0; j < dim; ++j) a[j] = p.scale * to_float(token[j]);
       } else {
         std::fill(a, a + dim, 0.0f);
       }
-      if (position_table != nullptr) {
-        const T* pos = position_table + r.position * p.position_table_stride;
+      if (src.position != nullptr) {
+        const T* pos = src.position;
 #pragma omp simd
         for (std::int64_t j = 0; j < dim; ++j) a[j] += to_float(pos[j]);
       } else if (sinusoidal) {
@@ -197,8 +229,8 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
           a[split ? half + i : 2 * i + 1] += cos_v;
         }
       }
-      if (type_table != nullptr) {
-        const T* type = type_table + r.type * p.type_table_stride;
+      if (src.type != nullptr) {
+        const T* type = src.type;
 #pragma omp simd
         for (std::int64_t j = 0; j < dim; ++j) a[j] += to_float(type[j]);
       }

@@ -23,7 +23,7 @@
 namespace embrope::detail {
 
 // Positions share an anchor in blocks of this many.
-constexpr std::int64_t kSinusoidBlock = 16;
+constexpr std::int64_t kSinusoidBlock = 32;
 
 // Positions at or past this limit are rejected (docs/ops.md): the float64 angle p w would carry
 // an error of order 2^-53 p, no longer small against a float32 result, and the reduction
