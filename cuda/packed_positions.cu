@@ -52,7 +52,9 @@ __global__ void __launch_bounds__(kThreads)
         detail::cu_seqlens_entry(p, b, b > 0 ? detail::cu_seqlens_at(p, b - 1) : 0);
     const std::int64_t value = entry.value;
     if (!detail::entry_in_range(entry)) {
-      *invalid = 1;
+      // Several threads may find a bad entry: plain stores of the same value from each would
+      // still be a data race.
+      atomicExch(invalid, 1);
       report_bad_row(p.bad, detail::bad_index_key(b, detail::BadIndexArg::cu_seqlens));
     } else if (b < p.sequences && value >= 0 && value < p.tokens &&
                value < detail::cu_seqlens_at(p, b + 1)) {
