@@ -32,7 +32,6 @@ from ._embrope import (
 )
 from ._models import model_config_from_hf, model_preset, model_presets
 from ._rope import (
-    RopeCache,
     apply_qk_norm_rope,
     apply_qk_norm_rope_backward,
     apply_rope,
@@ -40,8 +39,8 @@ from ._rope import (
     apply_rope_backward,
     packed_positions,
     packed_positions_workspace_size,
-    rope_frequencies,
 )
+from ._rope_cache import RopeCache, rope_frequencies
 from ._status import DeferredStatus
 
 

@@ -166,3 +166,33 @@ def enum_value(op: str, name: str, enum: Any, value: Any) -> Any:
     raise _C.InvalidArgumentError(
         f"{op}: {name} {value!r} is not one of {', '.join(repr(m) for m in members)}"
     )
+
+
+# The enum of every settings field that takes one, by field name (names are unique across the
+# native settings classes): such a field accepts the member's name ("neox") or the member.
+_ENUM_FIELDS = {
+    "layout": _C.RopeLayout,
+    "kv_layout": _C.KvCacheLayout,
+    "scaling": _C.RopeScaling,
+    "positions": _C.PositionEncoding,
+    "sinusoid_layout": _C.SinusoidLayout,
+    "norm": _C.Normalization,
+    "mode": _C.BackwardMode,
+}
+
+
+def settings(op: str, cls: Any, **fields: Any) -> Any:
+    """A native settings object (``_C.RopeOptions``, ``_C.EmbedOptions``, ``_C.RopeConfig``,
+    ...) built by keyword: its defaults are the C++ struct's, a field given as None keeps its
+    default, and a name the class does not have is an error rather than a silent no-op."""
+    value = cls()
+    for name, field in fields.items():
+        if field is None:
+            continue
+        enum = _ENUM_FIELDS.get(name)
+        if enum is not None:
+            field = enum_value(op, name, enum, field)
+        if not hasattr(value, name):
+            raise TypeError(f"{op}: {cls.__name__} has no field {name!r}")
+        setattr(value, name, field)
+    return value

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from . import _arrays, _status
+from . import _arrays, _native, _status
 from . import _embrope as _C
 
 
@@ -92,13 +92,13 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
                         ("type_ids", type_ids), ("norm_weight", norm_weight),
                         ("norm_bias", norm_bias)):
         _arrays.check_optional(op, name, value)
-    norm_kind = _arrays.enum_value(op, "norm", _C.Normalization,
-                                   "none" if norm is None else norm)
     if return_pre_norm and norm is None:
         raise _C.InvalidArgumentError(f"{op}: return_pre_norm needs a norm")
-    if positions is None:
-        positions = "learned" if position_table is not None else "none"
-    encoding = _arrays.enum_value(op, "positions", _C.PositionEncoding, positions)
+    options = _native.embed_settings(
+        op, scale=scale, vocab_start=vocab_start, vocab_shard=vocab_shard, positions=positions,
+        position_table=position_table, sinusoid_base=sinusoid_base,
+        sinusoid_layout=sinusoid_layout, norm=norm, norm_eps=norm_eps,
+        norm_unit_offset=norm_unit_offset).options(op)
     allocated = out is None
     if allocated:
         table_shape = _arrays.shape_of(table)
@@ -112,12 +112,11 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
         pre_norm_out = _arrays.empty_like(op, table, _arrays.shape_of(out))
     if pre_norm_out is not None:
         _arrays.check_writable(op, "pre_norm_out", pre_norm_out)
-    _C.embed(table, ids, out, float(scale), int(vocab_start), bool(vocab_shard), encoding,
-             position_table, float(sinusoid_base),
-             _arrays.enum_value(op, "sinusoid_layout", _C.SinusoidLayout, sinusoid_layout),
-             position_ids, position_offsets, type_table, type_ids, norm_kind, norm_weight,
-             norm_bias, float(norm_eps), bool(norm_unit_offset), pre_norm_out,
-             _status.native(deferred), _arrays.stream_handle(stream, table))
+    _C.embed(table, ids, out, options=options, position_table=position_table,
+             position_ids=position_ids, position_offsets=position_offsets,
+             type_table=type_table, type_ids=type_ids, norm_weight=norm_weight,
+             norm_bias=norm_bias, pre_norm_out=pre_norm_out,
+             deferred=_status.native(deferred), stream=_arrays.stream_handle(stream, table))
     if allocated:
         out = _arrays.to_framework(table, out)
     if pre_allocated:
@@ -125,10 +124,11 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
     return (out, pre_norm_out) if return_pre_norm else out
 
 
-def _backward_args(op: str, grad_out: Any, ids: Any, grad_table: Any, scale: float,
+def _backward_call(op: str, grad_out: Any, ids: Any, grad_table: Any, scale: float,
                    vocab_start: int, vocab_shard: bool, padding_idx: Optional[int],
                    grad_position_table: Any, position_ids: Any, position_offsets: Any,
-                   grad_type_table: Any, type_ids: Any, mode: str, workspace: Any) -> tuple:
+                   grad_type_table: Any, type_ids: Any, mode: str, workspace: Any) -> dict:
+    """The checked keyword arguments of the native embed_backward (and its size query)."""
     _arrays.check_array(op, "grad_out", grad_out)
     _arrays.check_array(op, "ids", ids)
     for name, value in (("position_ids", position_ids), ("position_offsets", position_offsets),
@@ -138,10 +138,13 @@ def _backward_args(op: str, grad_out: Any, ids: Any, grad_table: Any, scale: flo
                         ("grad_type_table", grad_type_table), ("workspace", workspace)):
         if value is not None:
             _arrays.check_writable(op, name, value)
-    return (grad_out, ids, grad_table, float(scale), int(vocab_start), bool(vocab_shard),
-            None if padding_idx is None else int(padding_idx), grad_position_table,
-            position_ids, position_offsets, grad_type_table, type_ids,
-            _arrays.enum_value(op, "mode", _C.BackwardMode, mode), workspace)
+    return dict(
+        grad_out=grad_out, ids=ids, grad_table=grad_table,
+        options=_native.embed_backward_options(op, scale=scale, vocab_start=vocab_start,
+                                               vocab_shard=vocab_shard,
+                                               padding_idx=padding_idx, mode=mode),
+        grad_position_table=grad_position_table, position_ids=position_ids,
+        position_offsets=position_offsets, grad_type_table=grad_type_table, type_ids=type_ids)
 
 
 def embed_backward(grad_out: Any, ids: Any, grad_table: Any = None, *, scale: float = 1.0,
@@ -183,11 +186,11 @@ def embed_backward(grad_out: Any, ids: Any, grad_table: Any = None, *, scale: fl
         The arrays given (None where absent).
     """
     op = "embed_backward"
-    args = _backward_args(op, grad_out, ids, grad_table, scale, vocab_start, vocab_shard,
+    call = _backward_call(op, grad_out, ids, grad_table, scale, vocab_start, vocab_shard,
                           padding_idx, grad_position_table, position_ids, position_offsets,
                           grad_type_table, type_ids, mode, workspace)
-    _C.embed_backward(False, *args, _status.native(deferred),
-                      _arrays.stream_handle(stream, grad_out))
+    _C.embed_backward(**call, workspace=workspace, deferred=_status.native(deferred),
+                      stream=_arrays.stream_handle(stream, grad_out))
     return grad_table, grad_position_table, grad_type_table
 
 
@@ -199,7 +202,7 @@ def embed_backward_workspace_size(grad_out: Any, ids: Any, grad_table: Any = Non
                                   type_ids: Any = None, mode: str = "deterministic") -> int:
     """Bytes of GPU workspace the same :func:`embed_backward` call needs (0 on the CPU).
     Validates the arguments like embed_backward; reads no array data."""
-    args = _backward_args("embed_backward", grad_out, ids, grad_table, scale, vocab_start,
+    call = _backward_call("embed_backward", grad_out, ids, grad_table, scale, vocab_start,
                           vocab_shard, padding_idx, grad_position_table, position_ids,
                           position_offsets, grad_type_table, type_ids, mode, None)
-    return _C.embed_backward(True, *args, None, 0)
+    return _C.embed_backward_workspace_size(**call)

@@ -1,333 +1,65 @@
-"""RopeCache, apply_rope, apply_rope_backward, apply_rope_append_kv and packed_positions."""
+"""apply_rope, apply_rope_backward, apply_qk_norm_rope (and its backward),
+apply_rope_append_kv and packed_positions on any DLPack arrays."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
-import numpy as np
-
-from . import _arrays, _models, _status
+from . import _arrays, _native, _status
 from . import _embrope as _C
 
-_CONFIG_FIELDS = (
-    "rotary_dim", "base", "max_positions", "scaling", "factor", "original_max_positions",
-    "sequence_length", "beta_fast", "beta_slow", "truncate", "mscale", "mscale_all_dim",
-    "low_freq_factor", "high_freq_factor", "short_factor", "long_factor", "attention_factor",
-)
+
+class _Outputs:
+    """The outputs of a RoPE-family call: q_out and k_out allocated in the inputs' framework
+    unless the call is in place or gives them, and every array it writes checked writable."""
+
+    def __init__(self, op: str, q_name: str, k_name: str, q: Any, k: Any, inplace: bool,
+                 q_out: Any, k_out: Any) -> None:
+        self.q, self.k = q, k
+        self.allocated_q = q_out is None and not inplace
+        self.allocated_k = k is not None and k_out is None and not inplace
+        if self.allocated_q:
+            q_out = _arrays.empty_like(op, q, _arrays.shape_of(q))
+        if self.allocated_k:
+            k_out = _arrays.empty_like(op, k, _arrays.shape_of(k))
+        if q_out is None:
+            _arrays.check_writable(op, q_name, q)
+        else:
+            _arrays.check_writable(op, "q_out", q_out)
+        if k is not None:
+            if k_out is None:
+                _arrays.check_writable(op, k_name, k)
+            else:
+                _arrays.check_writable(op, "k_out", k_out)
+        elif k_out is not None:
+            raise _C.InvalidArgumentError(f"{op}: k_out is given without {k_name}")
+        self.q_out, self.k_out = q_out, k_out
+
+    def results(self) -> tuple[Any, Any]:
+        q = self.q if self.q_out is None else self.q_out
+        k = self.k if self.k_out is None or self.k is None else self.k_out
+        if self.allocated_q:
+            q = _arrays.to_framework(self.q, q)
+        if self.allocated_k:
+            k = _arrays.to_framework(self.k, k)
+        return q, k
 
 
-def _rope_config(op: str, **fields: Any) -> Any:
-    config = _C.RopeConfig()
-    for name, value in fields.items():
-        if value is None:
-            continue
-        if name == "scaling":
-            value = _arrays.enum_value(op, "scaling", _C.RopeScaling, value)
-        elif name in ("short_factor", "long_factor"):
-            value = [float(v) for v in value]
-        setattr(config, name, value)
-    return config
-
-
-def _copy_config(config: Any) -> Any:
-    copy = _C.RopeConfig()
-    for name in _CONFIG_FIELDS:
-        setattr(copy, name, getattr(config, name))
-    return copy
-
-
-def rope_frequencies(rotary_dim: int, base: float = 10000.0, **scaling: Any) -> tuple[np.ndarray, float]:
-    """The inverse frequencies and attention factor a configuration gives, in float64.
-
-    Takes the arguments of :class:`RopeCache` (``max_positions`` defaults to 1 here) and
-    builds no table. Returns ``(inv_freq [rotary_dim / 2] float64, attention_factor)``.
-    """
-    scaling.setdefault("max_positions", 1)
-    config = _rope_config("RopeCache", rotary_dim=rotary_dim, base=base, **scaling)
-    return _C.rope_frequencies(config)
-
-
-class RopeCache:
-    """cos and sin of every (position, frequency) pair, built once on one device.
-
-    ``inv_freq_i = base ** (-2 i / rotary_dim)`` for ``i < rotary_dim / 2``, modified by
-    `scaling`; the angle of position p is ``p * inv_freq_i``; cos and sin are multiplied by
-    the attention factor. Angles and products are computed in float64 and rounded once to
-    float32. Immutable: share one cache between layers, threads and streams.
-
-    Parameters
-    ----------
-    rotary_dim : int
-        R, even: the leading dimensions of each head that are rotated.
-    max_positions : int
-        Positions ``[0, max_positions)`` are valid.
-    base : float, default 10000.0
-        theta.
-    scaling : {"none", "linear", "dynamic", "yarn", "llama3", "longrope"}
-        Context-extension variant, with HF transformers' definitions (docs/ops.md). Its
-        parameters are the keyword arguments below; setting one the variant does not use is
-        an error.
-    factor, original_max_positions, sequence_length, beta_fast, beta_slow, truncate, mscale,
-    mscale_all_dim, low_freq_factor, high_freq_factor, short_factor, long_factor,
-    attention_factor
-        The variant's parameters, as in HF's ``rope_scaling`` (``original_max_positions`` is
-        ``original_max_position_embeddings``).
-    device : str, torch.device or int, default "cpu"
-        Where the table lives ("cpu", "cuda", "cuda:1").
-    layout : {"neox", "interleaved"}, default "neox"
-        The pairing :func:`apply_rope` uses with this cache when its own `layout` is None.
-    mrope_section : sequence of 3 ints, optional
-        Multimodal sections :func:`apply_rope` uses with this cache by default.
-    mrope_interleaved : bool, default False
-        With `mrope_section`: the streams interleaved over the frequencies (Qwen3-VL's
-        ``mrope_interleaved``) rather than in contiguous sections (Qwen2-VL).
-
-    Raises
-    ------
-    InvalidArgumentError
-        Naming the field and the rule, for an invalid configuration.
-    OutOfMemoryError
-        When the table cannot be allocated.
-    """
-
-    def __init__(
-        self,
-        rotary_dim: int,
-        max_positions: int,
-        base: float = 10000.0,
-        *,
-        scaling: str = "none",
-        factor: Optional[float] = None,
-        original_max_positions: Optional[int] = None,
-        sequence_length: Optional[int] = None,
-        beta_fast: Optional[float] = None,
-        beta_slow: Optional[float] = None,
-        truncate: Optional[bool] = None,
-        mscale: Optional[float] = None,
-        mscale_all_dim: Optional[float] = None,
-        low_freq_factor: Optional[float] = None,
-        high_freq_factor: Optional[float] = None,
-        short_factor: Optional[Sequence[float]] = None,
-        long_factor: Optional[Sequence[float]] = None,
-        attention_factor: Optional[float] = None,
-        device: Any = "cpu",
-        layout: str = "neox",
-        mrope_section: Optional[Sequence[int]] = None,
-        mrope_interleaved: bool = False,
-        stream: Any = None,
-    ) -> None:
-        config = _rope_config(
-            "RopeCache", rotary_dim=rotary_dim, max_positions=max_positions, base=base,
-            scaling=scaling, factor=factor, original_max_positions=original_max_positions,
-            sequence_length=sequence_length, beta_fast=beta_fast, beta_slow=beta_slow,
-            truncate=truncate, mscale=mscale, mscale_all_dim=mscale_all_dim,
-            low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
-            short_factor=short_factor, long_factor=long_factor,
-            attention_factor=attention_factor)
-        self._init(config, device, layout, mrope_section, mrope_interleaved, stream)
-
-    def _init(self, config: Any, device: Any, layout: Any, mrope_section: Any,
-              mrope_interleaved: bool, stream: Any) -> None:
-        kind, index = _arrays.parse_device(device)
-        self._native = _C.RopeCache(config, kind, index, _arrays.stream_handle(stream))
-        self.layout = _arrays.enum_value("RopeCache", "layout", _C.RopeLayout, layout).name
-        self.mrope_section = _mrope_tuple("RopeCache", mrope_section)
-        self.mrope_interleaved = bool(mrope_interleaved)
-        self._torch_tables: dict = {}
-
-    @classmethod
-    def from_config(cls, config: Any, *, device: Any = "cpu", layout: str = "neox",
-                    mrope_section: Optional[Sequence[int]] = None,
-                    mrope_interleaved: bool = False) -> "RopeCache":
-        """A cache from a :class:`RopeConfig` (for example ``model_preset(...).rope``)."""
-        self = cls.__new__(cls)
-        self._init(config, device, layout, mrope_section, mrope_interleaved, None)
-        return self
-
-    @classmethod
-    def from_model(cls, model: Any, *, max_positions: Optional[int] = None,
-                   device: Any = "cpu") -> "RopeCache":
-        """The cache of a :class:`ModelConfig` (its layout and mrope sections included)."""
-        if model.positions != _C.PositionKind.rope:
-            raise _C.InvalidArgumentError(
-                f"RopeCache: model {model.model_type!r} has {model.positions.name} positions, "
-                "not rotary ones")
-        config = _copy_config(model.rope)
-        if max_positions is not None:
-            config.max_positions = int(max_positions)
-        sections = tuple(model.mrope_section)
-        return cls.from_config(config, device=device, layout=model.layout,
-                               mrope_section=sections if any(sections) else None,
-                               mrope_interleaved=model.mrope_interleaved)
-
-    @classmethod
-    def from_preset(cls, name: str, *, max_positions: Optional[int] = None,
-                    device: Any = "cpu") -> "RopeCache":
-        """The cache of a built-in model preset (see :func:`model_presets`).
-
-        `max_positions` overrides the model's max_position_embeddings (a smaller table).
-        """
-        return cls.from_model(_models.model_preset(name), max_positions=max_positions,
-                              device=device)
-
-    @classmethod
-    def from_hf_config(cls, config: Any, *, max_positions: Optional[int] = None,
-                       device: Any = "cpu") -> "RopeCache":
-        """The cache of a HuggingFace model from its config.json path, dict or
-        PretrainedConfig (every rope_type embrope supports; see
-        :func:`model_config_from_hf`)."""
-        return cls.from_model(_models.model_config_from_hf(config), max_positions=max_positions,
-                              device=device)
-
-    # ------------------------------------------------------------------ properties ----
-    @property
-    def config(self) -> Any:
-        """The :class:`RopeConfig` it was built from."""
-        return self._native.config
-
-    @property
-    def rotary_dim(self) -> int:
-        return int(self._native.config.rotary_dim)
-
-    @property
-    def max_positions(self) -> int:
-        return int(self._native.config.max_positions)
-
-    @property
-    def device(self) -> str:
-        return _arrays.device_name(self._native.device)
-
-    @property
-    def attention_factor(self) -> float:
-        """The factor folded into cos and sin (1 for the default frequencies)."""
-        return float(self._native.attention_factor)
-
-    @property
-    def inv_freq(self) -> np.ndarray:
-        """The R/2 inverse frequencies after scaling, float64 (a copy)."""
-        return self._native.inv_freq
-
-    @property
-    def table(self) -> Any:
-        """The table, [max_positions, rotary_dim] float32: the cos half, then the sin half.
-
-        Zero-copy and read-only: a NumPy array for a CPU cache, a DLPack array on the GPU
-        for a CUDA cache (``torch.from_dlpack(cache.table)``). This is the layout of vLLM's
-        and FlashInfer's ``cos_sin_cache``.
-        """
-        table = self._native.table()
-        if self._native.device[0] == 0:
-            array = np.from_dlpack(table)
-            array.flags.writeable = False
-            return array
-        return table
-
-    cos_sin_cache = table
-
-    @property
-    def cos(self) -> Any:
-        """cos(p f_i) times the attention factor, [max_positions, rotary_dim / 2] (a view)."""
-        return self.table[:, : self.rotary_dim // 2]
-
-    @property
-    def sin(self) -> Any:
-        """sin(p f_i) times the attention factor, [max_positions, rotary_dim / 2] (a view)."""
-        return self.table[:, self.rotary_dim // 2:]
-
-    def __repr__(self) -> str:
-        c = self._native.config
-        return (f"RopeCache(rotary_dim={c.rotary_dim}, max_positions={c.max_positions}, "
-                f"base={c.base}, scaling={c.scaling.name!r}, device={self.device!r}, "
-                f"layout={self.layout!r})")
-
-
-def _mrope_tuple(op: str, sections: Optional[Sequence[int]]) -> Optional[tuple[int, int, int]]:
-    if sections is None:
-        return None
-    sections = tuple(int(s) for s in sections)
-    if len(sections) != 3:
-        raise _C.InvalidArgumentError(
-            f"{op}: mrope_section has {len(sections)} entries; it needs 3 (temporal, height, "
-            "width)")
-    return sections
-
-
-def _table_args(op: str, cache: Any) -> tuple[Any, Any, Any]:
-    """(native cache, cos, sin) from a RopeCache, a cos_sin_cache [P, R] array or (cos, sin)."""
-    if isinstance(cache, RopeCache):
-        return cache._native, None, None
-    if isinstance(cache, tuple) and len(cache) == 2:
-        cos, sin = cache
-        _arrays.check_array(op, "cos", cos)
-        _arrays.check_array(op, "sin", sin)
-        return None, cos, sin
-    if hasattr(cache, "__dlpack__") or isinstance(cache, np.ndarray):
-        shape = _arrays.shape_of(cache)
-        if len(shape) != 2 or shape[1] % 2 != 0:
-            raise _C.InvalidArgumentError(
-                f"{op}: cos_sin_cache has shape {list(shape)}; it must be [max_positions, "
-                "rotary_dim] with rotary_dim even (the cos half, then the sin half)")
-        half = shape[1] // 2
-        return None, cache[:, :half], cache[:, half:]
-    raise TypeError(
-        f"{op}: cache must be a RopeCache, a cos_sin_cache array [max_positions, rotary_dim] "
-        f"or a (cos, sin) pair, not {type(cache).__name__}")
-
-
-def _rope_settings(op: str, cache: Any, layout: Any, mrope_section: Any,
-                   mrope_interleaved: Optional[bool]) -> tuple[Any, tuple[int, int, int, int]]:
-    """The layout and multimodal setting a call uses: its own, else its RopeCache's. The
-    setting is (temporal, height, width, interleaved), all 0 without mrope."""
-    if layout is None:
-        layout = cache.layout if isinstance(cache, RopeCache) else "neox"
-    from_cache = mrope_section is None and isinstance(cache, RopeCache)
-    if from_cache:
-        mrope_section = cache.mrope_section
-    if mrope_interleaved is None:
-        mrope_interleaved = cache.mrope_interleaved if from_cache else False
-    sections = _mrope_tuple(op, mrope_section) or (0, 0, 0)
-    return layout, sections + (int(bool(mrope_interleaved)),)
-
-def _rope(op: str, backward: bool, q: Any, k: Any, positions: Any, cache: Any, layout: Any,
-          inverse: bool, rotary_dim: int, mrope_section: Any, mrope_interleaved: Any,
-          inplace: bool, q_out: Any, k_out: Any, deferred: Any,
-          stream: Any, native: Any = None) -> tuple[Any, Any]:
-    """The RoPE family's shared call: checks, outputs (allocated unless in place), then
-    native(...) with apply_rope's native arguments (default: _C.apply_rope itself)."""
+def _rope_direction(op: str, backward: bool, q: Any, k: Any, positions: Any, cache: Any,
+                    inplace: bool, q_out: Any, k_out: Any, deferred: Any, stream: Any,
+                    **settings: Any) -> tuple[Any, Any]:
+    """apply_rope or apply_rope_backward; `settings` are :func:`_native.rope_settings`'s."""
     q_name, k_name = ("dq", "dk") if backward else ("q", "k")
+    options = _native.rope_settings(op, cache, **settings).options(op)
     _arrays.check_array(op, q_name, q)
     _arrays.check_optional(op, k_name, k)
     _arrays.check_array(op, "positions", positions)
-    native_cache, cos, sin = _table_args(op, cache)
-    layout, mrope = _rope_settings(op, cache, layout, mrope_section, mrope_interleaved)
-    allocated_q = q_out is None and not inplace
-    allocated_k = k is not None and k_out is None and not inplace
-    if allocated_q:
-        q_out = _arrays.empty_like(op, q, _arrays.shape_of(q))
-    if allocated_k:
-        k_out = _arrays.empty_like(op, k, _arrays.shape_of(k))
-    if q_out is None:
-        _arrays.check_writable(op, q_name, q)
-    else:
-        _arrays.check_writable(op, "q_out", q_out)
-    if k is not None:
-        if k_out is None:
-            _arrays.check_writable(op, k_name, k)
-        else:
-            _arrays.check_writable(op, "k_out", k_out)
-    elif k_out is not None:
-        raise _C.InvalidArgumentError(f"{op}: k_out is given without {k_name}")
-    (native or _C.apply_rope)(
-        q, k, positions, native_cache, cos, sin, q_out, k_out,
-        _arrays.enum_value(op, "layout", _C.RopeLayout, layout), bool(inverse), int(rotary_dim),
-        mrope, _status.native(deferred), _arrays.stream_handle(stream, q), backward)
-    q_result = q if q_out is None else q_out
-    k_result = k if k_out is None or k is None else k_out
-    if allocated_q:
-        q_result = _arrays.to_framework(q, q_result)
-    if allocated_k:
-        k_result = _arrays.to_framework(k, k_result)
-    return q_result, k_result
+    table = _native.rope_table(op, cache)
+    out = _Outputs(op, q_name, k_name, q, k, inplace, q_out, k_out)
+    native = _C.apply_rope_backward if backward else _C.apply_rope
+    native(q, k, positions, **table, options=options, q_out=out.q_out, k_out=out.k_out,
+           deferred=_status.native(deferred), stream=_arrays.stream_handle(stream, q))
+    return out.results()
 
 
 def apply_rope(q: Any, k: Any, positions: Any, cache: Any, *, layout: Optional[str] = None,
@@ -388,8 +120,10 @@ def apply_rope(q: Any, k: Any, positions: Any, cache: Any, *, layout: Optional[s
         A position outside the table: its token's rows are zero-filled, every other row is
         written, and the message names the first offending one.
     """
-    return _rope("apply_rope", False, q, k, positions, cache, layout, inverse, rotary_dim,
-                 mrope_section, mrope_interleaved, inplace, q_out, k_out, deferred, stream)
+    return _rope_direction("apply_rope", False, q, k, positions, cache, inplace, q_out, k_out,
+                           deferred, stream, layout=layout, inverse=inverse,
+                           rotary_dim=rotary_dim, mrope_section=mrope_section,
+                           mrope_interleaved=mrope_interleaved)
 
 
 def apply_rope_backward(dq: Any, dk: Any, positions: Any, cache: Any, *,
@@ -404,15 +138,23 @@ def apply_rope_backward(dq: Any, dk: Any, positions: Any, cache: Any, *,
     options are those of the forward call (`inverse` names the forward's direction). Returns
     the gradients with respect to q and k, in place by default, like :func:`apply_rope`.
     """
-    return _rope("apply_rope_backward", True, dq, dk, positions, cache, layout, inverse,
-                 rotary_dim, mrope_section, mrope_interleaved, inplace, q_out, k_out, deferred,
-                 stream)
+    return _rope_direction("apply_rope_backward", True, dq, dk, positions, cache, inplace, q_out, k_out,
+                           deferred, stream, layout=layout, inverse=inverse,
+                           rotary_dim=rotary_dim, mrope_section=mrope_section,
+                           mrope_interleaved=mrope_interleaved)
 
 
-def _norm_vector(op: str, name: str, w: Any) -> Any:
-    if w is not None:
-        _arrays.check_array(op, name, w)
-    return w
+def _qk_arguments(op: str, like: Any, cache: Any, q_weight: Any, k_weight: Any, eps: float,
+                  unit_offset: bool, deferred: Any, stream: Any, **settings: Any) -> dict:
+    """The keyword arguments the qk-norm ops' native calls share (weights checked);
+    `settings` are :func:`_native.rope_settings`'s."""
+    _arrays.check_optional(op, "q_weight", q_weight)
+    _arrays.check_optional(op, "k_weight", k_weight)
+    return dict(
+        norm=_arrays.settings(op, _C.QkNorm, eps=float(eps), unit_offset=bool(unit_offset)),
+        q_weight=q_weight, k_weight=k_weight, **_native.rope_table(op, cache),
+        options=_native.rope_settings(op, cache, **settings).options(op),
+        deferred=_status.native(deferred), stream=_arrays.stream_handle(stream, like))
 
 
 def apply_qk_norm_rope(q: Any, k: Any, positions: Any, cache: Any, *, q_weight: Any = None,
@@ -455,15 +197,15 @@ def apply_qk_norm_rope(q: Any, k: Any, positions: Any, cache: Any, *, q_weight: 
         A position outside the table: its token's rows are zero-filled.
     """
     op = "apply_qk_norm_rope"
-    _norm_vector(op, "q_weight", q_weight)
-    _norm_vector(op, "k_weight", k_weight)
-
-    def native(*args: Any) -> None:
-        _C.apply_qk_norm_rope(*args[:12], q_weight, k_weight, float(eps), bool(unit_offset),
-                              *args[12:], None, None, None, None)
-
-    return _rope(op, False, q, k, positions, cache, layout, inverse, rotary_dim, mrope_section,
-                 mrope_interleaved, inplace, q_out, k_out, deferred, stream, native)
+    _arrays.check_array(op, "q", q)
+    _arrays.check_optional(op, "k", k)
+    _arrays.check_array(op, "positions", positions)
+    call = _qk_arguments(op, q, cache, q_weight, k_weight, eps, unit_offset, deferred, stream,
+                         layout=layout, inverse=inverse, rotary_dim=rotary_dim,
+                         mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
+    out = _Outputs(op, "q", "k", q, k, inplace, q_out, k_out)
+    _C.apply_qk_norm_rope(q, k, positions, **call, q_out=out.q_out, k_out=out.k_out)
+    return out.results()
 
 
 def apply_qk_norm_rope_backward(dq: Any, dk: Any, q: Any, k: Any, positions: Any, cache: Any, *,
@@ -492,21 +234,22 @@ def apply_qk_norm_rope_backward(dq: Any, dk: Any, q: Any, k: Any, positions: Any
         The gradients with respect to q and k (dk is None without k).
     """
     op = "apply_qk_norm_rope_backward"
+    _arrays.check_array(op, "dq", dq)
+    _arrays.check_optional(op, "dk", dk)
     _arrays.check_array(op, "q", q)
     _arrays.check_optional(op, "k", k)
-    for name, w in (("q_weight", q_weight), ("k_weight", k_weight),
-                    ("q_weight_grad", q_weight_grad), ("k_weight_grad", k_weight_grad)):
-        _norm_vector(op, name, w)
+    _arrays.check_array(op, "positions", positions)
     for name, g in (("q_weight_grad", q_weight_grad), ("k_weight_grad", k_weight_grad)):
         if g is not None:
             _arrays.check_writable(op, name, g)
-
-    def native(*args: Any) -> None:
-        _C.apply_qk_norm_rope(*args[:12], q_weight, k_weight, float(eps), bool(unit_offset),
-                              *args[12:], q, k, q_weight_grad, k_weight_grad)
-
-    return _rope(op, True, dq, dk, positions, cache, layout, inverse, rotary_dim, mrope_section,
-                 mrope_interleaved, inplace, q_out, k_out, deferred, stream, native)
+    call = _qk_arguments(op, dq, cache, q_weight, k_weight, eps, unit_offset, deferred, stream,
+                         layout=layout, inverse=inverse, rotary_dim=rotary_dim,
+                         mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
+    out = _Outputs(op, "dq", "dk", dq, dk, inplace, q_out, k_out)
+    _C.apply_qk_norm_rope_backward(dq, dk, q, k, positions, q_weight_grad=q_weight_grad,
+                                   k_weight_grad=k_weight_grad, **call, q_out=out.q_out,
+                                   k_out=out.k_out)
+    return out.results()
 
 
 def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
@@ -581,14 +324,17 @@ def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
     _arrays.check_writable(op, "q_out" if q_out is not None else "q", q if q_out is None else q_out)
     if k_out is not None:
         _arrays.check_writable(op, "k_out", k_out)
-    native_cache, cos, sin = _table_args(op, cache)
-    layout, mrope = _rope_settings(op, cache, layout, mrope_section, mrope_interleaved)
+    table = _native.rope_table(op, cache)
+    options = _native.rope_settings(op, cache, layout=layout, rotary_dim=rotary_dim,
+                                    mrope_section=mrope_section,
+                                    mrope_interleaved=mrope_interleaved).options(op)
     _C.apply_rope_append_kv(
-        q, k, v, positions, native_cache, cos, sin, k_cache, v_cache, kv_cache,
-        _arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout), float(k_scale),
-        float(v_scale), slot_mapping, cache_offsets, cu_seqlens, q_out, k_out,
-        _arrays.enum_value(op, "layout", _C.RopeLayout, layout), int(rotary_dim), mrope,
-        _status.native(deferred), _arrays.stream_handle(stream, q))
+        q, k, v, positions, k_cache=k_cache, v_cache=v_cache, kv_cache=kv_cache,
+        kv_layout=_arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout),
+        k_scale=float(k_scale), v_scale=float(v_scale), slot_mapping=slot_mapping,
+        cache_offsets=cache_offsets, cu_seqlens=cu_seqlens, **table, options=options,
+        q_out=q_out, k_out=k_out, deferred=_status.native(deferred),
+        stream=_arrays.stream_handle(stream, q))
     return (q if q_out is None else q_out), k_out
 
 
@@ -636,12 +382,14 @@ def packed_positions(cu_seqlens: Any, positions: Any = None, *, start_offsets: A
             raise _C.InvalidArgumentError(f"{op}: cu_seqlens[-1] = {total} is negative")
         positions = _arrays.empty_like(op, cu_seqlens, (total,))
     _arrays.check_writable(op, "positions", positions)
-    _C.packed_positions(False, cu_seqlens, positions, start_offsets, workspace,
-                        _status.native(deferred), _arrays.stream_handle(stream, cu_seqlens))
+    _C.packed_positions(cu_seqlens, positions, start_offsets=start_offsets,
+                        workspace=workspace, deferred=_status.native(deferred),
+                        stream=_arrays.stream_handle(stream, cu_seqlens))
     return _arrays.to_framework(cu_seqlens, positions) if allocated else positions
 
 
 def packed_positions_workspace_size(cu_seqlens: Any, positions: Any, *,
                                     start_offsets: Any = None) -> int:
     """Bytes of GPU workspace :func:`packed_positions` needs (0 on the CPU)."""
-    return _C.packed_positions(True, cu_seqlens, positions, start_offsets, None, None, 0)
+    return _C.packed_positions_workspace_size(cu_seqlens, positions,
+                                              start_offsets=start_offsets)

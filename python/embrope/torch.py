@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from . import _arrays, _rope
+from . import _arrays, _native
 from . import _embrope as _C
-from ._rope import RopeCache
+from ._rope_cache import RopeCache
 from ._status import DeferredStatus
 
 __all__ = [
@@ -90,9 +91,14 @@ def _unit_last_stride(t: Optional[Tensor]) -> Optional[Tensor]:
     return t if t is None or t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
 
 
-def _split_table(cos_sin_cache: Tensor) -> Tuple[Tensor, Tensor]:
-    half = cos_sin_cache.shape[-1] // 2
-    return cos_sin_cache[:, :half], cos_sin_cache[:, half:]
+def _rope_options(op: str, layout: int, inverse: bool, rotary_dim: int,
+                  mrope: List[int]) -> Any:
+    """The native RopeOptions of a custom op's arguments (those of a RopeSettings)."""
+    return _native.RopeSettings(layout, inverse, rotary_dim, tuple(mrope)).options(op)
+
+
+def _table(op: str, cos_sin_cache: Tensor) -> dict:
+    return _native.rope_table(op, cos_sin_cache.detach())
 
 
 # --------------------------------------------------------------------- apply_rope ----
@@ -101,10 +107,10 @@ def _rope_impl(op: str, backward: bool, q: Tensor, k: Optional[Tensor], position
                cos_sin_cache: Tensor, layout: int, inverse: bool, rotary_dim: int,
                mrope: List[int], q_out: Optional[Tensor],
                k_out: Optional[Tensor]) -> None:
-    cos, sin = _split_table(cos_sin_cache.detach())
-    _C.apply_rope(q.detach(), None if k is None else k.detach(), positions, None, cos, sin,
-                  q_out, k_out, _C.RopeLayout(layout), inverse, rotary_dim,
-                  tuple(mrope), _deferred(op, q), _stream(q), backward)
+    native = _C.apply_rope_backward if backward else _C.apply_rope
+    native(q.detach(), _detach(k), positions, **_table(op, cos_sin_cache),
+           options=_rope_options(op, layout, inverse, rotary_dim, mrope), q_out=q_out,
+           k_out=k_out, deferred=_deferred(op, q), stream=_stream(q))
 
 
 def _rope_outputs(q: Tensor, k: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
@@ -192,25 +198,33 @@ def _cos_sin_tensor(op: str, cache: Union[RopeCache, Tensor], device: torch.devi
                     f"[max_positions, rotary_dim], not {type(cache).__name__}")
 
 
+# Each RopeCache's table as a tensor, by device, for as long as the cache lives.
+_cache_tables: "weakref.WeakKeyDictionary[RopeCache, dict]" = weakref.WeakKeyDictionary()
+
+
 def _cache_tensor(cache: RopeCache, device: torch.device) -> Tensor:
     """The cache's table as a tensor on `device`: zero-copy on the cache's own device, a
     copy (made once and kept) on another."""
+    tables = _cache_tables.setdefault(cache, {})
     key = str(device)
-    table = cache._torch_tables.get(key)
+    table = tables.get(key)
     if table is None:
-        table = torch.from_dlpack(cache._native.table())
+        table = torch.from_dlpack(_native.dlpack_table(cache))
         if table.device != device:
             table = table.to(device)
-        cache._torch_tables[key] = table
+        tables[key] = table
     return table
 
 
-def _rope_options(op: str, cache: Any, layout: Optional[str],
-                  mrope_section: Optional[Sequence[int]],
-                  mrope_interleaved: Optional[bool]) -> Tuple[int, List[int]]:
-    """The ops' layout value and mrope list (temporal, height, width, interleaved)."""
-    layout, mrope = _rope._rope_settings(op, cache, layout, mrope_section, mrope_interleaved)
-    return _arrays.enum_value(op, "layout", _C.RopeLayout, layout).value, list(mrope)
+def _rope_arguments(op: str, cache: Any, layout: Optional[str], inverse: bool, rotary_dim: int,
+                    mrope_section: Optional[Sequence[int]],
+                    mrope_interleaved: Optional[bool]) -> Tuple[int, bool, int, List[int]]:
+    """The custom ops' (layout, inverse, rotary_dim, mrope) of a call, with the settings the
+    NumPy / DLPack API would use (its own, else its RopeCache's)."""
+    settings = _native.rope_settings(
+        op, cache, layout=layout, inverse=inverse, rotary_dim=rotary_dim,
+        mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
+    return settings.layout, settings.inverse, settings.rotary_dim, list(settings.mrope)
 
 
 def apply_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
@@ -238,31 +252,26 @@ def apply_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
     """
     op = "apply_rope"
     table = _cos_sin_tensor(op, cache, q.device)
-    layout_value, mrope = _rope_options(op, cache, layout, mrope_section, mrope_interleaved)
+    arguments = _rope_arguments(op, cache, layout, inverse, rotary_dim, mrope_section,
+                                mrope_interleaved)
     if inplace:
-        torch.ops.embrope.apply_rope_(q, k, positions, table, layout_value, bool(inverse),
-                                      int(rotary_dim), mrope)
+        torch.ops.embrope.apply_rope_(q, k, positions, table, *arguments)
         return q, k
-    q_out, k_out = torch.ops.embrope.apply_rope(q, k, positions, table, layout_value,
-                                                bool(inverse), int(rotary_dim), mrope)
+    q_out, k_out = torch.ops.embrope.apply_rope(q, k, positions, table, *arguments)
     return q_out, (k_out if k is not None else None)
 
 
 # ------------------------------------------------------------- apply_qk_norm_rope ----
 
-def _qk_native(op: str, q: Tensor, k: Optional[Tensor], positions: Tensor, table: Tensor,
-               q_out: Optional[Tensor], k_out: Optional[Tensor], q_weight: Optional[Tensor],
-               k_weight: Optional[Tensor], eps: float, unit_offset: bool, layout: int,
-               inverse: bool, rotary_dim: int, mrope: List[int], backward: bool,
-               saved_q: Optional[Tensor] = None, saved_k: Optional[Tensor] = None,
-               q_weight_grad: Optional[Tensor] = None,
-               k_weight_grad: Optional[Tensor] = None) -> None:
-    cos, sin = _split_table(table.detach())
-    _C.apply_qk_norm_rope(q.detach(), _detach(k), positions, None, cos, sin, q_out, k_out,
-                          _C.RopeLayout(layout), inverse, rotary_dim, tuple(mrope),
-                          _detach(q_weight), _detach(k_weight), eps, unit_offset,
-                          _deferred(op, q), _stream(q), backward, _detach(saved_q),
-                          _detach(saved_k), q_weight_grad, k_weight_grad)
+def _qk_arguments(op: str, like: Tensor, cos_sin_cache: Tensor, q_weight: Optional[Tensor],
+                  k_weight: Optional[Tensor], eps: float, unit_offset: bool, layout: int,
+                  inverse: bool, rotary_dim: int, mrope: List[int]) -> dict:
+    """The keyword arguments the qk-norm ops' native calls share."""
+    return dict(norm=_arrays.settings(op, _C.QkNorm, eps=eps, unit_offset=unit_offset),
+                q_weight=_detach(q_weight), k_weight=_detach(k_weight),
+                **_table(op, cos_sin_cache),
+                options=_rope_options(op, layout, inverse, rotary_dim, mrope),
+                deferred=_deferred(op, like), stream=_stream(like))
 
 
 @torch.library.custom_op("embrope::apply_qk_norm_rope", mutates_args=())
@@ -271,10 +280,12 @@ def _apply_qk_norm_rope_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
                            k_weight: Optional[Tensor], eps: float, unit_offset: bool,
                            layout: int, inverse: bool, rotary_dim: int,
                            mrope: List[int]) -> Tuple[Tensor, Tensor]:
+    op = "apply_qk_norm_rope"
     q_out, k_out = _rope_outputs(q, k)
-    _qk_native("apply_qk_norm_rope", q, k, positions, cos_sin_cache, q_out,
-               k_out if k is not None else None, q_weight, k_weight, eps, unit_offset, layout,
-               inverse, rotary_dim, mrope, False)
+    _C.apply_qk_norm_rope(
+        q.detach(), _detach(k), positions, q_out=q_out, k_out=k_out if k is not None else None,
+        **_qk_arguments(op, q, cos_sin_cache, q_weight, k_weight, eps, unit_offset, layout,
+                        inverse, rotary_dim, mrope))
     return q_out, k_out
 
 
@@ -294,10 +305,13 @@ def _apply_qk_norm_rope_backward_op(
     dim = q.shape[-1]
     gq = q.new_empty(dim if q_weight_grad else 0, dtype=torch.float32)
     gk = q.new_empty(dim if k_weight_grad else 0, dtype=torch.float32)
-    _qk_native("apply_qk_norm_rope_backward", dq, dk, positions, cos_sin_cache, dq_out,
-               dk_out if dk is not None else None, q_weight, k_weight, eps, unit_offset, layout,
-               inverse, rotary_dim, mrope, True, q, k, gq if q_weight_grad else None,
-               gk if k_weight_grad else None)
+    op = "apply_qk_norm_rope_backward"
+    _C.apply_qk_norm_rope_backward(
+        dq.detach(), _detach(dk), q.detach(), _detach(k), positions, q_out=dq_out,
+        k_out=dk_out if dk is not None else None, q_weight_grad=gq if q_weight_grad else None,
+        k_weight_grad=gk if k_weight_grad else None,
+        **_qk_arguments(op, dq, cos_sin_cache, q_weight, k_weight, eps, unit_offset, layout,
+                        inverse, rotary_dim, mrope))
     return dq_out, dk_out, gq, gk
 
 
@@ -354,10 +368,10 @@ def apply_qk_norm_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
     """
     op = "apply_qk_norm_rope"
     table = _cos_sin_tensor(op, cache, q.device)
-    layout_value, mrope = _rope_options(op, cache, layout, mrope_section, mrope_interleaved)
+    arguments = _rope_arguments(op, cache, layout, inverse, rotary_dim, mrope_section,
+                                mrope_interleaved)
     q_out, k_out = torch.ops.embrope.apply_qk_norm_rope(
-        q, k, positions, table, q_weight, k_weight, float(eps), bool(unit_offset), layout_value,
-        bool(inverse), int(rotary_dim), mrope)
+        q, k, positions, table, q_weight, k_weight, float(eps), bool(unit_offset), *arguments)
     return q_out, (k_out if k is not None else None)
 
 
@@ -369,12 +383,14 @@ def _apply_rope_append_kv_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
                              cu_seqlens: Optional[Tensor], kv_layout: int, k_scale: float,
                              v_scale: float, layout: int, rotary_dim: int,
                              mrope: List[int]) -> None:
-    cos, sin = _split_table(cos_sin_cache.detach())
+    op = "apply_rope_append_kv"
     _C.apply_rope_append_kv(
-        q.detach(), k.detach(), v.detach(), positions, None, cos, sin, k_cache.detach(),
-        v_cache.detach(), None, _C.KvCacheLayout(kv_layout), k_scale, v_scale, slot_mapping,
-        cache_offsets, cu_seqlens, None, None, _C.RopeLayout(layout), rotary_dim,
-        tuple(mrope), _deferred("apply_rope_append_kv", q), _stream(q))
+        q.detach(), k.detach(), v.detach(), positions, k_cache=k_cache.detach(),
+        v_cache=v_cache.detach(), kv_layout=_C.KvCacheLayout(kv_layout), k_scale=k_scale,
+        v_scale=v_scale, slot_mapping=slot_mapping, cache_offsets=cache_offsets,
+        cu_seqlens=cu_seqlens, **_table(op, cos_sin_cache),
+        options=_rope_options(op, layout, False, rotary_dim, mrope), deferred=_deferred(op, q),
+        stream=_stream(q))
 
 
 @_apply_rope_append_kv_op.register_fake
@@ -404,11 +420,12 @@ def apply_rope_append_kv(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
     """
     op = "apply_rope_append_kv"
     table = _cos_sin_tensor(op, cache, q.device)
-    layout_value, mrope = _rope_options(op, cache, layout, mrope_section, mrope_interleaved)
+    layout_value, _, rotary_dim, mrope = _rope_arguments(
+        op, cache, layout, False, rotary_dim, mrope_section, mrope_interleaved)
     kv_value = _arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout).value
     torch.ops.embrope.apply_rope_append_kv_(
         q, k, v, positions, table, k_cache, v_cache, slot_mapping, cache_offsets, cu_seqlens,
-        kv_value, float(k_scale), float(v_scale), layout_value, int(rotary_dim), mrope)
+        kv_value, float(k_scale), float(v_scale), layout_value, rotary_dim, mrope)
     return q
 
 
@@ -421,9 +438,9 @@ def apply_rope_backward(dq: Tensor, dk: Optional[Tensor], positions: Tensor,
     """The gradient of :func:`apply_rope` (new tensors): ``m R(-angle) dy``."""
     op = "apply_rope_backward"
     table = _cos_sin_tensor(op, cache, dq.device)
-    layout_value, mrope = _rope_options(op, cache, layout, mrope_section, mrope_interleaved)
-    dq_out, dk_out = torch.ops.embrope.apply_rope_backward(
-        dq, dk, positions, table, layout_value, bool(inverse), int(rotary_dim), mrope)
+    arguments = _rope_arguments(op, cache, layout, inverse, rotary_dim, mrope_section,
+                                mrope_interleaved)
+    dq_out, dk_out = torch.ops.embrope.apply_rope_backward(dq, dk, positions, table, *arguments)
     return dq_out, (dk_out if dk is not None else None)
 
 
@@ -444,11 +461,11 @@ class RotaryEmbedding(torch.nn.Module):
                  mrope_interleaved: Optional[bool] = None) -> None:
         super().__init__()
         if isinstance(cache, RopeCache):
-            table = torch.from_dlpack(cache._native.table())
+            table = torch.from_dlpack(_native.dlpack_table(cache))
         else:
             table = cache.detach()
-        self.layout, self.mrope = _rope_options("RotaryEmbedding", cache, layout, mrope_section,
-                                                mrope_interleaved)
+        self.layout, _, _, self.mrope = _rope_arguments(
+            "RotaryEmbedding", cache, layout, False, 0, mrope_section, mrope_interleaved)
         self.register_buffer("cos_sin_cache", table, persistent=False)
 
     def forward(self, positions: Tensor, q: Tensor, k: Optional[Tensor] = None, *,
@@ -465,12 +482,6 @@ class RotaryEmbedding(torch.nn.Module):
 
 # -------------------------------------------------------------------------- embed ----
 
-def _embed_positions(positions: Optional[str], position_table: Optional[Tensor]) -> int:
-    if positions is None:
-        positions = "learned" if position_table is not None else "none"
-    return _arrays.enum_value("embed", "positions", _C.PositionEncoding, positions).value
-
-
 def _detach(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.detach()
 
@@ -483,11 +494,13 @@ def _embed_op(table: Tensor, ids: Tensor, position_table: Optional[Tensor],
               sinusoid_layout: int, padding_idx: Optional[int]) -> Tensor:
     out = torch.empty(tuple(ids.shape) + (table.shape[-1],), dtype=table.dtype,
                       device=table.device)
-    _C.embed(table.detach(), ids, out, scale, vocab_start, vocab_shard,
-             _C.PositionEncoding(positions), _detach(position_table), sinusoid_base,
-             _C.SinusoidLayout(sinusoid_layout), position_ids, position_offsets,
-             _detach(type_table), type_ids, _C.Normalization.none, None, None, 0.0, False, None,
-             _deferred("embed", table), _stream(table))
+    options = _native.EmbedSettings(scale, vocab_start, vocab_shard, positions, sinusoid_base,
+                                    sinusoid_layout, _C.Normalization.none.value, 0.0,
+                                    False).options("embed")
+    _C.embed(table.detach(), ids, out, options=options, position_table=_detach(position_table),
+             position_ids=position_ids, position_offsets=position_offsets,
+             type_table=_detach(type_table), type_ids=type_ids,
+             deferred=_deferred("embed", table), stream=_stream(table))
     return out
 
 
@@ -510,11 +523,16 @@ def _embed_backward_op(grad_out: Tensor, ids: Tensor, position_ids: Optional[Ten
              for rows in (table_rows, position_rows, type_rows)]
     wanted = [g if rows > 0 else None
               for g, rows in zip(grads, (table_rows, position_rows, type_rows))]
-    _C.embed_backward(False, grad_out.detach(), ids, wanted[0], scale, vocab_start, vocab_shard,
-                      padding_idx, wanted[1], position_ids if position_rows > 0 else None,
-                      position_offsets if position_rows > 0 else None, wanted[2],
-                      type_ids if type_rows > 0 else None, _C.BackwardMode.deterministic, None,
-                      _deferred("embed_backward", grad_out), _stream(grad_out))
+    op = "embed_backward"
+    _C.embed_backward(
+        grad_out.detach(), ids, wanted[0],
+        options=_native.embed_backward_options(op, scale=scale, vocab_start=vocab_start,
+                                               vocab_shard=vocab_shard,
+                                               padding_idx=padding_idx, mode="deterministic"),
+        grad_position_table=wanted[1], position_ids=position_ids if position_rows > 0 else None,
+        position_offsets=position_offsets if position_rows > 0 else None,
+        grad_type_table=wanted[2], type_ids=type_ids if type_rows > 0 else None,
+        deferred=_deferred(op, grad_out), stream=_stream(grad_out))
     return grads
 
 
@@ -570,11 +588,14 @@ def _embed_norm_op(table: Tensor, ids: Tensor, position_table: Optional[Tensor],
     shape = tuple(ids.shape) + (table.shape[-1],)
     out = torch.empty(shape, dtype=table.dtype, device=table.device)
     pre = torch.empty(shape, dtype=table.dtype, device=table.device)
-    _C.embed(table.detach(), ids, out, scale, vocab_start, False, _C.PositionEncoding(positions),
-             _detach(position_table), sinusoid_base, _C.SinusoidLayout(sinusoid_layout),
-             position_ids, position_offsets, _detach(type_table), type_ids,
-             _C.Normalization(norm), _detach(norm_weight), _detach(norm_bias), norm_eps,
-             norm_unit_offset, pre, _deferred("embed", table), _stream(table))
+    options = _native.EmbedSettings(scale, vocab_start, False, positions, sinusoid_base,
+                                    sinusoid_layout, norm, norm_eps,
+                                    norm_unit_offset).options("embed")
+    _C.embed(table.detach(), ids, out, options=options, position_table=_detach(position_table),
+             position_ids=position_ids, position_offsets=position_offsets,
+             type_table=_detach(type_table), type_ids=type_ids, norm_weight=_detach(norm_weight),
+             norm_bias=_detach(norm_bias), pre_norm_out=pre, deferred=_deferred("embed", table),
+             stream=_stream(table))
     return out, pre
 
 
@@ -651,8 +672,11 @@ def embed(table: Tensor, ids: Tensor, *, scale: float = 1.0, vocab_start: int = 
     before the norm, in the table's dtype; differentiable too). The norm's backward runs in
     float32 from the pre-norm row rounded to the table's dtype, as torch's LayerNorm does
     from its saved input."""
-    layout = _arrays.enum_value("embed", "sinusoid_layout", _C.SinusoidLayout,
-                                sinusoid_layout).value
+    settings = _native.embed_settings(
+        "embed", scale=scale, vocab_start=vocab_start, vocab_shard=vocab_shard,
+        positions=positions, position_table=position_table, sinusoid_base=sinusoid_base,
+        sinusoid_layout=sinusoid_layout, norm=norm, norm_eps=norm_eps,
+        norm_unit_offset=norm_unit_offset)
     if norm is not None:
         if vocab_shard:
             raise _C.InvalidArgumentError(
@@ -660,18 +684,17 @@ def embed(table: Tensor, ids: Tensor, *, scale: float = 1.0, vocab_start: int = 
                 "sums; normalise after the sum over shards")
         out, pre = torch.ops.embrope.embed_norm(
             table, ids, position_table, position_ids, position_offsets, type_table, type_ids,
-            norm_weight, norm_bias, float(scale), int(vocab_start),
-            _embed_positions(positions, position_table), float(sinusoid_base), layout,
-            _arrays.enum_value("embed", "norm", _C.Normalization, norm).value,
-            float(norm_eps), bool(norm_unit_offset),
+            norm_weight, norm_bias, settings.scale, settings.vocab_start, settings.positions,
+            settings.sinusoid_base, settings.sinusoid_layout, settings.norm,
+            settings.norm_eps, settings.norm_unit_offset,
             None if padding_idx is None else int(padding_idx))
         return (out, pre) if return_pre_norm else out
     if return_pre_norm:
         raise _C.InvalidArgumentError("embed: return_pre_norm needs a norm")
     return torch.ops.embrope.embed(
         table, ids, position_table, position_ids, position_offsets, type_table, type_ids,
-        float(scale), int(vocab_start), bool(vocab_shard),
-        _embed_positions(positions, position_table), float(sinusoid_base), layout,
+        settings.scale, settings.vocab_start, settings.vocab_shard, settings.positions,
+        settings.sinusoid_base, settings.sinusoid_layout,
         None if padding_idx is None else int(padding_idx))
 
 
@@ -699,8 +722,9 @@ def embed_backward(grad_out: Tensor, ids: Tensor, *, table_rows: int = 0,
 def _packed_positions_op(cu_seqlens: Tensor, start_offsets: Optional[Tensor],
                          num_tokens: int) -> Tensor:
     positions = torch.empty(num_tokens, dtype=cu_seqlens.dtype, device=cu_seqlens.device)
-    _C.packed_positions(False, cu_seqlens, positions, start_offsets, None,
-                        _deferred("packed_positions", cu_seqlens), _stream(cu_seqlens))
+    _C.packed_positions(cu_seqlens, positions, start_offsets=start_offsets,
+                        deferred=_deferred("packed_positions", cu_seqlens),
+                        stream=_stream(cu_seqlens))
     return positions
 
 

@@ -19,6 +19,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -117,25 +118,6 @@ embrope::Stream stream_of(std::uintptr_t handle) {
   return embrope::Stream{reinterpret_cast<void*>(handle)};
 }
 
-// The RopeOptions of a RoPE-family call from its Python arguments.
-embrope::RopeOptions rope_options(const char* op, embrope::RopeLayout layout, bool inverse,
-                                  std::int64_t rotary_dim, std::array<std::int64_t, 4> mrope,
-                                  const OptionalArray& q_out, const OptionalArray& k_out,
-                                  embrope::DeferredStatus* deferred, std::uintptr_t stream) {
-  embrope::RopeOptions options;
-  options.layout = layout;
-  options.inverse = inverse;
-  options.rotary_dim = rotary_dim;
-  options.q_out = view(q_out, op, "q_out");
-  options.k_out = view(k_out, op, "k_out");
-  // mrope: (temporal, height, width, interleaved), as python/embrope/_rope.py forms it.
-  options.mrope_section = {mrope[0], mrope[1], mrope[2]};
-  options.mrope_interleaved = mrope[3] != 0;
-  options.deferred = deferred;
-  options.stream = stream_of(stream);
-  return options;
-}
-
 embrope::Device device_of(int kind, int index) {
   return kind == 0 ? embrope::Device::cpu() : embrope::Device::cuda(index);
 }
@@ -198,6 +180,7 @@ void bind_rope_config(nb::module_& m) {
   using embrope::RopeConfig;
   nb::class_<RopeConfig>(m, "RopeConfig")
       .def(nb::init<>())
+      .def("__copy__", [](const RopeConfig& c) { return c; })
       .def_rw("rotary_dim", &RopeConfig::rotary_dim)
       .def_rw("base", &RopeConfig::base)
       .def_rw("max_positions", &RopeConfig::max_positions)
@@ -295,222 +278,290 @@ void bind_model_config(nb::module_& m) {
   m.def("model_config_from_hf_file", &embrope::model_config_from_hf_file);
 }
 
-void bind_apply_rope(nb::module_& m) {
-  // backward = false: apply_rope(q, k, ...); true: apply_rope_backward(dq, dk, ...). The table
-  // is `cache`, or cos and sin [max_positions, R/2].
-  m.def(
-      "apply_rope",
+// ---------------------------------------------------------------------- options ----
+// The settings of each options struct (everything in it but tensors, the status and the
+// stream) are bound as a class of their own, listed here once; the package builds them by
+// keyword (python/embrope/_native.py). The tensors an op reads or writes are keyword
+// arguments of its function below, viewed under the op's and the argument's own names so
+// that the library's messages name them.
+
+void bind_options(nb::module_& m) {
+  using embrope::EmbedBackwardOptions;
+  using embrope::EmbedOptions;
+  using embrope::QkNorm;
+  using embrope::RopeOptions;
+  nb::class_<RopeOptions>(m, "RopeOptions")
+      .def(nb::init<>())
+      .def_rw("layout", &RopeOptions::layout)
+      .def_rw("inverse", &RopeOptions::inverse)
+      .def_rw("rotary_dim", &RopeOptions::rotary_dim)
+      .def_rw("mrope_section", &RopeOptions::mrope_section)
+      .def_rw("mrope_interleaved", &RopeOptions::mrope_interleaved);
+  nb::class_<QkNorm>(m, "QkNorm")
+      .def(nb::init<>())
+      .def_rw("eps", &QkNorm::eps)
+      .def_rw("unit_offset", &QkNorm::unit_offset);
+  nb::class_<EmbedOptions>(m, "EmbedOptions")
+      .def(nb::init<>())
+      .def_rw("scale", &EmbedOptions::scale)
+      .def_rw("vocab_start", &EmbedOptions::vocab_start)
+      .def_rw("vocab_shard", &EmbedOptions::vocab_shard)
+      .def_rw("positions", &EmbedOptions::positions)
+      .def_rw("sinusoid_base", &EmbedOptions::sinusoid_base)
+      .def_rw("sinusoid_layout", &EmbedOptions::sinusoid_layout)
+      .def_rw("norm", &EmbedOptions::norm)
+      .def_rw("norm_eps", &EmbedOptions::norm_eps)
+      .def_rw("norm_unit_offset", &EmbedOptions::norm_unit_offset);
+  nb::class_<EmbedBackwardOptions>(m, "EmbedBackwardOptions")
+      .def(nb::init<>())
+      .def_rw("scale", &EmbedBackwardOptions::scale)
+      .def_rw("vocab_start", &EmbedBackwardOptions::vocab_start)
+      .def_rw("vocab_shard", &EmbedBackwardOptions::vocab_shard)
+      .def_rw("padding_idx", &EmbedBackwardOptions::padding_idx)
+      .def_rw("mode", &EmbedBackwardOptions::mode);
+}
+
+// ------------------------------------------------------------------- RoPE family ----
+
+// The cos/sin table of a RoPE-family call: a RopeCache, or cos and sin [max_positions, R/2].
+struct RopeTable {
+  const embrope::RopeCache* cache = nullptr;
+  std::optional<Tensor> cos, sin;
+
+  // run(cache) or run(cos, sin), without the GIL: the op's overload for this table.
+  template <class Run>
+  void call(Run&& run) const {
+    nb::gil_scoped_release nogil;
+    if (cache != nullptr) {
+      run(*cache);
+    } else {
+      run(*cos, *sin);
+    }
+  }
+};
+
+RopeTable rope_table(const char* op, const embrope::RopeCache* cache, const OptionalArray& cos,
+                     const OptionalArray& sin) {
+  if ((cache != nullptr) == (cos.has_value() || sin.has_value()) ||
+      cos.has_value() != sin.has_value()) {
+    throw embrope::Error(embrope::ErrorCode::invalid_argument,
+                         std::string(op) + ": give the cos/sin table as cache, or as cos and sin");
+  }
+  return {cache, view(cos, op, "cos"), view(sin, op, "sin")};
+}
+
+// A call's RopeOptions: its settings, with its outputs, status and stream.
+embrope::RopeOptions rope_options(const char* op, embrope::RopeOptions options,
+                                  const OptionalArray& q_out, const OptionalArray& k_out,
+                                  embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+  options.q_out = view(q_out, op, "q_out");
+  options.k_out = view(k_out, op, "k_out");
+  options.deferred = deferred;
+  options.stream = stream_of(stream);
+  return options;
+}
+
+// The keyword arguments every RoPE-family function ends with, in the order of its parameters
+// (const RopeCache*, cos, sin, const RopeOptions&, q_out, k_out, DeferredStatus*, stream).
+auto rope_arguments() {
+  return std::make_tuple("cache"_a.none() = nb::none(), "cos"_a.none() = nb::none(),
+                         "sin"_a.none() = nb::none(), "options"_a = embrope::RopeOptions{},
+                         "q_out"_a.none() = nb::none(), "k_out"_a.none() = nb::none(),
+                         "deferred"_a.none() = nb::none(), "stream"_a = std::uintptr_t{0});
+}
+
+// m.def(name, f, leading..., rope_arguments()...).
+template <class F, class... Leading>
+void def_rope_op(nb::module_& m, const char* name, F&& f, Leading&&... leading) {
+  std::apply(
+      [&](auto&&... tail) {
+        m.def(name, std::forward<F>(f), std::forward<Leading>(leading)..., tail...);
+      },
+      rope_arguments());
+}
+
+// apply_rope and apply_rope_backward: the same arguments, dq and dk for q and k.
+template <bool Backward>
+void bind_rope_direction(nb::module_& m) {
+  static constexpr const char* op = Backward ? "apply_rope_backward" : "apply_rope";
+  def_rope_op(
+      m, op,
       [](const Array& q, const OptionalArray& k, const Array& positions,
          const embrope::RopeCache* cache, const OptionalArray& cos, const OptionalArray& sin,
-         const OptionalArray& q_out, const OptionalArray& k_out, embrope::RopeLayout layout,
-         bool inverse, std::int64_t rotary_dim, std::array<std::int64_t, 4> mrope,
-         embrope::DeferredStatus* deferred, std::uintptr_t stream, bool backward) {
-        const char* op = backward ? "apply_rope_backward" : "apply_rope";
-        const Tensor q_view = view(q, op, backward ? "dq" : "q");
-        const std::optional<Tensor> k_view = view(k, op, backward ? "dk" : "k");
+         const embrope::RopeOptions& settings, const OptionalArray& q_out,
+         const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+        const Tensor q_view = view(q, op, Backward ? "dq" : "q");
+        const std::optional<Tensor> k_view = view(k, op, Backward ? "dk" : "k");
         const Tensor positions_view = view(positions, op, "positions");
         const embrope::RopeOptions options =
-            rope_options(op, layout, inverse, rotary_dim, mrope, q_out, k_out, deferred, stream);
-        if (cache != nullptr) {
-          nb::gil_scoped_release nogil;
-          if (backward) {
-            embrope::apply_rope_backward(q_view, k_view, positions_view, *cache, options);
+            rope_options(op, settings, q_out, k_out, deferred, stream);
+        rope_table(op, cache, cos, sin).call([&](const auto&... table) {
+          if constexpr (Backward) {
+            embrope::apply_rope_backward(q_view, k_view, positions_view, table..., options);
           } else {
-            embrope::apply_rope(q_view, k_view, positions_view, *cache, options);
+            embrope::apply_rope(q_view, k_view, positions_view, table..., options);
           }
-        } else {
-          const Tensor cos_view = view(cos.value(), op, "cos");
-          const Tensor sin_view = view(sin.value(), op, "sin");
-          nb::gil_scoped_release nogil;
-          if (backward) {
-            embrope::apply_rope_backward(q_view, k_view, positions_view, cos_view, sin_view,
-                                         options);
-          } else {
-            embrope::apply_rope(q_view, k_view, positions_view, cos_view, sin_view, options);
-          }
-        }
+        });
       },
-      "q"_a, "k"_a.none(), "positions"_a, "cache"_a.none(), "cos"_a.none(), "sin"_a.none(),
-      "q_out"_a.none(), "k_out"_a.none(), "layout"_a, "inverse"_a, "rotary_dim"_a, "mrope"_a,
-      "deferred"_a.none(), "stream"_a, "backward"_a);
+      Backward ? "dq"_a : "q"_a, (Backward ? "dk"_a : "k"_a).none(), "positions"_a, nb::kw_only());
+}
+
+void bind_apply_rope(nb::module_& m) {
+  bind_rope_direction<false>(m);
+  bind_rope_direction<true>(m);
+}
+
+embrope::QkNorm qk_norm(const char* op, embrope::QkNorm norm, const OptionalArray& q_weight,
+                        const OptionalArray& k_weight) {
+  norm.q_weight = view(q_weight, op, "q_weight");
+  norm.k_weight = view(k_weight, op, "k_weight");
+  return norm;
 }
 
 void bind_apply_qk_norm_rope(nb::module_& m) {
-  // backward = false: apply_qk_norm_rope(q, k, ...); true: apply_qk_norm_rope_backward(dq, dk,
-  // saved_q, saved_k, ...) with the weight gradients into grad_q_weight / grad_k_weight.
-  m.def(
-      "apply_qk_norm_rope",
+  def_rope_op(
+      m, "apply_qk_norm_rope",
       [](const Array& q, const OptionalArray& k, const Array& positions,
-         const embrope::RopeCache* cache, const OptionalArray& cos, const OptionalArray& sin,
-         const OptionalArray& q_out, const OptionalArray& k_out, embrope::RopeLayout layout,
-         bool inverse, std::int64_t rotary_dim, std::array<std::int64_t, 4> mrope,
-         const OptionalArray& q_weight, const OptionalArray& k_weight, float eps, bool unit_offset,
-         embrope::DeferredStatus* deferred, std::uintptr_t stream, bool backward,
-         const OptionalArray& saved_q, const OptionalArray& saved_k,
-         const OptionalArray& grad_q_weight, const OptionalArray& grad_k_weight) {
-        const char* op = backward ? "apply_qk_norm_rope_backward" : "apply_qk_norm_rope";
-        const Tensor q_view = view(q, op, backward ? "dq" : "q");
-        const std::optional<Tensor> k_view = view(k, op, backward ? "dk" : "k");
+         const embrope::QkNorm& norm_settings, const OptionalArray& q_weight,
+         const OptionalArray& k_weight, const embrope::RopeCache* cache, const OptionalArray& cos,
+         const OptionalArray& sin, const embrope::RopeOptions& settings, const OptionalArray& q_out,
+         const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+        const char* op = "apply_qk_norm_rope";
+        const Tensor q_view = view(q, op, "q");
+        const std::optional<Tensor> k_view = view(k, op, "k");
         const Tensor positions_view = view(positions, op, "positions");
+        const embrope::QkNorm norm = qk_norm(op, norm_settings, q_weight, k_weight);
         const embrope::RopeOptions options =
-            rope_options(op, layout, inverse, rotary_dim, mrope, q_out, k_out, deferred, stream);
-        embrope::QkNorm norm;
-        norm.q_weight = view(q_weight, op, "q_weight");
-        norm.k_weight = view(k_weight, op, "k_weight");
-        norm.eps = eps;
-        norm.unit_offset = unit_offset;
-        embrope::QkNormGradients grads;
-        std::optional<Tensor> saved_q_view, saved_k_view;
-        if (backward) {
-          saved_q_view = view(saved_q, op, "q");
-          saved_k_view = view(saved_k, op, "k");
-          if (!saved_q_view)
-            throw embrope::Error(embrope::ErrorCode::invalid_argument,
-                                 std::string(op) + ": q (the forward's input) is required");
-          grads.q_weight = view(grad_q_weight, op, "grads.q_weight");
-          grads.k_weight = view(grad_k_weight, op, "grads.k_weight");
-        }
-        std::optional<Tensor> cos_view, sin_view;
-        if (cache == nullptr) {
-          cos_view = view(cos.value(), op, "cos");
-          sin_view = view(sin.value(), op, "sin");
-        }
-        nb::gil_scoped_release nogil;
-        if (backward && cache != nullptr) {
-          embrope::apply_qk_norm_rope_backward(q_view, k_view, *saved_q_view, saved_k_view,
-                                               positions_view, *cache, norm, grads, options);
-        } else if (backward) {
-          embrope::apply_qk_norm_rope_backward(q_view, k_view, *saved_q_view, saved_k_view,
-                                               positions_view, *cos_view, *sin_view, norm, grads,
-                                               options);
-        } else if (cache != nullptr) {
-          embrope::apply_qk_norm_rope(q_view, k_view, positions_view, *cache, norm, options);
-        } else {
-          embrope::apply_qk_norm_rope(q_view, k_view, positions_view, *cos_view, *sin_view, norm,
-                                      options);
-        }
+            rope_options(op, settings, q_out, k_out, deferred, stream);
+        rope_table(op, cache, cos, sin).call([&](const auto&... table) {
+          embrope::apply_qk_norm_rope(q_view, k_view, positions_view, table..., norm, options);
+        });
       },
-      "q"_a, "k"_a.none(), "positions"_a, "cache"_a.none(), "cos"_a.none(), "sin"_a.none(),
-      "q_out"_a.none(), "k_out"_a.none(), "layout"_a, "inverse"_a, "rotary_dim"_a, "mrope"_a,
-      "q_weight"_a.none(), "k_weight"_a.none(), "eps"_a, "unit_offset"_a, "deferred"_a.none(),
-      "stream"_a, "backward"_a, "saved_q"_a.none(), "saved_k"_a.none(), "grad_q_weight"_a.none(),
-      "grad_k_weight"_a.none());
+      "q"_a, "k"_a.none(), "positions"_a, nb::kw_only(), "norm"_a = embrope::QkNorm{},
+      "q_weight"_a.none() = nb::none(), "k_weight"_a.none() = nb::none());
+
+  // The gradient: dq and dk of the outputs, q and k the forward's inputs; the weights'
+  // gradients go to q_weight_grad / k_weight_grad.
+  def_rope_op(
+      m, "apply_qk_norm_rope_backward",
+      [](const Array& dq, const OptionalArray& dk, const Array& q, const OptionalArray& k,
+         const Array& positions, const embrope::QkNorm& norm_settings,
+         const OptionalArray& q_weight, const OptionalArray& k_weight,
+         const OptionalArray& q_weight_grad, const OptionalArray& k_weight_grad,
+         const embrope::RopeCache* cache, const OptionalArray& cos, const OptionalArray& sin,
+         const embrope::RopeOptions& settings, const OptionalArray& q_out,
+         const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+        const char* op = "apply_qk_norm_rope_backward";
+        const Tensor dq_view = view(dq, op, "dq");
+        const std::optional<Tensor> dk_view = view(dk, op, "dk");
+        const Tensor q_view = view(q, op, "q");
+        const std::optional<Tensor> k_view = view(k, op, "k");
+        const Tensor positions_view = view(positions, op, "positions");
+        const embrope::QkNorm norm = qk_norm(op, norm_settings, q_weight, k_weight);
+        embrope::QkNormGradients grads;
+        grads.q_weight = view(q_weight_grad, op, "q_weight_grad");
+        grads.k_weight = view(k_weight_grad, op, "k_weight_grad");
+        const embrope::RopeOptions options =
+            rope_options(op, settings, q_out, k_out, deferred, stream);
+        rope_table(op, cache, cos, sin).call([&](const auto&... table) {
+          embrope::apply_qk_norm_rope_backward(dq_view, dk_view, q_view, k_view, positions_view,
+                                               table..., norm, grads, options);
+        });
+      },
+      "dq"_a, "dk"_a.none(), "q"_a, "k"_a.none(), "positions"_a, nb::kw_only(),
+      "norm"_a = embrope::QkNorm{}, "q_weight"_a.none() = nb::none(),
+      "k_weight"_a.none() = nb::none(), "q_weight_grad"_a.none() = nb::none(),
+      "k_weight_grad"_a.none() = nb::none());
 }
 
 void bind_apply_rope_append_kv(nb::module_& m) {
   // The cache is k_cache and v_cache, or kv_cache [pages, 2, ...]; slots are slot_mapping, or
   // cache_offsets (with cu_seqlens for packed inputs).
-  m.def(
-      "apply_rope_append_kv",
+  def_rope_op(
+      m, "apply_rope_append_kv",
       [](const Array& q, const Array& k, const Array& v, const Array& positions,
-         const embrope::RopeCache* cache, const OptionalArray& cos, const OptionalArray& sin,
          const OptionalArray& k_cache, const OptionalArray& v_cache, const OptionalArray& kv_cache,
          embrope::KvCacheLayout kv_layout, float k_scale, float v_scale,
          const OptionalArray& slot_mapping, const OptionalArray& cache_offsets,
-         const OptionalArray& cu_seqlens, const OptionalArray& q_out, const OptionalArray& k_out,
-         embrope::RopeLayout layout, std::int64_t rotary_dim, std::array<std::int64_t, 4> mrope,
-         embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+         const OptionalArray& cu_seqlens, const embrope::RopeCache* cache, const OptionalArray& cos,
+         const OptionalArray& sin, const embrope::RopeOptions& settings, const OptionalArray& q_out,
+         const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream) {
         const char* op = "apply_rope_append_kv";
         embrope::KvCache kv;
         if (kv_cache) {
           kv = embrope::KvCache::combined(view(*kv_cache, op, "kv_cache"), kv_layout, k_scale,
                                           v_scale);
-        } else {
-          kv.k = view(k_cache.value(), op, "k_cache");
-          kv.v = view(v_cache.value(), op, "v_cache");
+        } else if (k_cache && v_cache) {
+          kv.k = view(*k_cache, op, "k_cache");
+          kv.v = view(*v_cache, op, "v_cache");
           kv.layout = kv_layout;
           kv.k_scale = k_scale;
           kv.v_scale = v_scale;
+        } else {
+          throw embrope::Error(embrope::ErrorCode::invalid_argument,
+                               std::string(op) + ": give k_cache and v_cache, or kv_cache");
         }
         embrope::KvSlots slots;
         slots.slot_mapping = view(slot_mapping, op, "slot_mapping");
         slots.cache_offsets = view(cache_offsets, op, "cache_offsets");
         slots.cu_seqlens = view(cu_seqlens, op, "cu_seqlens");
-        const embrope::RopeOptions options =
-            rope_options(op, layout, false, rotary_dim, mrope, q_out, k_out, deferred, stream);
         const Tensor q_view = view(q, op, "q"), k_view = view(k, op, "k"),
                      v_view = view(v, op, "v");
         const Tensor positions_view = view(positions, op, "positions");
-        if (cache != nullptr) {
-          nb::gil_scoped_release nogil;
-          embrope::apply_rope_append_kv(q_view, k_view, v_view, positions_view, *cache, kv, slots,
+        const embrope::RopeOptions options =
+            rope_options(op, settings, q_out, k_out, deferred, stream);
+        rope_table(op, cache, cos, sin).call([&](const auto&... table) {
+          embrope::apply_rope_append_kv(q_view, k_view, v_view, positions_view, table..., kv, slots,
                                         options);
-        } else {
-          const Tensor cos_view = view(cos.value(), op, "cos");
-          const Tensor sin_view = view(sin.value(), op, "sin");
-          nb::gil_scoped_release nogil;
-          embrope::apply_rope_append_kv(q_view, k_view, v_view, positions_view, cos_view, sin_view,
-                                        kv, slots, options);
-        }
+        });
       },
-      "q"_a, "k"_a, "v"_a, "positions"_a, "cache"_a.none(), "cos"_a.none(), "sin"_a.none(),
-      "k_cache"_a.none(), "v_cache"_a.none(), "kv_cache"_a.none(), "kv_layout"_a, "k_scale"_a,
-      "v_scale"_a, "slot_mapping"_a.none(), "cache_offsets"_a.none(), "cu_seqlens"_a.none(),
-      "q_out"_a.none(), "k_out"_a.none(), "layout"_a, "rotary_dim"_a, "mrope"_a,
-      "deferred"_a.none(), "stream"_a);
+      "q"_a, "k"_a, "v"_a, "positions"_a, nb::kw_only(), "k_cache"_a.none() = nb::none(),
+      "v_cache"_a.none() = nb::none(), "kv_cache"_a.none() = nb::none(),
+      "kv_layout"_a = embrope::KvCacheLayout::nhd, "k_scale"_a = 1.0f, "v_scale"_a = 1.0f,
+      "slot_mapping"_a.none() = nb::none(), "cache_offsets"_a.none() = nb::none(),
+      "cu_seqlens"_a.none() = nb::none());
 }
 
-embrope::EmbedOptions embed_options(
-    float scale, std::int64_t vocab_start, bool vocab_shard, embrope::PositionEncoding positions,
-    const OptionalArray& position_table, double sinusoid_base,
-    embrope::SinusoidLayout sinusoid_layout, const OptionalArray& position_ids,
-    const OptionalArray& position_offsets, const OptionalArray& type_table,
-    const OptionalArray& type_ids, embrope::Normalization norm, const OptionalArray& norm_weight,
-    const OptionalArray& norm_bias, float norm_eps, bool norm_unit_offset,
-    const OptionalArray& pre_norm_out, embrope::DeferredStatus* deferred, std::uintptr_t stream) {
-  embrope::EmbedOptions o;
-  o.scale = scale;
-  o.vocab_start = vocab_start;
-  o.vocab_shard = vocab_shard;
-  o.positions = positions;
-  o.position_table = view(position_table, "embed", "position_table");
-  o.sinusoid_base = sinusoid_base;
-  o.sinusoid_layout = sinusoid_layout;
-  o.position_ids = view(position_ids, "embed", "position_ids");
-  o.position_offsets = view(position_offsets, "embed", "position_offsets");
-  o.type_table = view(type_table, "embed", "type_table");
-  o.type_ids = view(type_ids, "embed", "type_ids");
-  o.norm = norm;
-  o.norm_weight = view(norm_weight, "embed", "norm_weight");
-  o.norm_bias = view(norm_bias, "embed", "norm_bias");
-  o.norm_eps = norm_eps;
-  o.norm_unit_offset = norm_unit_offset;
-  o.pre_norm_out = view(pre_norm_out, "embed", "pre_norm_out");
-  o.deferred = deferred;
-  o.stream = stream_of(stream);
-  return o;
-}
+// --------------------------------------------------------------------- embed family ----
 
 void bind_embed(nb::module_& m) {
   m.def(
       "embed",
-      [](const Array& table, const Array& ids, const Array& out, float scale,
-         std::int64_t vocab_start, bool vocab_shard, embrope::PositionEncoding positions,
-         const OptionalArray& position_table, double sinusoid_base,
-         embrope::SinusoidLayout sinusoid_layout, const OptionalArray& position_ids,
-         const OptionalArray& position_offsets, const OptionalArray& type_table,
-         const OptionalArray& type_ids, embrope::Normalization norm,
-         const OptionalArray& norm_weight, const OptionalArray& norm_bias, float norm_eps,
-         bool norm_unit_offset, const OptionalArray& pre_norm_out,
-         embrope::DeferredStatus* deferred, std::uintptr_t stream) {
-        const Tensor table_view = view(table, "embed", "table");
-        const Tensor ids_view = view(ids, "embed", "ids");
-        const Tensor out_view = view(out, "embed", "out");
-        const embrope::EmbedOptions options = embed_options(
-            scale, vocab_start, vocab_shard, positions, position_table, sinusoid_base,
-            sinusoid_layout, position_ids, position_offsets, type_table, type_ids, norm,
-            norm_weight, norm_bias, norm_eps, norm_unit_offset, pre_norm_out, deferred, stream);
+      [](const Array& table, const Array& ids, const Array& out,
+         const embrope::EmbedOptions& settings, const OptionalArray& position_table,
+         const OptionalArray& position_ids, const OptionalArray& position_offsets,
+         const OptionalArray& type_table, const OptionalArray& type_ids,
+         const OptionalArray& norm_weight, const OptionalArray& norm_bias,
+         const OptionalArray& pre_norm_out, embrope::DeferredStatus* deferred,
+         std::uintptr_t stream) {
+        const char* op = "embed";
+        const Tensor table_view = view(table, op, "table");
+        const Tensor ids_view = view(ids, op, "ids");
+        const Tensor out_view = view(out, op, "out");
+        embrope::EmbedOptions o = settings;
+        o.position_table = view(position_table, op, "position_table");
+        o.position_ids = view(position_ids, op, "position_ids");
+        o.position_offsets = view(position_offsets, op, "position_offsets");
+        o.type_table = view(type_table, op, "type_table");
+        o.type_ids = view(type_ids, op, "type_ids");
+        o.norm_weight = view(norm_weight, op, "norm_weight");
+        o.norm_bias = view(norm_bias, op, "norm_bias");
+        o.pre_norm_out = view(pre_norm_out, op, "pre_norm_out");
+        o.deferred = deferred;
+        o.stream = stream_of(stream);
         nb::gil_scoped_release nogil;
-        embrope::embed(table_view, ids_view, out_view, options);
+        embrope::embed(table_view, ids_view, out_view, o);
       },
-      "table"_a, "ids"_a, "out"_a, "scale"_a, "vocab_start"_a, "vocab_shard"_a, "positions"_a,
-      "position_table"_a.none(), "sinusoid_base"_a, "sinusoid_layout"_a, "position_ids"_a.none(),
-      "position_offsets"_a.none(), "type_table"_a.none(), "type_ids"_a.none(), "norm"_a,
-      "norm_weight"_a.none(), "norm_bias"_a.none(), "norm_eps"_a, "norm_unit_offset"_a,
-      "pre_norm_out"_a.none(), "deferred"_a.none(), "stream"_a);
+      "table"_a, "ids"_a, "out"_a, nb::kw_only(), "options"_a = embrope::EmbedOptions{},
+      "position_table"_a.none() = nb::none(), "position_ids"_a.none() = nb::none(),
+      "position_offsets"_a.none() = nb::none(), "type_table"_a.none() = nb::none(),
+      "type_ids"_a.none() = nb::none(), "norm_weight"_a.none() = nb::none(),
+      "norm_bias"_a.none() = nb::none(), "pre_norm_out"_a.none() = nb::none(),
+      "deferred"_a.none() = nb::none(), "stream"_a = std::uintptr_t{0});
 }
 
-// embed_backward and its workspace query share one argument list.
+// embed_backward and its workspace query: the same arguments, the query without the
+// workspace, status and stream (it reads no data).
 struct EmbedBackwardCall {
   Tensor grad_out, ids;
   std::optional<Tensor> grad_table;
@@ -518,82 +569,103 @@ struct EmbedBackwardCall {
 };
 
 EmbedBackwardCall embed_backward_call(
-    const Array& grad_out, const Array& ids, const OptionalArray& grad_table, float scale,
-    std::int64_t vocab_start, bool vocab_shard, std::optional<std::int64_t> padding_idx,
-    const OptionalArray& grad_position_table, const OptionalArray& position_ids,
-    const OptionalArray& position_offsets, const OptionalArray& grad_type_table,
-    const OptionalArray& type_ids, embrope::BackwardMode mode, const OptionalArray& workspace,
-    embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+    const Array& grad_out, const Array& ids, const OptionalArray& grad_table,
+    const embrope::EmbedBackwardOptions& settings, const OptionalArray& grad_position_table,
+    const OptionalArray& position_ids, const OptionalArray& position_offsets,
+    const OptionalArray& grad_type_table, const OptionalArray& type_ids) {
   const char* op = "embed_backward";
-  EmbedBackwardCall c{
-      view(grad_out, op, "grad_out"), view(ids, op, "ids"), view(grad_table, op, "grad_table"), {}};
+  EmbedBackwardCall c{view(grad_out, op, "grad_out"), view(ids, op, "ids"),
+                      view(grad_table, op, "grad_table"), settings};
   embrope::EmbedBackwardOptions& o = c.options;
-  o.scale = scale;
-  o.vocab_start = vocab_start;
-  o.vocab_shard = vocab_shard;
-  o.padding_idx = padding_idx;
   o.grad_position_table = view(grad_position_table, op, "grad_position_table");
   o.position_ids = view(position_ids, op, "position_ids");
   o.position_offsets = view(position_offsets, op, "position_offsets");
   o.grad_type_table = view(grad_type_table, op, "grad_type_table");
   o.type_ids = view(type_ids, op, "type_ids");
-  o.mode = mode;
-  std::tie(o.workspace, o.workspace_bytes) = workspace_of(workspace);
-  o.deferred = deferred;
-  o.stream = stream_of(stream);
   return c;
 }
 
+auto embed_backward_arguments() {
+  return std::make_tuple(
+      "grad_out"_a, "ids"_a, "grad_table"_a.none() = nb::none(), nb::kw_only(),
+      "options"_a = embrope::EmbedBackwardOptions{}, "grad_position_table"_a.none() = nb::none(),
+      "position_ids"_a.none() = nb::none(), "position_offsets"_a.none() = nb::none(),
+      "grad_type_table"_a.none() = nb::none(), "type_ids"_a.none() = nb::none());
+}
+
 void bind_embed_backward(nb::module_& m) {
-  auto run = [](bool size_only, const Array& grad_out, const Array& ids,
-                const OptionalArray& grad_table, float scale, std::int64_t vocab_start,
-                bool vocab_shard, std::optional<std::int64_t> padding_idx,
-                const OptionalArray& grad_position_table, const OptionalArray& position_ids,
-                const OptionalArray& position_offsets, const OptionalArray& grad_type_table,
-                const OptionalArray& type_ids, embrope::BackwardMode mode,
-                const OptionalArray& workspace, embrope::DeferredStatus* deferred,
-                std::uintptr_t stream) -> std::size_t {
-    const EmbedBackwardCall c =
-        embed_backward_call(grad_out, ids, grad_table, scale, vocab_start, vocab_shard, padding_idx,
-                            grad_position_table, position_ids, position_offsets, grad_type_table,
-                            type_ids, mode, workspace, deferred, stream);
-    nb::gil_scoped_release nogil;
-    if (size_only) {
-      return embrope::embed_backward_workspace_size(c.grad_out, c.ids, c.grad_table, c.options);
-    }
-    embrope::embed_backward(c.grad_out, c.ids, c.grad_table, c.options);
-    return 0;
-  };
-  m.def("embed_backward", run, "size_only"_a, "grad_out"_a, "ids"_a, "grad_table"_a.none(),
-        "scale"_a, "vocab_start"_a, "vocab_shard"_a, "padding_idx"_a.none(),
-        "grad_position_table"_a.none(), "position_ids"_a.none(), "position_offsets"_a.none(),
-        "grad_type_table"_a.none(), "type_ids"_a.none(), "mode"_a, "workspace"_a.none(),
-        "deferred"_a.none(), "stream"_a);
+  std::apply(
+      [&](auto&&... arguments) {
+        m.def(
+            "embed_backward",
+            [](const Array& grad_out, const Array& ids, const OptionalArray& grad_table,
+               const embrope::EmbedBackwardOptions& settings,
+               const OptionalArray& grad_position_table, const OptionalArray& position_ids,
+               const OptionalArray& position_offsets, const OptionalArray& grad_type_table,
+               const OptionalArray& type_ids, const OptionalArray& workspace,
+               embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+              EmbedBackwardCall c =
+                  embed_backward_call(grad_out, ids, grad_table, settings, grad_position_table,
+                                      position_ids, position_offsets, grad_type_table, type_ids);
+              std::tie(c.options.workspace, c.options.workspace_bytes) = workspace_of(workspace);
+              c.options.deferred = deferred;
+              c.options.stream = stream_of(stream);
+              nb::gil_scoped_release nogil;
+              embrope::embed_backward(c.grad_out, c.ids, c.grad_table, c.options);
+            },
+            arguments..., "workspace"_a.none() = nb::none(), "deferred"_a.none() = nb::none(),
+            "stream"_a = std::uintptr_t{0});
+        m.def(
+            "embed_backward_workspace_size",
+            [](const Array& grad_out, const Array& ids, const OptionalArray& grad_table,
+               const embrope::EmbedBackwardOptions& settings,
+               const OptionalArray& grad_position_table, const OptionalArray& position_ids,
+               const OptionalArray& position_offsets, const OptionalArray& grad_type_table,
+               const OptionalArray& type_ids) {
+              const EmbedBackwardCall c =
+                  embed_backward_call(grad_out, ids, grad_table, settings, grad_position_table,
+                                      position_ids, position_offsets, grad_type_table, type_ids);
+              return embrope::embed_backward_workspace_size(c.grad_out, c.ids, c.grad_table,
+                                                            c.options);
+            },
+            arguments...);
+      },
+      embed_backward_arguments());
+}
+
+// packed_positions and its workspace query.
+embrope::PackedPositionsOptions packed_positions_options(const OptionalArray& start_offsets) {
+  embrope::PackedPositionsOptions o;
+  o.start_offsets = view(start_offsets, "packed_positions", "start_offsets");
+  return o;
 }
 
 void bind_packed_positions(nb::module_& m) {
   m.def(
       "packed_positions",
-      [](bool size_only, const Array& cu_seqlens, const Array& positions,
-         const OptionalArray& start_offsets, const OptionalArray& workspace,
-         embrope::DeferredStatus* deferred, std::uintptr_t stream) -> std::size_t {
-        const char* op = "packed_positions";
-        const Tensor cu_seqlens_view = view(cu_seqlens, op, "cu_seqlens");
-        const Tensor positions_view = view(positions, op, "positions");
-        embrope::PackedPositionsOptions o;
-        o.start_offsets = view(start_offsets, op, "start_offsets");
+      [](const Array& cu_seqlens, const Array& positions, const OptionalArray& start_offsets,
+         const OptionalArray& workspace, embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+        const Tensor cu_seqlens_view = view(cu_seqlens, "packed_positions", "cu_seqlens");
+        const Tensor positions_view = view(positions, "packed_positions", "positions");
+        embrope::PackedPositionsOptions o = packed_positions_options(start_offsets);
         std::tie(o.workspace, o.workspace_bytes) = workspace_of(workspace);
         o.deferred = deferred;
         o.stream = stream_of(stream);
         nb::gil_scoped_release nogil;
-        if (size_only) {
-          return embrope::packed_positions_workspace_size(cu_seqlens_view, positions_view, o);
-        }
         embrope::packed_positions(cu_seqlens_view, positions_view, o);
-        return 0;
       },
-      "size_only"_a, "cu_seqlens"_a, "positions"_a, "start_offsets"_a.none(), "workspace"_a.none(),
-      "deferred"_a.none(), "stream"_a);
+      "cu_seqlens"_a, "positions"_a, nb::kw_only(), "start_offsets"_a.none() = nb::none(),
+      "workspace"_a.none() = nb::none(), "deferred"_a.none() = nb::none(),
+      "stream"_a = std::uintptr_t{0});
+  m.def(
+      "packed_positions_workspace_size",
+      [](const Array& cu_seqlens, const Array& positions, const OptionalArray& start_offsets) {
+        return embrope::packed_positions_workspace_size(
+            view(cu_seqlens, "packed_positions", "cu_seqlens"),
+            view(positions, "packed_positions", "positions"),
+            packed_positions_options(start_offsets));
+      },
+      "cu_seqlens"_a, "positions"_a, nb::kw_only(), "start_offsets"_a.none() = nb::none());
 }
 
 }  // namespace
@@ -606,6 +678,7 @@ NB_MODULE(_embrope, m) {
   nb::set_leak_warnings(false);
   register_errors(m);
   bind_enums(m);
+  bind_options(m);
   bind_rope_config(m);
   bind_rope_cache(m);
   bind_deferred_status(m);

@@ -1,0 +1,149 @@
+"""The arguments of the native calls, formed in one place for every surface.
+
+The native module (``_embrope``) takes each op's tensors as keyword arguments and its
+settings as one typed object (``RopeOptions``, ``QkNorm``, ``EmbedOptions``,
+``EmbedBackwardOptions``, built by :func:`_arrays.settings`). What a Python caller says in
+other terms is turned into those here, for the NumPy / DLPack functions and for
+:mod:`embrope.torch` alike:
+
+- the cos/sin table: a :class:`RopeCache`, a ``cos_sin_cache`` array ``[P, R]`` (cos half,
+  then sin half: vLLM's and FlashInfer's layout) or a ``(cos, sin)`` pair;
+- the RoPE settings of a call: its own layout and multimodal sections, else its cache's;
+- the embed settings: positions "learned" when a position table is given, norm None as none.
+
+Settings are resolved into plain named tuples first (:class:`RopeSettings`,
+:class:`EmbedSettings`), which ``torch.compile`` can trace and the custom ops' schemas carry,
+then into the native objects by their ``options()`` inside the call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from . import _arrays
+from . import _embrope as _C
+from ._rope_cache import RopeCache, _mrope_tuple
+
+
+def rope_table(op: str, cache: Any) -> dict:
+    """The table keyword arguments (``cache`` or ``cos`` and ``sin``) of a native call."""
+    if isinstance(cache, RopeCache):
+        return {"cache": cache._native}
+    if isinstance(cache, tuple) and len(cache) == 2:
+        cos, sin = cache
+        _arrays.check_array(op, "cos", cos)
+        _arrays.check_array(op, "sin", sin)
+        return {"cos": cos, "sin": sin}
+    if hasattr(cache, "__dlpack__") or isinstance(cache, np.ndarray):
+        cos, sin = split_cos_sin_cache(op, cache)
+        return {"cos": cos, "sin": sin}
+    raise TypeError(
+        f"{op}: cache must be a RopeCache, a cos_sin_cache array [max_positions, rotary_dim] "
+        f"or a (cos, sin) pair, not {type(cache).__name__}")
+
+
+def split_cos_sin_cache(op: str, table: Any) -> tuple[Any, Any]:
+    """(cos, sin) views of a ``cos_sin_cache`` [max_positions, rotary_dim]."""
+    shape = _arrays.shape_of(table)
+    if len(shape) != 2 or shape[1] % 2 != 0:
+        raise _C.InvalidArgumentError(
+            f"{op}: cos_sin_cache has shape {list(shape)}; it must be [max_positions, "
+            "rotary_dim] with rotary_dim even (the cos half, then the sin half)")
+    half = shape[1] // 2
+    return table[:, :half], table[:, half:]
+
+
+class RopeSettings(NamedTuple):
+    """A call's RoPE settings in plain values (so that ``torch.compile`` traces the code that
+    forms them): the ``RopeOptions`` fields, the layout as its enum value and mrope as
+    (temporal, height, width, interleaved), all 0 without mrope."""
+
+    layout: int
+    inverse: bool
+    rotary_dim: int
+    mrope: tuple
+
+    def options(self, op: str) -> Any:
+        """The native ``RopeOptions``."""
+        return _arrays.settings(op, _C.RopeOptions, layout=_C.RopeLayout(self.layout),
+                                inverse=bool(self.inverse), rotary_dim=int(self.rotary_dim),
+                                mrope_section=tuple(self.mrope[:3]),
+                                mrope_interleaved=bool(self.mrope[3]))
+
+
+def rope_settings(op: str, cache: Any, *, layout: Optional[str] = None, inverse: bool = False,
+                  rotary_dim: int = 0, mrope_section: Optional[Sequence[int]] = None,
+                  mrope_interleaved: Optional[bool] = None) -> RopeSettings:
+    """The settings of a call: the layout and multimodal setting are the call's own, else its
+    RopeCache's (a table array has neither: "neox", no mrope)."""
+    from_cache = isinstance(cache, RopeCache)
+    if layout is None:
+        layout = cache.layout if from_cache else "neox"
+    if mrope_section is None and from_cache:
+        mrope_section = cache.mrope_section
+        if mrope_interleaved is None:
+            mrope_interleaved = cache.mrope_interleaved
+    sections = _mrope_tuple(op, mrope_section) or (0, 0, 0)
+    return RopeSettings(_arrays.enum_value(op, "layout", _C.RopeLayout, layout).value,
+                        bool(inverse), int(rotary_dim),
+                        sections + (int(bool(mrope_interleaved)),))
+
+
+def dlpack_table(cache: RopeCache) -> Any:
+    """The cache's float32 table as a DLPack array on its own device (writable views are
+    for the library; the public :attr:`RopeCache.table` is read-only)."""
+    return cache._native.table()
+
+
+class EmbedSettings(NamedTuple):
+    """An embed call's settings in plain values: the ``EmbedOptions`` fields, enums as their
+    values."""
+
+    scale: float
+    vocab_start: int
+    vocab_shard: bool
+    positions: int
+    sinusoid_base: float
+    sinusoid_layout: int
+    norm: int
+    norm_eps: float
+    norm_unit_offset: bool
+
+    def options(self, op: str) -> Any:
+        """The native ``EmbedOptions``."""
+        return _arrays.settings(
+            op, _C.EmbedOptions, scale=float(self.scale), vocab_start=int(self.vocab_start),
+            vocab_shard=bool(self.vocab_shard), positions=_C.PositionEncoding(self.positions),
+            sinusoid_base=float(self.sinusoid_base),
+            sinusoid_layout=_C.SinusoidLayout(self.sinusoid_layout),
+            norm=_C.Normalization(self.norm), norm_eps=float(self.norm_eps),
+            norm_unit_offset=bool(self.norm_unit_offset))
+
+
+def embed_settings(op: str, *, scale: float = 1.0, vocab_start: int = 0,
+                   vocab_shard: bool = False, positions: Optional[str] = None,
+                   position_table: Any = None, sinusoid_base: float = 10000.0,
+                   sinusoid_layout: Any = "interleaved", norm: Optional[str] = None,
+                   norm_eps: float = 1e-5, norm_unit_offset: bool = False) -> EmbedSettings:
+    """An embed call's settings: positions "learned" when a position table is given, else
+    none; norm None is no norm."""
+    if positions is None:
+        positions = "learned" if position_table is not None else "none"
+    return EmbedSettings(
+        float(scale), int(vocab_start), bool(vocab_shard),
+        _arrays.enum_value(op, "positions", _C.PositionEncoding, positions).value,
+        float(sinusoid_base),
+        _arrays.enum_value(op, "sinusoid_layout", _C.SinusoidLayout, sinusoid_layout).value,
+        _arrays.enum_value(op, "norm", _C.Normalization, "none" if norm is None else norm).value,
+        float(norm_eps), bool(norm_unit_offset))
+
+
+def embed_backward_options(op: str, *, scale: float, vocab_start: int, vocab_shard: bool,
+                           padding_idx: Optional[int], mode: Any) -> Any:
+    """The ``EmbedBackwardOptions`` settings of an embed_backward call."""
+    return _arrays.settings(
+        op, _C.EmbedBackwardOptions, scale=float(scale), vocab_start=int(vocab_start),
+        vocab_shard=bool(vocab_shard),
+        padding_idx=None if padding_idx is None else int(padding_idx), mode=mode)

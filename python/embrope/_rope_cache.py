@@ -1,0 +1,233 @@
+"""RopeCache: the cos/sin table of a rotary configuration, and rope_frequencies."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _arrays, _models
+from . import _embrope as _C
+
+
+def _rope_config(op: str, **fields: Any) -> Any:
+    for name in ("short_factor", "long_factor"):
+        if fields.get(name) is not None:
+            fields[name] = [float(v) for v in fields[name]]
+    return _arrays.settings(op, _C.RopeConfig, **fields)
+
+
+def rope_frequencies(rotary_dim: int, base: float = 10000.0, **scaling: Any) -> tuple[np.ndarray, float]:
+    """The inverse frequencies and attention factor a configuration gives, in float64.
+
+    Takes the arguments of :class:`RopeCache` (``max_positions`` defaults to 1 here) and
+    builds no table. Returns ``(inv_freq [rotary_dim / 2] float64, attention_factor)``.
+    """
+    scaling.setdefault("max_positions", 1)
+    config = _rope_config("RopeCache", rotary_dim=rotary_dim, base=base, **scaling)
+    return _C.rope_frequencies(config)
+
+
+class RopeCache:
+    """cos and sin of every (position, frequency) pair, built once on one device.
+
+    ``inv_freq_i = base ** (-2 i / rotary_dim)`` for ``i < rotary_dim / 2``, modified by
+    `scaling`; the angle of position p is ``p * inv_freq_i``; cos and sin are multiplied by
+    the attention factor. Angles and products are computed in float64 and rounded once to
+    float32. Immutable: share one cache between layers, threads and streams.
+
+    Parameters
+    ----------
+    rotary_dim : int
+        R, even: the leading dimensions of each head that are rotated.
+    max_positions : int
+        Positions ``[0, max_positions)`` are valid.
+    base : float, default 10000.0
+        theta.
+    scaling : {"none", "linear", "dynamic", "yarn", "llama3", "longrope"}
+        Context-extension variant, with HF transformers' definitions (docs/ops.md). Its
+        parameters are the keyword arguments below; setting one the variant does not use is
+        an error.
+    factor, original_max_positions, sequence_length, beta_fast, beta_slow, truncate, mscale,
+    mscale_all_dim, low_freq_factor, high_freq_factor, short_factor, long_factor,
+    attention_factor
+        The variant's parameters, as in HF's ``rope_scaling`` (``original_max_positions`` is
+        ``original_max_position_embeddings``).
+    device : str, torch.device or int, default "cpu"
+        Where the table lives ("cpu", "cuda", "cuda:1").
+    layout : {"neox", "interleaved"}, default "neox"
+        The pairing :func:`apply_rope` uses with this cache when its own `layout` is None.
+    mrope_section : sequence of 3 ints, optional
+        Multimodal sections :func:`apply_rope` uses with this cache by default.
+    mrope_interleaved : bool, default False
+        With `mrope_section`: the streams interleaved over the frequencies (Qwen3-VL's
+        ``mrope_interleaved``) rather than in contiguous sections (Qwen2-VL).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Naming the field and the rule, for an invalid configuration.
+    OutOfMemoryError
+        When the table cannot be allocated.
+    """
+
+    def __init__(
+        self,
+        rotary_dim: int,
+        max_positions: int,
+        base: float = 10000.0,
+        *,
+        scaling: str = "none",
+        factor: Optional[float] = None,
+        original_max_positions: Optional[int] = None,
+        sequence_length: Optional[int] = None,
+        beta_fast: Optional[float] = None,
+        beta_slow: Optional[float] = None,
+        truncate: Optional[bool] = None,
+        mscale: Optional[float] = None,
+        mscale_all_dim: Optional[float] = None,
+        low_freq_factor: Optional[float] = None,
+        high_freq_factor: Optional[float] = None,
+        short_factor: Optional[Sequence[float]] = None,
+        long_factor: Optional[Sequence[float]] = None,
+        attention_factor: Optional[float] = None,
+        device: Any = "cpu",
+        layout: str = "neox",
+        mrope_section: Optional[Sequence[int]] = None,
+        mrope_interleaved: bool = False,
+        stream: Any = None,
+    ) -> None:
+        config = _rope_config(
+            "RopeCache", rotary_dim=rotary_dim, max_positions=max_positions, base=base,
+            scaling=scaling, factor=factor, original_max_positions=original_max_positions,
+            sequence_length=sequence_length, beta_fast=beta_fast, beta_slow=beta_slow,
+            truncate=truncate, mscale=mscale, mscale_all_dim=mscale_all_dim,
+            low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
+            short_factor=short_factor, long_factor=long_factor,
+            attention_factor=attention_factor)
+        self._init(config, device, layout, mrope_section, mrope_interleaved, stream)
+
+    def _init(self, config: Any, device: Any, layout: Any, mrope_section: Any,
+              mrope_interleaved: bool, stream: Any) -> None:
+        kind, index = _arrays.parse_device(device)
+        self._native = _C.RopeCache(config, kind, index, _arrays.stream_handle(stream))
+        self.layout = _arrays.enum_value("RopeCache", "layout", _C.RopeLayout, layout).name
+        self.mrope_section = _mrope_tuple("RopeCache", mrope_section)
+        self.mrope_interleaved = bool(mrope_interleaved)
+
+    @classmethod
+    def from_config(cls, config: Any, *, device: Any = "cpu", layout: str = "neox",
+                    mrope_section: Optional[Sequence[int]] = None,
+                    mrope_interleaved: bool = False) -> "RopeCache":
+        """A cache from a :class:`RopeConfig` (for example ``model_preset(...).rope``)."""
+        self = cls.__new__(cls)
+        self._init(config, device, layout, mrope_section, mrope_interleaved, None)
+        return self
+
+    @classmethod
+    def from_model(cls, model: Any, *, max_positions: Optional[int] = None,
+                   device: Any = "cpu") -> "RopeCache":
+        """The cache of a :class:`ModelConfig` (its layout and mrope sections included)."""
+        if model.positions != _C.PositionKind.rope:
+            raise _C.InvalidArgumentError(
+                f"RopeCache: model {model.model_type!r} has {model.positions.name} positions, "
+                "not rotary ones")
+        config = copy.copy(model.rope)
+        if max_positions is not None:
+            config.max_positions = int(max_positions)
+        sections = tuple(model.mrope_section)
+        return cls.from_config(config, device=device, layout=model.layout,
+                               mrope_section=sections if any(sections) else None,
+                               mrope_interleaved=model.mrope_interleaved)
+
+    @classmethod
+    def from_preset(cls, name: str, *, max_positions: Optional[int] = None,
+                    device: Any = "cpu") -> "RopeCache":
+        """The cache of a built-in model preset (see :func:`model_presets`).
+
+        `max_positions` overrides the model's max_position_embeddings (a smaller table).
+        """
+        return cls.from_model(_models.model_preset(name), max_positions=max_positions,
+                              device=device)
+
+    @classmethod
+    def from_hf_config(cls, config: Any, *, max_positions: Optional[int] = None,
+                       device: Any = "cpu") -> "RopeCache":
+        """The cache of a HuggingFace model from its config.json path, dict or
+        PretrainedConfig (every rope_type embrope supports; see
+        :func:`model_config_from_hf`)."""
+        return cls.from_model(_models.model_config_from_hf(config), max_positions=max_positions,
+                              device=device)
+
+    # ------------------------------------------------------------------ properties ----
+    @property
+    def config(self) -> Any:
+        """The :class:`RopeConfig` it was built from."""
+        return self._native.config
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self._native.config.rotary_dim)
+
+    @property
+    def max_positions(self) -> int:
+        return int(self._native.config.max_positions)
+
+    @property
+    def device(self) -> str:
+        return _arrays.device_name(self._native.device)
+
+    @property
+    def attention_factor(self) -> float:
+        """The factor folded into cos and sin (1 for the default frequencies)."""
+        return float(self._native.attention_factor)
+
+    @property
+    def inv_freq(self) -> np.ndarray:
+        """The R/2 inverse frequencies after scaling, float64 (a copy)."""
+        return self._native.inv_freq
+
+    @property
+    def table(self) -> Any:
+        """The table, [max_positions, rotary_dim] float32: the cos half, then the sin half.
+
+        Zero-copy and read-only: a NumPy array for a CPU cache, a DLPack array on the GPU
+        for a CUDA cache (``torch.from_dlpack(cache.table)``). This is the layout of vLLM's
+        and FlashInfer's ``cos_sin_cache``.
+        """
+        table = self._native.table()
+        if self._native.device[0] == 0:
+            array = np.from_dlpack(table)
+            array.flags.writeable = False
+            return array
+        return table
+
+    cos_sin_cache = table
+
+    @property
+    def cos(self) -> Any:
+        """cos(p f_i) times the attention factor, [max_positions, rotary_dim / 2] (a view)."""
+        return self.table[:, : self.rotary_dim // 2]
+
+    @property
+    def sin(self) -> Any:
+        """sin(p f_i) times the attention factor, [max_positions, rotary_dim / 2] (a view)."""
+        return self.table[:, self.rotary_dim // 2:]
+
+    def __repr__(self) -> str:
+        c = self._native.config
+        return (f"RopeCache(rotary_dim={c.rotary_dim}, max_positions={c.max_positions}, "
+                f"base={c.base}, scaling={c.scaling.name!r}, device={self.device!r}, "
+                f"layout={self.layout!r})")
+
+
+def _mrope_tuple(op: str, sections: Optional[Sequence[int]]) -> Optional[tuple[int, int, int]]:
+    if sections is None:
+        return None
+    sections = tuple(int(s) for s in sections)
+    if len(sections) != 3:
+        raise _C.InvalidArgumentError(
+            f"{op}: mrope_section has {len(sections)} entries; it needs 3 (temporal, height, "
+            "width)")
+    return sections

@@ -1,0 +1,89 @@
+"""The boundary between the package and its native module: one typed call per op, its
+settings built by keyword in one place (embrope._native) for the NumPy / DLPack functions
+and embrope.torch alike."""
+
+import numpy as np
+import pytest
+
+import embrope
+from embrope import _arrays, _native
+from embrope import _embrope as _C
+
+
+def rope_inputs():
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((3, 2, 8)).astype(np.float32)
+    return q, np.arange(3, dtype=np.int64), embrope.RopeCache(8, 16)
+
+
+def test_native_table_is_a_cache_or_cos_and_sin():
+    q, positions, cache = rope_inputs()
+    cos, sin = cache.cos, cache.sin
+    for table in ({"cache": cache._native, "cos": cos, "sin": sin}, {"cos": cos}, {}):
+        with pytest.raises(embrope.InvalidArgumentError,
+                           match="apply_rope: give the cos/sin table as cache, or as cos and sin"):
+            _C.apply_rope(q.copy(), None, positions, **table)
+
+
+def test_native_calls_take_their_settings_by_keyword():
+    q, positions, cache = rope_inputs()
+    with pytest.raises(TypeError):
+        _C.apply_rope(q, None, positions, cache._native)
+    with pytest.raises(TypeError):
+        _C.embed(np.zeros((4, 8), np.float32), np.zeros(2, np.int32),
+                 np.zeros((2, 8), np.float32), _C.EmbedOptions())
+
+
+def test_a_misspelt_setting_is_an_error_not_a_no_op():
+    with pytest.raises(TypeError, match="RopeConfig has no field 'factr'"):
+        embrope.rope_frequencies(64, scaling="linear", factr=2.0)
+    with pytest.raises(TypeError, match="EmbedOptions has no field 'norm_epsilon'"):
+        _arrays.settings("embed", _C.EmbedOptions, norm_epsilon=1e-6)
+
+
+def fields(native, names):
+    return {name: getattr(native, name) for name in names}
+
+
+def test_python_defaults_are_the_libraries():
+    rope_fields = ("layout", "inverse", "rotary_dim", "mrope_section", "mrope_interleaved")
+    table = np.zeros((16, 8), np.float32)
+    assert (fields(_native.rope_settings("apply_rope", table).options("apply_rope"), rope_fields)
+            == fields(_C.RopeOptions(), rope_fields))
+    embed_fields = ("scale", "vocab_start", "vocab_shard", "positions", "sinusoid_base",
+                    "sinusoid_layout", "norm", "norm_eps", "norm_unit_offset")
+    assert (fields(_native.embed_settings("embed").options("embed"), embed_fields)
+            == fields(_C.EmbedOptions(), embed_fields))
+    backward_fields = ("scale", "vocab_start", "vocab_shard", "padding_idx", "mode")
+    ours = _native.embed_backward_options("embed_backward", scale=1.0, vocab_start=0,
+                                          vocab_shard=False, padding_idx=None,
+                                          mode="deterministic")
+    assert fields(ours, backward_fields) == fields(_C.EmbedBackwardOptions(), backward_fields)
+
+
+def test_a_call_takes_its_own_settings_else_its_caches():
+    cache = embrope.RopeCache(12, 16, layout="interleaved", mrope_section=(2, 2, 2),
+                              mrope_interleaved=True)
+    interleaved = _C.RopeLayout.interleaved.value
+    assert _native.rope_settings("apply_rope", cache) == (interleaved, False, 0, (2, 2, 2, 1))
+    assert _native.rope_settings("apply_rope", cache, layout="neox", inverse=True,
+                                 mrope_section=(4, 1, 1)) == (0, True, 0, (4, 1, 1, 0))
+    # A table array carries no settings: neox, no mrope.
+    assert _native.rope_settings("apply_rope", cache.table) == (0, False, 0, (0, 0, 0, 0))
+
+
+def test_torch_and_numpy_give_the_same_bits_from_one_cache():
+    torch = pytest.importorskip("torch")
+    import embrope.torch as et
+
+    rng = np.random.default_rng(3)
+    cache = embrope.RopeCache(12, 32, layout="interleaved", mrope_section=(2, 2, 2),
+                              mrope_interleaved=True)
+    q = rng.standard_normal((5, 3, 16)).astype(np.float32)
+    positions = rng.integers(0, 32, (3, 5)).astype(np.int64)
+    by_numpy, _ = embrope.apply_rope(q, None, positions, cache, inplace=False)
+    by_torch, _ = et.apply_rope(torch.from_numpy(q), None, torch.from_numpy(positions), cache)
+    np.testing.assert_array_equal(by_torch.numpy(), by_numpy)
+    # and they are not the neox rotation without mrope (the settings did arrive)
+    plain, _ = embrope.apply_rope(q, None, positions[0], cache.table, inplace=False)
+    assert not np.array_equal(plain, by_numpy)
