@@ -8,8 +8,9 @@ which framework a new output is allocated (the framework of the array it is shap
 
 from __future__ import annotations
 
+import contextlib
 import numbers
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -48,6 +49,38 @@ def check_writable(op: str, name: str, x: Any) -> None:
         raise _C.InvalidArgumentError(
             f"{op}: {name} is a {type(x).__name__}, which is immutable, and this call writes it "
             "(pass inplace=False, or leave the output to embrope)")
+    if _is_torch(x) and x.requires_grad:
+        import torch
+
+        if torch.is_grad_enabled():
+            # Autograd would not know of the write: a gradient through this tensor would be
+            # silently wrong. torch refuses in-place writes to leaves that require grad, and
+            # out= arguments that do, for the same reason.
+            raise _C.InvalidArgumentError(
+                f"{op}: {name} requires grad, and this call writes it outside autograd; use "
+                f"embrope.torch.{op} (differentiable), or write under torch.no_grad() or to a "
+                "detached tensor")
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+@contextlib.contextmanager
+def writes(*arrays: Any) -> Iterator[None]:
+    """Around a native call that writes these arrays (None and other frameworks' skipped):
+    afterwards, raising or not (a bad index still writes the other rows), the torch tensors'
+    version counters move as an in-place torch op's do, so that autograd refuses a backward
+    through a tensor saved before the write instead of using the new values."""
+    try:
+        yield
+    finally:
+        tensors = [x for x in arrays if x is not None and _is_torch(x)]
+        if tensors:
+            from torch.autograd.graph import increment_version
+
+            for t in tensors:
+                increment_version(t)
 
 
 def dlpack_device(x: Any) -> tuple[int, int]:
@@ -118,9 +151,8 @@ def empty_like(op: str, like: Any, shape: tuple[int, ...], dtype: Any = None) ->
     For an immutable framework (JAX) this is a NumPy array on the host, which
     :func:`to_framework` hands back as the framework's array once written.
     """
-    module = type(like).__module__.split(".")[0]
     dtype = like.dtype if dtype is None else dtype
-    if module == "torch":
+    if _is_torch(like):
         import torch
 
         return torch.empty(shape, dtype=dtype, device=like.device)

@@ -112,11 +112,12 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
         pre_norm_out = _arrays.empty_like(op, table, _arrays.shape_of(out))
     if pre_norm_out is not None:
         _arrays.check_writable(op, "pre_norm_out", pre_norm_out)
-    _C.embed(table, ids, out, options=options, position_table=position_table,
-             position_ids=position_ids, position_offsets=position_offsets,
-             type_table=type_table, type_ids=type_ids, norm_weight=norm_weight,
-             norm_bias=norm_bias, pre_norm_out=pre_norm_out,
-             deferred=_status.native(deferred), stream=_arrays.stream_handle(stream, table))
+    with _arrays.writes(out, pre_norm_out):
+        _C.embed(table, ids, out, options=options, position_table=position_table,
+                 position_ids=position_ids, position_offsets=position_offsets,
+                 type_table=type_table, type_ids=type_ids, norm_weight=norm_weight,
+                 norm_bias=norm_bias, pre_norm_out=pre_norm_out,
+                 deferred=_status.native(deferred), stream=_arrays.stream_handle(stream, table))
     if allocated:
         out = _arrays.to_framework(table, out)
     if pre_allocated:
@@ -189,8 +190,9 @@ def embed_backward(grad_out: Any, ids: Any, grad_table: Any = None, *, scale: fl
     call = _backward_call(op, grad_out, ids, grad_table, scale, vocab_start, vocab_shard,
                           padding_idx, grad_position_table, position_ids, position_offsets,
                           grad_type_table, type_ids, mode, workspace)
-    _C.embed_backward(**call, workspace=workspace, deferred=_status.native(deferred),
-                      stream=_arrays.stream_handle(stream, grad_out))
+    with _arrays.writes(grad_table, grad_position_table, grad_type_table, workspace):
+        _C.embed_backward(**call, workspace=workspace, deferred=_status.native(deferred),
+                          stream=_arrays.stream_handle(stream, grad_out))
     return grad_table, grad_position_table, grad_type_table
 
 

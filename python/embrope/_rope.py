@@ -35,6 +35,11 @@ class _Outputs:
             raise _C.InvalidArgumentError(f"{op}: k_out is given without {k_name}")
         self.q_out, self.k_out = q_out, k_out
 
+    def writes(self) -> Any:
+        """The context of the native call (:func:`_arrays.writes` of what it writes)."""
+        return _arrays.writes(self.q if self.q_out is None else self.q_out,
+                              self.k if self.k_out is None else self.k_out)
+
     def results(self) -> tuple[Any, Any]:
         q = self.q if self.q_out is None else self.q_out
         k = self.k if self.k_out is None or self.k is None else self.k_out
@@ -57,8 +62,9 @@ def _rope_direction(op: str, backward: bool, q: Any, k: Any, positions: Any, cac
     table = _native.rope_table(op, cache)
     out = _Outputs(op, q_name, k_name, q, k, inplace, q_out, k_out)
     native = _C.apply_rope_backward if backward else _C.apply_rope
-    native(q, k, positions, **table, options=options, q_out=out.q_out, k_out=out.k_out,
-           deferred=_status.native(deferred), stream=_arrays.stream_handle(stream, q))
+    with out.writes():
+        native(q, k, positions, **table, options=options, q_out=out.q_out, k_out=out.k_out,
+               deferred=_status.native(deferred), stream=_arrays.stream_handle(stream, q))
     return out.results()
 
 
@@ -204,7 +210,8 @@ def apply_qk_norm_rope(q: Any, k: Any, positions: Any, cache: Any, *, q_weight: 
                          layout=layout, inverse=inverse, rotary_dim=rotary_dim,
                          mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
     out = _Outputs(op, "q", "k", q, k, inplace, q_out, k_out)
-    _C.apply_qk_norm_rope(q, k, positions, **call, q_out=out.q_out, k_out=out.k_out)
+    with out.writes():
+        _C.apply_qk_norm_rope(q, k, positions, **call, q_out=out.q_out, k_out=out.k_out)
     return out.results()
 
 
@@ -246,9 +253,10 @@ def apply_qk_norm_rope_backward(dq: Any, dk: Any, q: Any, k: Any, positions: Any
                          layout=layout, inverse=inverse, rotary_dim=rotary_dim,
                          mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
     out = _Outputs(op, "dq", "dk", dq, dk, inplace, q_out, k_out)
-    _C.apply_qk_norm_rope_backward(dq, dk, q, k, positions, q_weight_grad=q_weight_grad,
-                                   k_weight_grad=k_weight_grad, **call, q_out=out.q_out,
-                                   k_out=out.k_out)
+    with out.writes(), _arrays.writes(q_weight_grad, k_weight_grad):
+        _C.apply_qk_norm_rope_backward(dq, dk, q, k, positions, q_weight_grad=q_weight_grad,
+                                       k_weight_grad=k_weight_grad, **call, q_out=out.q_out,
+                                       k_out=out.k_out)
     return out.results()
 
 
@@ -328,13 +336,14 @@ def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
     options = _native.rope_settings(op, cache, layout=layout, rotary_dim=rotary_dim,
                                     mrope_section=mrope_section,
                                     mrope_interleaved=mrope_interleaved).options(op)
-    _C.apply_rope_append_kv(
-        q, k, v, positions, k_cache=k_cache, v_cache=v_cache, kv_cache=kv_cache,
-        kv_layout=_arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout),
-        k_scale=float(k_scale), v_scale=float(v_scale), slot_mapping=slot_mapping,
-        cache_offsets=cache_offsets, cu_seqlens=cu_seqlens, **table, options=options,
-        q_out=q_out, k_out=k_out, deferred=_status.native(deferred),
-        stream=_arrays.stream_handle(stream, q))
+    with _arrays.writes(q if q_out is None else q_out, k_out, k_cache, v_cache, kv_cache):
+        _C.apply_rope_append_kv(
+            q, k, v, positions, k_cache=k_cache, v_cache=v_cache, kv_cache=kv_cache,
+            kv_layout=_arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout),
+            k_scale=float(k_scale), v_scale=float(v_scale), slot_mapping=slot_mapping,
+            cache_offsets=cache_offsets, cu_seqlens=cu_seqlens, **table, options=options,
+            q_out=q_out, k_out=k_out, deferred=_status.native(deferred),
+            stream=_arrays.stream_handle(stream, q))
     return (q if q_out is None else q_out), k_out
 
 
@@ -382,9 +391,10 @@ def packed_positions(cu_seqlens: Any, positions: Any = None, *, start_offsets: A
             raise _C.InvalidArgumentError(f"{op}: cu_seqlens[-1] = {total} is negative")
         positions = _arrays.empty_like(op, cu_seqlens, (total,))
     _arrays.check_writable(op, "positions", positions)
-    _C.packed_positions(cu_seqlens, positions, start_offsets=start_offsets,
-                        workspace=workspace, deferred=_status.native(deferred),
-                        stream=_arrays.stream_handle(stream, cu_seqlens))
+    with _arrays.writes(positions):
+        _C.packed_positions(cu_seqlens, positions, start_offsets=start_offsets,
+                            workspace=workspace, deferred=_status.native(deferred),
+                            stream=_arrays.stream_handle(stream, cu_seqlens))
     return _arrays.to_framework(cu_seqlens, positions) if allocated else positions
 
 

@@ -1,0 +1,95 @@
+"""The generic (DLPack) API writing torch tensors: autograd is told, or the write is refused.
+
+torch's own in-place ops move a tensor's version counter, so that a backward through a
+value saved before the write raises instead of using the new value, and they refuse to write
+a leaf that requires grad (and out= tensors that require grad) while grad mode is on. The
+generic API keeps those rules; embrope.torch is the differentiable path."""
+
+import numpy as np
+import pytest
+
+import embrope
+
+torch = pytest.importorskip("torch")
+
+
+def rope_args(tokens=4, heads=2, dim=8):
+    q = torch.randn(tokens, heads, dim)
+    return q, torch.arange(tokens), embrope.RopeCache(dim, 16)
+
+
+def test_writing_a_tensor_that_requires_grad_is_refused():
+    # The case a user hit: h = x.exp() rotated in place left x.grad silently wrong.
+    x = torch.randn(4, 2, 8, requires_grad=True)
+    h = x.exp()
+    _, positions, cache = rope_args()
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match=r"apply_rope: q requires grad, and this call writes it outside "
+                             r"autograd; use embrope.torch.apply_rope"):
+        embrope.apply_rope(h, None, positions, cache)
+    with pytest.raises(embrope.InvalidArgumentError, match="apply_rope: q requires grad"):
+        embrope.apply_rope(x, None, positions, cache)  # a leaf, as torch refuses
+    q_out = torch.empty(4, 2, 8, requires_grad=True)
+    with pytest.raises(embrope.InvalidArgumentError, match="apply_rope: q_out requires grad"):
+        embrope.apply_rope(x.detach(), None, positions, cache, q_out=q_out)
+    table = torch.randn(10, 8)
+    with pytest.raises(embrope.InvalidArgumentError, match="embed: out requires grad"):
+        embrope.embed(table, torch.tensor([1, 2]), out=torch.empty(2, 8, requires_grad=True))
+
+
+def test_under_no_grad_the_write_is_allowed_as_in_torch():
+    x = torch.randn(4, 2, 8, requires_grad=True)
+    _, positions, cache = rope_args()
+    expected, _ = embrope.apply_rope(x.detach().numpy().copy(), None, positions.numpy(), cache)
+    with torch.no_grad():
+        embrope.apply_rope(x, None, positions, cache)
+    np.testing.assert_array_equal(x.detach().numpy(), expected)
+
+
+def test_a_write_moves_the_version_so_a_stale_backward_raises():
+    # w * h saves h; rotating h afterwards must not let w.grad use the rotated values.
+    w = torch.randn(4, 2, 8, requires_grad=True)
+    q, positions, cache = rope_args()
+    loss = (w * q).sum()
+    version = q._version
+    embrope.apply_rope(q, None, positions, cache)
+    assert q._version > version
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_every_written_argument_moves_its_version():
+    q, positions, cache = rope_args()
+    k = torch.randn(4, 1, 8)
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    before = (q._version, k._version, q_out._version, k_out._version)
+    embrope.apply_rope(q, k, positions, cache, q_out=q_out, k_out=k_out)
+    after = (q._version, k._version, q_out._version, k_out._version)
+    assert after[:2] == before[:2]  # read only
+    assert all(a > b for a, b in zip(after[2:], before[2:]))
+
+    table, ids = torch.randn(10, 8), torch.tensor([[1, 2, 3]])
+    out, pre = torch.empty(1, 3, 8), torch.empty(1, 3, 8)
+    versions = (out._version, pre._version, table._version)
+    embrope.embed(table, ids, out=out, norm="rms_norm", pre_norm_out=pre)
+    assert out._version > versions[0] and pre._version > versions[1]
+    assert table._version == versions[2]
+
+    grad_table = torch.zeros(10, 8)
+    version = grad_table._version
+    embrope.embed_backward(torch.ones(1, 3, 8), ids, grad_table)
+    assert grad_table._version > version
+
+    cu_seqlens, positions_out = torch.tensor([0, 2, 5]), torch.empty(5, dtype=torch.int64)
+    version = positions_out._version
+    embrope.packed_positions(cu_seqlens, positions_out)
+    assert positions_out._version > version
+
+
+def test_a_bad_index_still_moves_the_version():
+    # The call writes every good row (and zero-fills the bad one) before it raises.
+    q, _, cache = rope_args()
+    version = q._version
+    with pytest.raises(embrope.BadIndexError):
+        embrope.apply_rope(q, None, torch.tensor([0, 1, 99, 2]), cache)
+    assert q._version > version
