@@ -72,16 +72,6 @@ __device__ __forceinline__ void square_partials(const T* x, std::int64_t dim, in
   }
 }
 
-struct TokenPositions {
-  std::int64_t p0, p1, p2;
-};
-__device__ __forceinline__ TokenPositions token_positions(const detail::RopeParams& r,
-                                                          std::int64_t b, std::int64_t s) {
-  const std::int64_t p0 = detail::rope_position(r, b, s, 0);
-  if (!r.mrope) return {p0, p0, p0};
-  return {p0, detail::rope_position(r, b, s, 1), detail::rope_position(r, b, s, 2)};
-}
-
 template <typename T>
 __device__ __forceinline__ void zero_row(T* out, std::int64_t dim, int lane) {
   for (std::int64_t j = lane; j < dim; j += kLanes) out[j] = from_float<T>(0.0f);
@@ -120,7 +110,7 @@ __global__ void __launch_bounds__(kForwardThreads)
     if (!good) continue;
 
     const bool is_q = h < r.q.heads;
-    const TokenPositions pos = token_positions(r, b, s);
+    const detail::TokenPositions pos = detail::token_positions(r, b, s);
     auto normalized = [&](std::int64_t j) {
       return detail::norm_product(detail::rms_normalized(to_float(row.in[j]), rstd),
                                   detail::qk_norm_weight(p, is_q, j));
@@ -129,7 +119,7 @@ __global__ void __launch_bounds__(kForwardThreads)
       const std::int64_t ia = detail::rope_pair_first(r, i);
       const std::int64_t ib = detail::rope_pair_second(r, i);
       float c, sn;
-      detail::rope_pair_cos_sin<C>(r, pos.p0, pos.p1, pos.p2, i, sin_sign, c, sn);
+      detail::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, sn);
       float a = normalized(ia), v = normalized(ib);
       detail::rotate_pair(a, v, c, sn);
       row.out[ia] = from_float<T>(a);
@@ -146,12 +136,13 @@ __global__ void __launch_bounds__(kForwardThreads)
 // same rotate_pair as the CPU's, so the same bits whichever element of the pair is wanted).
 template <typename T, typename C>
 __device__ __forceinline__ float normalized_gradient(const detail::RopeParams& r, const T* dy,
-                                                     std::int64_t j, const TokenPositions& pos,
+                                                     std::int64_t j,
+                                                     const detail::TokenPositions& pos,
                                                      float sin_sign) {
   if (j >= r.rotary_dim) return to_float(dy[j]);
   const detail::RopePairOf pair = detail::rope_pair_of(r, j);
   float c, sn;
-  detail::rope_pair_cos_sin<C>(r, pos.p0, pos.p1, pos.p2, pair.pair, sin_sign, c, sn);
+  detail::rope_pair_cos_sin<C>(r, pos, pair.pair, sin_sign, c, sn);
   float a = to_float(dy[pair.first ? j : pair.partner]);
   float v = to_float(dy[pair.first ? pair.partner : j]);
   detail::rotate_pair(a, v, c, sn);
@@ -197,7 +188,7 @@ __global__ void __launch_bounds__(kLanes, 16)
         continue;
       }
       const T* x = detail::qk_saved_row<T>(p, is_q, b, s, h);
-      const TokenPositions pos = token_positions(r, b, s);
+      const detail::TokenPositions pos = detail::token_positions(r, b, s);
       float part[kWidth];
       square_partials<T, kVector>(x, dim, lane, true, part);
       const float rstd = detail::norm_rstd(reduce_norm_partials(part, 0, lane), dim, p.eps);
@@ -231,7 +222,7 @@ __global__ void __launch_bounds__(kLanes, 16)
         const std::int64_t ia = detail::rope_pair_first(r, i);
         const std::int64_t ib = detail::rope_pair_second(r, i);
         float cs, sn;
-        detail::rope_pair_cos_sin<C>(r, pos.p0, pos.p1, pos.p2, i, sin_sign, cs, sn);
+        detail::rope_pair_cos_sin<C>(r, pos, i, sin_sign, cs, sn);
         float a = to_float(row.in[ia]), v = to_float(row.in[ib]);
         detail::rotate_pair(a, v, cs, sn);
         row.out[ia] = gradient(ia, a);

@@ -1,5 +1,6 @@
 // RoPE on the GPU: Su et al. 2021 (RoFormer) rotation, pairs as in GPT-NeoX (rotate_half)
-// or GPT-J (interleaved), the same detail::rotate_pair as the CPU path.
+// or GPT-J (interleaved), the same detail::rotate_pair as the CPU path, through the
+// RoPE-family building blocks of rope.cuh.
 //
 // Two kernels, one launch per call for q and k together (q heads, then k heads):
 // - rope_vector_kernel, the fast path (after FlashInfer's pos_enc.cuh): 16-byte loads and
@@ -20,6 +21,7 @@
 #include "common.cuh"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
+#include "rope.cuh"
 #include "vector.cuh"
 
 namespace embrope::gpu {
@@ -54,22 +56,15 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
         report_bad_row(p.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
       continue;
     }
-    // Stream positions (mrope: temporal, height, width; otherwise one). Three scalars picked
-    // by selects, not an array indexed at run time, which would live in local memory.
-    const std::int64_t position0 = detail::rope_position(p, b, s, 0);
-    const std::int64_t position1 = p.mrope ? detail::rope_position(p, b, s, 1) : position0;
-    const std::int64_t position2 = p.mrope ? detail::rope_position(p, b, s, 2) : position0;
+    const detail::TokenPositions pos = detail::token_positions(p, b, s);
     for (std::int64_t i = lane; i < half; i += 32) {
-      const int stream = detail::rope_stream(p, i);
-      const std::int64_t table_row =
-          stream == 0 ? position0 : (stream == 1 ? position1 : position2);
-      const C* cos_row = static_cast<const C*>(p.cos) + table_row * p.cos_stride;
-      const C* sin_row = static_cast<const C*>(p.sin) + table_row * p.sin_stride;
-      const std::int64_t ia = p.layout == RopeLayout::neox ? i : 2 * i;
-      const std::int64_t ib = p.layout == RopeLayout::neox ? i + half : 2 * i + 1;
+      const std::int64_t ia = detail::rope_pair_first(p, i);
+      const std::int64_t ib = detail::rope_pair_second(p, i);
+      float c, sn;
+      detail::rope_pair_cos_sin<C>(p, pos, i, sin_sign, c, sn);
       float a = to_float(in[ia]);
       float v = to_float(in[ib]);
-      detail::rotate_pair(a, v, to_float(cos_row[i]), sin_sign * to_float(sin_row[i]));
+      detail::rotate_pair(a, v, c, sn);
       out[ia] = from_float<T>(a);
       out[ib] = from_float<T>(v);
     }
@@ -97,8 +92,7 @@ __global__ void __launch_bounds__(256)
     rope_vector_kernel(const __grid_constant__ detail::RopeParams p, std::int64_t heads_per_block) {
   constexpr int kVec = kVec16<T>;
   using V = Chunk<T, kVec>;
-  // Floats of cos (and of sin) a chunk needs: one per pair it holds.
-  constexpr int kPairs = kLayout == RopeLayout::neox ? kVec : kVec / 2;
+  constexpr int kPairs = kChunkPairs<kLayout, kVec>;
   const std::int64_t tokens = p.batch * p.seq;
   const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
   const std::int64_t rotary_dim = kRotaryDim != 0 ? kRotaryDim : p.rotary_dim;
@@ -107,8 +101,7 @@ __global__ void __launch_bounds__(256)
   const std::int64_t head_end = min(heads, head_begin + heads_per_block);
   const int chunk = threadIdx.x;            // blockDim.x == number of chunks of the rotary part
   const std::int64_t first = chunk * kVec;  // first element of the chunk (of each half for neox)
-  const std::int64_t pair0 = kLayout == RopeLayout::neox ? chunk * kVec : chunk * (kVec / 2);
-  const float sin_sign = p.inverse ? -1.0f : 1.0f;
+  const std::int64_t pair0 = chunk * kPairs;
   const std::int64_t tail_chunks = (p.head_dim - rotary_dim) / kVec;
 
   for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
@@ -117,26 +110,7 @@ __global__ void __launch_bounds__(256)
     const bool bad = detail::rope_bad_stream(p, b, s) >= 0;
     float c[kPairs], sn[kPairs];
     if (!bad) {
-      const auto* cos_table = static_cast<const float*>(p.cos);
-      const auto* sin_table = static_cast<const float*>(p.sin);
-      const int chunk_stream = detail::rope_chunk_stream(p, pair0, kPairs);
-      if (chunk_stream >= 0) {
-        // The chunk's pairs share one position (always, without mrope): vector loads.
-        const std::int64_t position = detail::rope_position(p, b, s, chunk_stream);
-        load_floats<kPairs>(cos_table + position * p.cos_stride + pair0, c);
-        load_floats<kPairs>(sin_table + position * p.sin_stride + pair0, sn);
-      } else {
-        // mrope, a chunk straddling a section boundary or interleaved: per-pair rows.
-#pragma unroll
-        for (int j = 0; j < kPairs; ++j) {
-          const std::int64_t position =
-              detail::rope_position(p, b, s, detail::rope_stream(p, pair0 + j));
-          c[j] = cos_table[position * p.cos_stride + pair0 + j];
-          sn[j] = sin_table[position * p.sin_stride + pair0 + j];
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kPairs; ++j) sn[j] *= sin_sign;
+      load_cos_sin<true>(p, b, s, pair0, c, sn);
     } else if (threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.y == 0) {
       report_bad_row(p.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
     }
@@ -153,31 +127,11 @@ __global__ void __launch_bounds__(256)
         }
         continue;
       }
-      if constexpr (kLayout == RopeLayout::neox) {
-        V lo = *reinterpret_cast<const V*>(in + first);
-        V hi = *reinterpret_cast<const V*>(in + first + half);
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          float a = to_float(lo.v[j]);
-          float v = to_float(hi.v[j]);
-          detail::rotate_pair(a, v, c[j], sn[j]);
-          lo.v[j] = from_float<T>(a);
-          hi.v[j] = from_float<T>(v);
-        }
-        *reinterpret_cast<V*>(out + first) = lo;
-        *reinterpret_cast<V*>(out + first + half) = hi;
-      } else {
-        V xv = *reinterpret_cast<const V*>(in + first);
-#pragma unroll
-        for (int j = 0; j < kVec / 2; ++j) {
-          float a = to_float(xv.v[2 * j]);
-          float v = to_float(xv.v[2 * j + 1]);
-          detail::rotate_pair(a, v, c[j], sn[j]);
-          xv.v[2 * j] = from_float<T>(a);
-          xv.v[2 * j + 1] = from_float<T>(v);
-        }
-        *reinterpret_cast<V*>(out + first) = xv;
-      }
+      V lo, hi;
+      load_rotated<kLayout, true>(in, first, half, c, sn, lo, hi);
+      store_rotated<kLayout>(first, half, lo, hi, [&](std::int64_t at, const V& part) {
+        store_elements<true>(out + at, part);
+      });
       if (out != in) {
         for (std::int64_t e = chunk; e < tail_chunks; e += blockDim.x) {
           const std::int64_t at = rotary_dim + e * kVec;
@@ -219,25 +173,10 @@ void launch_vector(const detail::RopeParams& p, cudaStream_t stream) {
   const std::int64_t chunks =
       kLayout == RopeLayout::neox ? p.rotary_dim / 2 / vec : p.rotary_dim / vec;
   const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
-  const std::int64_t tokens = p.batch * p.seq;
-  // Head rows per block: at most 256 threads, and the heads spread evenly over the passes a
-  // block makes (40 heads of 8 chunks: 2 passes of 20 rows, not 32 rows then 8).
-  const std::int64_t max_rows = std::max<std::int64_t>(1, 256 / chunks);
-  const std::int64_t passes = (heads + max_rows - 1) / max_rows;
-  const std::int64_t rows_per_block = std::max<std::int64_t>(1, (heads + passes - 1) / passes);
-  const dim3 block(static_cast<unsigned>(chunks), static_cast<unsigned>(rows_per_block));
-  // Enough tokens to give every multiprocessor a few blocks: one block per token, looping
-  // over all heads (cos/sin loaded once per token). Otherwise split each token's heads
-  // over blocks so that decode-sized calls still spread over the GPU.
-  const std::int64_t blocks_wanted = 4LL * multiprocessor_count();
-  std::int64_t heads_per_block = heads;
-  if (tokens < blocks_wanted) {
-    const std::int64_t splits = std::min((heads + rows_per_block - 1) / rows_per_block,
-                                         (blocks_wanted + tokens - 1) / tokens);
-    heads_per_block = (heads + splits - 1) / splits;
-  }
-  const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>(tokens, 1LL << 30)),
-                  static_cast<unsigned>((heads + heads_per_block - 1) / heads_per_block));
+  // A block per token loads the token's cos/sin once for all its heads; decode splits them.
+  const RowsLaunch shape = rows_launch(p.batch * p.seq, heads, chunks);
+  const dim3 grid = shape.grid, block = shape.block;
+  const std::int64_t heads_per_block = shape.rows_per_split;
   // Templated on the common rotary dims (full rotary of heads of 64, 80, 96, 128 and 256, and
   // the partial 32 of GPT-NeoX/Pythia and 64 of GPT-J); any other size takes the generic one.
   switch (p.rotary_dim) {

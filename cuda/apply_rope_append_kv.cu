@@ -1,6 +1,6 @@
 // RoPE + KV-cache append on the GPU, one launch: Su et al. 2021 (RoFormer) rotation of q and
-// k by detail::rotate_pair, as apply_rope.cu does it, with the rotated k and the v rows
-// written into a paged (vLLM slot_mapping, NHD or HND) or contiguous KV cache, converted to
+// k by detail::rotate_pair through rope.cuh, as apply_rope.cu does it, with the rotated k and the v
+// rows written into a paged (vLLM slot_mapping, NHD or HND) or contiguous KV cache, converted to
 // the cache dtype (float8: detail::float_to_float8, value / scale, saturating). After
 // FlashInfer's fused RoPE + FP8 append (pos_enc.cuh) and TensorRT-LLM's QKV preprocessing.
 //
@@ -20,6 +20,7 @@
 #include "common.cuh"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
+#include "rope.cuh"
 #include "vector.cuh"
 
 namespace embrope::gpu {
@@ -46,52 +47,27 @@ __device__ void describe_bad_token(const detail::RopeAppendKvParams& p) {
   }
 }
 
-// W elements at src into dst: one aligned chunk access (kVector) or W scalar ones.
-template <bool kVector, typename T, int W>
-__device__ __forceinline__ void load_elements(const T* src, T (&dst)[W]) {
-  if constexpr (kVector) {
-    const Chunk<T, W> c = *reinterpret_cast<const Chunk<T, W>*>(src);
-#pragma unroll
-    for (int w = 0; w < W; ++w) dst[w] = c.v[w];
-  } else {
-#pragma unroll
-    for (int w = 0; w < W; ++w) dst[w] = src[w];
-  }
-}
-template <bool kVector, typename T, int W>
-__device__ __forceinline__ void store_elements(T* dst, const T (&src)[W]) {
-  if constexpr (kVector) {
-    Chunk<T, W> c;
-#pragma unroll
-    for (int w = 0; w < W; ++w) c.v[w] = src[w];
-    *reinterpret_cast<Chunk<T, W>*>(dst) = c;
-  } else {
-#pragma unroll
-    for (int w = 0; w < W; ++w) dst[w] = src[w];
-  }
-}
-
 // W activations into the cache at element `at` (from c.data), converted to its dtype C.
 template <bool kVector, typename C, typename T, int W>
-__device__ __forceinline__ void store_to_cache(void* data, std::int64_t at, const T (&x)[W],
+__device__ __forceinline__ void store_to_cache(void* data, std::int64_t at, const Chunk<T, W>& x,
                                                float scale) {
-  C converted[W];
+  Chunk<C, W> converted;
 #pragma unroll
   for (int w = 0; w < W; ++w) {
     if constexpr (std::is_same_v<C, T>) {
-      converted[w] = x[w];
+      converted.v[w] = x.v[w];
     } else if constexpr (std::is_same_v<C, detail::Float8E4M3> ||
                          std::is_same_v<C, detail::Float8E5M2>) {
-      converted[w] = from_float<C>(to_float(x[w]) / scale);
+      converted.v[w] = from_float<C>(to_float(x.v[w]) / scale);
     } else {
-      converted[w] = from_float<C>(to_float(x[w]));
+      converted.v[w] = from_float<C>(to_float(x.v[w]));
     }
   }
   store_elements<kVector>(static_cast<C*>(data) + at, converted);
 }
 template <bool kVector, typename T, int W>
 __device__ __forceinline__ void store_to_cache(const detail::KvCacheSide& c, std::int64_t at,
-                                               const T (&x)[W]) {
+                                               const Chunk<T, W>& x) {
   switch (c.dtype) {
     case DType::float32:
       return store_to_cache<kVector, float>(c.data, at, x, c.scale);
@@ -112,48 +88,6 @@ __device__ __forceinline__ std::int64_t cache_row(const detail::KvCacheSide& c, 
   return page * c.stride_page + offset * c.stride_offset + h * c.stride_head;
 }
 
-// A table entry of any value dtype as float32.
-__device__ __forceinline__ float table_value(const void* base, DType dtype, std::int64_t i) {
-  switch (dtype) {
-    case DType::float16:
-      return to_float(static_cast<const detail::Half*>(base)[i]);
-    case DType::bfloat16:
-      return to_float(static_cast<const detail::BFloat16*>(base)[i]);
-    default:
-      return static_cast<const float*>(base)[i];
-  }
-}
-
-// cos and sin (sin negated for inverse) of the kPairs pairs from pair0 of token (b, s).
-template <bool kVector, int kPairs>
-__device__ __forceinline__ void load_cos_sin(const detail::RopeParams& r, std::int64_t b,
-                                             std::int64_t s, std::int64_t pair0, float (&c)[kPairs],
-                                             float (&sn)[kPairs]) {
-  bool loaded = false;
-  if constexpr (kVector) {
-    const int chunk_stream = detail::rope_chunk_stream(r, pair0, kPairs);
-    if (chunk_stream >= 0) {
-      // A float32 table (the vector path's condition) and one position for the chunk.
-      const std::int64_t position = detail::rope_position(r, b, s, chunk_stream);
-      load_floats<kPairs>(static_cast<const float*>(r.cos) + position * r.cos_stride + pair0, c);
-      load_floats<kPairs>(static_cast<const float*>(r.sin) + position * r.sin_stride + pair0, sn);
-      loaded = true;
-    }
-  }
-  if (!loaded) {
-#pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      const int stream = detail::rope_stream(r, pair0 + j);
-      const std::int64_t position = detail::rope_position(r, b, s, stream);
-      c[j] = table_value(r.cos, r.table_dtype, position * r.cos_stride + pair0 + j);
-      sn[j] = table_value(r.sin, r.table_dtype, position * r.sin_stride + pair0 + j);
-    }
-  }
-  const float sin_sign = r.inverse ? -1.0f : 1.0f;
-#pragma unroll
-  for (int j = 0; j < kPairs; ++j) sn[j] *= sin_sign;
-}
-
 // (256, 1): with the bound alone ptxas aimed at a tighter register budget and spilled around
 // the float8 path's IEEE division (a slow-path call) in four instantiations; with one block
 // per SM allowed it uses 55-115 registers and no local memory.
@@ -163,7 +97,7 @@ __global__ void __launch_bounds__(256, 1)
                      std::int64_t rows_per_split) {
   constexpr bool kNeox = kLayout == RopeLayout::neox;
   constexpr int kVec = kVector ? kVec16<T> : (kNeox ? 1 : 2);  // elements per chunk
-  constexpr int kPairs = kNeox ? kVec : kVec / 2;              // pairs per chunk
+  constexpr int kPairs = kChunkPairs<kLayout, kVec>;
   const detail::RopeParams& r = p.rope;
   const std::int64_t tokens = r.batch * r.seq;
   const std::int64_t q_heads = r.q.heads, kv_heads = r.k.heads;
@@ -175,7 +109,7 @@ __global__ void __launch_bounds__(256, 1)
   const bool k_written = p.write_k_out;
   // Copies (v rows, pass-through elements, zero fills): whole chunks, or one element.
   constexpr int kCopy = kVector ? kVec : 1;
-  const T zero[kCopy] = {};
+  const Chunk<T, kCopy> zero = {};
 
   for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const std::int64_t b = t / r.seq;
@@ -207,7 +141,7 @@ __global__ void __launch_bounds__(256, 1)
         const std::int64_t out = cache_row(p.v_cache, slot.page, slot.offset, vh);
         for (std::int64_t e = threadIdx.x * kCopy; e < p.v_cache.head_dim;
              e += blockDim.x * kCopy) {
-          T x[kCopy];
+          Chunk<T, kCopy> x;
           load_elements<kVector>(in + e, x);
           store_to_cache<kVector>(p.v_cache, out + e, x);
         }
@@ -231,47 +165,22 @@ __global__ void __launch_bounds__(256, 1)
       if (out == nullptr && !to_cache) continue;
       for (std::int64_t chunk = threadIdx.x; chunk < rotary_chunks; chunk += blockDim.x) {
         if constexpr (!kVector) load_cos_sin<kVector>(r, b, s, chunk * kPairs, c, sn);
-        if constexpr (kNeox) {
-          const std::int64_t first = chunk * kVec;
-          T lo[kVec], hi[kVec];
-          load_elements<kVector>(row.in + first, lo);
-          load_elements<kVector>(row.in + first + half, hi);
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            float a = to_float(lo[j]), v = to_float(hi[j]);
-            detail::rotate_pair(a, v, c[j], sn[j]);
-            lo[j] = from_float<T>(a);
-            hi[j] = from_float<T>(v);
-          }
-          if (out != nullptr) {
-            store_elements<kVector>(out + first, lo);
-            store_elements<kVector>(out + first + half, hi);
-          }
-          if (to_cache) {
-            store_to_cache<kVector>(p.k_cache, cache_out + first, lo);
-            store_to_cache<kVector>(p.k_cache, cache_out + first + half, hi);
-          }
-        } else {
-          const std::int64_t first = chunk * kVec;
-          T x[kVec];
-          load_elements<kVector>(row.in + first, x);
-#pragma unroll
-          for (int j = 0; j < kPairs; ++j) {
-            float a = to_float(x[2 * j]), v = to_float(x[2 * j + 1]);
-            detail::rotate_pair(a, v, c[j], sn[j]);
-            x[2 * j] = from_float<T>(a);
-            x[2 * j + 1] = from_float<T>(v);
-          }
-          if (out != nullptr) store_elements<kVector>(out + first, x);
-          if (to_cache) store_to_cache<kVector>(p.k_cache, cache_out + first, x);
-        }
+        Chunk<T, kVec> lo, hi;
+        load_rotated<kLayout, kVector>(row.in, chunk * kVec, half, c, sn, lo, hi);
+        store_rotated<kLayout>(chunk * kVec, half, lo, hi,
+                               [&](std::int64_t at, const Chunk<T, kVec>& part) {
+                                 if (out != nullptr) store_elements<kVector>(out + at, part);
+                                 if (to_cache) {
+                                   store_to_cache<kVector>(p.k_cache, cache_out + at, part);
+                                 }
+                               });
       }
       // Past rotary_dim: passed through to out (when not in place) and the cache.
       const bool copy_out = out != nullptr && out != row.in;
       if (!copy_out && !to_cache) continue;
       for (std::int64_t e = r.rotary_dim + threadIdx.x * kCopy; e < r.head_dim;
            e += blockDim.x * kCopy) {
-        T x[kCopy];
+        Chunk<T, kCopy> x;
         load_elements<kVector>(row.in + e, x);
         if (copy_out) store_elements<kVector>(out + e, x);
         if (to_cache) store_to_cache<kVector>(p.k_cache, cache_out + e, x);
@@ -322,26 +231,12 @@ void launch(const detail::RopeAppendKvParams& p, cudaStream_t stream) {
   const detail::RopeParams& r = p.rope;
   constexpr std::int64_t vec = kVector ? kVec16<T> : (kLayout == RopeLayout::neox ? 1 : 2);
   const std::int64_t rows = r.q.heads + 2 * r.k.heads;
-  const std::int64_t tokens = r.batch * r.seq;
   // Threads along x: the rotary chunks (vector path), or a warp (general path).
   const std::int64_t chunks =
       kVector ? (kLayout == RopeLayout::neox ? r.rotary_dim / 2 : r.rotary_dim) / vec : 32;
-  const std::int64_t max_rows = std::max<std::int64_t>(1, 256 / chunks);
-  const std::int64_t passes = (rows + max_rows - 1) / max_rows;
-  const std::int64_t rows_per_block = std::max<std::int64_t>(1, (rows + passes - 1) / passes);
-  const dim3 block(static_cast<unsigned>(chunks), static_cast<unsigned>(rows_per_block));
-  // Enough tokens to give every multiprocessor a few blocks: one block per token. Otherwise
-  // (decode) a token's rows are split over blocks.
-  const std::int64_t blocks_wanted = 4LL * multiprocessor_count();
-  std::int64_t rows_per_split = rows;
-  if (tokens < blocks_wanted) {
-    const std::int64_t splits = std::min((rows + rows_per_block - 1) / rows_per_block,
-                                         (blocks_wanted + tokens - 1) / tokens);
-    rows_per_split = (rows + splits - 1) / splits;
-  }
-  const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>(tokens, 1LL << 30)),
-                  static_cast<unsigned>((rows + rows_per_split - 1) / rows_per_split));
-  append_kv_kernel<T, kLayout, kVector><<<grid, block, 0, stream>>>(p, rows_per_split);
+  const RowsLaunch shape = rows_launch(r.batch * r.seq, rows, chunks);
+  append_kv_kernel<T, kLayout, kVector>
+      <<<shape.grid, shape.block, 0, stream>>>(p, shape.rows_per_split);
   check_launch("append_kv_kernel");
 }
 

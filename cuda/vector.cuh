@@ -29,6 +29,27 @@ __device__ __forceinline__ void load_chunk(const T* src, float* dst) {
   for (int w = 0; w < W; ++w) dst[w] = detail::to_float(c.v[w]);
 }
 
+// W elements at src into a chunk, and a chunk's W elements to dst: one aligned chunk access
+// (kVector) or W scalar ones.
+template <bool kVector, typename T, int W>
+__device__ __forceinline__ void load_elements(const T* src, Chunk<T, W>& dst) {
+  if constexpr (kVector) {
+    dst = *reinterpret_cast<const Chunk<T, W>*>(src);
+  } else {
+#pragma unroll
+    for (int w = 0; w < W; ++w) dst.v[w] = src[w];
+  }
+}
+template <bool kVector, typename T, int W>
+__device__ __forceinline__ void store_elements(T* dst, const Chunk<T, W>& src) {
+  if constexpr (kVector) {
+    *reinterpret_cast<Chunk<T, W>*>(dst) = src;
+  } else {
+#pragma unroll
+    for (int w = 0; w < W; ++w) dst[w] = src.v[w];
+  }
+}
+
 // N float32 values from an address aligned to min(N, 4) floats: float4 loads, or one float2.
 template <int N>
 __device__ __forceinline__ void load_floats(const float* src, float* dst) {

@@ -211,15 +211,30 @@ EMBROPE_HD BadIndexValue rope_bad_position(const RopeParams& p, std::int64_t t) 
   return {rope_position(p, b, s, rope_bad_stream(p, b, s)), 0, p.table_rows};
 }
 
-// The table's cos and sin (times sin_sign) of pair i of a token whose stream positions are
-// position0..2 (all the same without mrope). Three scalars, not an array: on the GPU an array
-// indexed at run time would live in local memory.
-template <typename C>
-EMBROPE_HD void rope_pair_cos_sin(const RopeParams& p, std::int64_t position0,
-                                  std::int64_t position1, std::int64_t position2, std::int64_t i,
-                                  float sin_sign, float& cos_v, float& sin_v) {
+// The stream positions of token (b, s): temporal, height, width (all one without mrope). Three
+// scalars, not an array: on the GPU an array indexed at run time would live in local memory.
+struct TokenPositions {
+  std::int64_t p0, p1, p2;
+};
+EMBROPE_HD TokenPositions token_positions(const RopeParams& p, std::int64_t b, std::int64_t s) {
+  const std::int64_t p0 = rope_position(p, b, s, 0);
+  if (!p.mrope) return {p0, p0, p0};
+  return {p0, rope_position(p, b, s, 1), rope_position(p, b, s, 2)};
+}
+
+// The table row of frequency i of a token: its stream's position.
+EMBROPE_HD std::int64_t rope_table_row(const RopeParams& p, const TokenPositions& pos,
+                                       std::int64_t i) {
   const int stream = rope_stream(p, i);
-  const std::int64_t row = stream == 0 ? position0 : (stream == 1 ? position1 : position2);
+  return stream == 0 ? pos.p0 : (stream == 1 ? pos.p1 : pos.p2);
+}
+
+// The table's cos and sin (times sin_sign) of pair i of a token, as float32 (exact for every
+// table dtype), from a table of C.
+template <typename C>
+EMBROPE_HD void rope_pair_cos_sin(const RopeParams& p, const TokenPositions& pos, std::int64_t i,
+                                  float sin_sign, float& cos_v, float& sin_v) {
+  const std::int64_t row = rope_table_row(p, pos, i);
   cos_v = to_float(static_cast<const C*>(p.cos)[row * p.cos_stride + i]);
   sin_v = sin_sign * to_float(static_cast<const C*>(p.sin)[row * p.sin_stride + i]);
 }

@@ -31,16 +31,6 @@ namespace {
 
 using detail::QkNormRopeParams;
 
-// The stream positions of token (b, s): temporal, height, width (all one without mrope).
-struct TokenPositions {
-  std::int64_t p0, p1, p2;
-};
-TokenPositions token_positions(const detail::RopeParams& p, std::int64_t b, std::int64_t s) {
-  const std::int64_t p0 = detail::rope_position(p, b, s, 0);
-  if (!p.mrope) return {p0, p0, p0};
-  return {p0, detail::rope_position(p, b, s, 1), detail::rope_position(p, b, s, 2)};
-}
-
 // rstd of a row of D values, its sum of squares in the canonical order.
 template <typename T>
 float row_rstd(const T* x, std::int64_t dim, float eps) {
@@ -52,8 +42,8 @@ float row_rstd(const T* x, std::int64_t dim, float eps) {
 // The portable path. Normalises and rotates one head row; `in` and `out` may be the same row (each
 // pair is read before it is written).
 template <typename T, typename C>
-void forward_row(const QkNormRopeParams& p, bool is_q, const T* in, T* out, TokenPositions pos,
-                 float sin_sign) {
+void forward_row(const QkNormRopeParams& p, bool is_q, const T* in, T* out,
+                 detail::TokenPositions pos, float sin_sign) {
   const detail::RopeParams& r = p.rope;
   const float rstd = row_rstd(in, r.head_dim, p.eps);
   const auto normalized = [&](std::int64_t j) {
@@ -63,7 +53,7 @@ void forward_row(const QkNormRopeParams& p, bool is_q, const T* in, T* out, Toke
   for (std::int64_t i = 0; i < r.rotary_dim / 2; ++i) {
     const std::int64_t ia = detail::rope_pair_first(r, i), ib = detail::rope_pair_second(r, i);
     float c, s;
-    detail::rope_pair_cos_sin<C>(r, pos.p0, pos.p1, pos.p2, i, sin_sign, c, s);
+    detail::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, s);
     float a = normalized(ia), b = normalized(ib);
     detail::rotate_pair(a, b, c, s);
     out[ia] = from_float<T>(a);
@@ -90,7 +80,8 @@ void forward(const QkNormRopeParams& p) {
       first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
       continue;
     }
-    forward_row<T, C>(p, h < r.q.heads, row.in, row.out, token_positions(r, b, s), sin_sign);
+    forward_row<T, C>(p, h < r.q.heads, row.in, row.out, detail::token_positions(r, b, s),
+                      sin_sign);
   }
   detail::lower_bad_index(r.bad, first_bad, r.bad_op, [&](std::int64_t key) {
     return detail::rope_bad_position(r, detail::bad_index_row(key));
@@ -138,10 +129,10 @@ void forward_by_token(const QkNormRopeParams& p, QkRow<T> row_fn) {
         first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
         continue;
       }
-      const TokenPositions pos = token_positions(r, b, s);
+      const detail::TokenPositions pos = detail::token_positions(r, b, s);
       for (std::int64_t i = 0; i < half; ++i) {
         float c, sn;
-        detail::rope_pair_cos_sin<C>(r, pos.p0, pos.p1, pos.p2, i, sin_sign, c, sn);
+        detail::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, sn);
         if (neox) {
           cos_w[i] = c;
           sin_w[i] = sn;
@@ -168,7 +159,8 @@ void forward_by_token(const QkNormRopeParams& p, QkRow<T> row_fn) {
 // partial is non-null.
 template <typename T, typename C>
 void backward_row(const QkNormRopeParams& p, bool is_q, const T* dy, T* dx, const T* x,
-                  TokenPositions pos, float sin_sign, float* g, float* xhat, float* partial) {
+                  detail::TokenPositions pos, float sin_sign, float* g, float* xhat,
+                  float* partial) {
   const detail::RopeParams& r = p.rope;
   const std::int64_t dim = r.head_dim;
   const float rstd = row_rstd(x, dim, p.eps);
@@ -176,7 +168,7 @@ void backward_row(const QkNormRopeParams& p, bool is_q, const T* dy, T* dx, cons
   for (std::int64_t i = 0; i < r.rotary_dim / 2; ++i) {
     const std::int64_t ia = detail::rope_pair_first(r, i), ib = detail::rope_pair_second(r, i);
     float c, s;
-    detail::rope_pair_cos_sin<C>(r, pos.p0, pos.p1, pos.p2, i, sin_sign, c, s);
+    detail::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, s);
     float a = to_float(dy[ia]), b = to_float(dy[ib]);
     detail::rotate_pair(a, b, c, s);
     g[ia] = a;
@@ -229,8 +221,8 @@ std::int64_t backward_side(const QkNormRopeParams& p, bool is_q) {
           continue;
         }
         backward_row<T, C>(p, is_q, row.in, row.out, detail::qk_saved_row<T>(p, is_q, b, s, h),
-                           token_positions(r, b, s), sin_sign, scratch.data(), scratch.data() + dim,
-                           partial);
+                           detail::token_positions(r, b, s), sin_sign, scratch.data(),
+                           scratch.data() + dim, partial);
       }
     }
   }

@@ -55,6 +55,16 @@ void rotate_row(const T* in, T* out, const C* cos_row, const C* sin_row, std::in
   }
 }
 
+// A token's cos/sin row widened to float32 (exact), cos then sin, rotary_dim floats: each
+// frequency's entry from its stream's table row.
+template <typename C>
+void widen_cos_sin(const detail::RopeParams& p, const detail::TokenPositions& pos, float* widened) {
+  const std::int64_t half = p.rotary_dim / 2;
+  for (std::int64_t i = 0; i < half; ++i) {
+    detail::rope_pair_cos_sin<C>(p, pos, i, 1.0f, widened[i], widened[half + i]);
+  }
+}
+
 template <typename T, typename C>
 void rope_kernel(const detail::RopeParams& p) {
   const std::int64_t tokens = p.batch * p.seq;
@@ -70,8 +80,9 @@ void rope_kernel(const detail::RopeParams& p) {
 
 #pragma omp parallel if (threaded)
   {
-    // mrope: the token's cos/sin row gathered from its three streams' table rows.
-    std::vector<C> gathered(p.mrope ? static_cast<std::size_t>(p.rotary_dim) : 0);
+    // mrope: the token's cos/sin row gathered from its three streams' table rows, widened
+    // to float32 (exact).
+    std::vector<float> gathered(p.mrope ? static_cast<std::size_t>(p.rotary_dim) : 0);
     std::int64_t gathered_token = -1;
 #pragma omp for schedule(static) reduction(min : first_bad)
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -87,27 +98,18 @@ void rope_kernel(const detail::RopeParams& p) {
         first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
         continue;
       }
-      const C* cos_row;
-      const C* sin_row;
       if (p.mrope) {
         if (gathered_token != t) {
-          std::int64_t stream_position[3];
-          for (int j = 0; j < 3; ++j) stream_position[j] = detail::rope_position(p, b, s, j);
-          for (std::int64_t i = 0; i < half; ++i) {
-            const std::int64_t position = stream_position[detail::rope_stream(p, i)];
-            gathered[i] = cos_base[position * p.cos_stride + i];
-            gathered[half + i] = sin_base[position * p.sin_stride + i];
-          }
+          widen_cos_sin<C>(p, detail::token_positions(p, b, s), gathered.data());
           gathered_token = t;
         }
-        cos_row = gathered.data();
-        sin_row = gathered.data() + half;
+        rotate_row(in, out, gathered.data(), gathered.data() + half, p.rotary_dim, p.head_dim,
+                   p.layout, sin_sign);
       } else {
         const std::int64_t position = detail::rope_position(p, b, s, 0);
-        cos_row = cos_base + position * p.cos_stride;
-        sin_row = sin_base + position * p.sin_stride;
+        rotate_row(in, out, cos_base + position * p.cos_stride, sin_base + position * p.sin_stride,
+                   p.rotary_dim, p.head_dim, p.layout, sin_sign);
       }
-      rotate_row(in, out, cos_row, sin_row, p.rotary_dim, p.head_dim, p.layout, sin_sign);
     }
   }
 
@@ -166,14 +168,7 @@ void rope_by_token(const detail::RopeParams& p, RotateToken<T> rotate_token) {
 template <typename T, typename C>
 void rotate_token_portable(const detail::RopeParams& p, float* widened) {
   const std::int64_t half = p.rotary_dim / 2;
-  const auto* cos_base = static_cast<const C*>(p.cos);
-  const auto* sin_base = static_cast<const C*>(p.sin);
-  for (std::int64_t i = 0; i < half; ++i) {
-    const int stream = detail::rope_stream(p, i);
-    const std::int64_t position = detail::rope_position(p, 0, 0, stream);
-    widened[i] = to_float(cos_base[position * p.cos_stride + i]);
-    widened[half + i] = to_float(sin_base[position * p.sin_stride + i]);
-  }
+  widen_cos_sin<C>(p, detail::token_positions(p, 0, 0), widened);
   const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
   for (std::int64_t h = 0; h < heads; ++h) {
     const detail::RopeRow<T> row = detail::rope_row<T>(p, 0, 0, h);

@@ -1,0 +1,142 @@
+// The building blocks of the RoPE-family kernels (apply_rope.cu, apply_rope_append_kv.cu,
+// apply_qk_norm_rope.cu), in one place, after FlashInfer's pos_enc.cuh device helpers:
+// - load_cos_sin: a chunk's cos and sin, from the token's stream positions;
+// - load_rotated / store_rotated: a chunk of a head row read, rotated in registers by
+//   detail::rotate_pair (Su et al. 2021, RoFormer), and handed back part by part for the
+//   caller's stores (an output, a KV cache);
+// - rows_launch: the block and grid of a kernel over (token, head row) pairs.
+// The scalar kernels take single pairs through detail::rope_pair_first / rope_pair_second /
+// rope_pair_cos_sin (src/params.hpp), which the CPU backend uses too.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "../src/params.hpp"
+#include "common.cuh"
+#include "embrope/detail/numeric_types.hpp"
+#include "embrope/detail/rope_math.hpp"
+#include "vector.cuh"
+
+namespace embrope::gpu {
+
+// cos and sin (sin negated for inverse) of the kPairs pairs from pair0 of token (b, s).
+// kVector: the table is float32 with every chunk's row aligned (the vector paths' condition),
+// read with one vector load each when the chunk's pairs share one stream (always without
+// mrope); otherwise pair by pair, from a table of any value dtype, each pair's stream
+// position read where it is used (holding the three stream positions in registers across
+// the unrolled pairs, as the scalar kernels do, made ptxas spill the float16 neox chunk).
+template <bool kVector, int kPairs>
+__device__ __forceinline__ void load_cos_sin(const detail::RopeParams& r, std::int64_t b,
+                                             std::int64_t s, std::int64_t pair0, float (&c)[kPairs],
+                                             float (&sn)[kPairs]) {
+  const auto by_pair = [&] {
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const std::int64_t row = detail::rope_position(r, b, s, detail::rope_stream(r, pair0 + j));
+      if constexpr (kVector) {
+        c[j] = static_cast<const float*>(r.cos)[row * r.cos_stride + pair0 + j];
+        sn[j] = static_cast<const float*>(r.sin)[row * r.sin_stride + pair0 + j];
+      } else {
+        c[j] = detail::load_vector_value(r.cos, r.table_dtype, row * r.cos_stride + pair0 + j);
+        sn[j] = detail::load_vector_value(r.sin, r.table_dtype, row * r.sin_stride + pair0 + j);
+      }
+    }
+  };
+  if constexpr (kVector) {
+    const int stream = detail::rope_chunk_stream(r, pair0, kPairs);
+    if (stream >= 0) {
+      const std::int64_t row = detail::rope_position(r, b, s, stream);
+      load_floats<kPairs>(static_cast<const float*>(r.cos) + row * r.cos_stride + pair0, c);
+      load_floats<kPairs>(static_cast<const float*>(r.sin) + row * r.sin_stride + pair0, sn);
+    } else {
+      by_pair();
+    }
+  } else {
+    by_pair();
+  }
+  const float sin_sign = r.inverse ? -1.0f : 1.0f;
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) sn[j] *= sin_sign;
+}
+
+// Pairs per chunk of kVec elements: neox chunks hold kVec elements of each half (kVec
+// pairs), interleaved ones kVec consecutive elements (kVec / 2 pairs).
+template <RopeLayout kLayout, int kVec>
+constexpr int kChunkPairs = kLayout == RopeLayout::neox ? kVec : kVec / 2;
+
+// The chunk at element `first` of row `in`, rotated: neox reads kVec elements at first and
+// at first + half (lo, hi), interleaved kVec elements at first (lo; hi unused). kVector: one
+// aligned 16-byte access per part; otherwise element by element. The parts are Chunks (as
+// the vector loads and stores are): with plain arrays of 16-bit values ptxas kept the
+// float16 neox chunks in local memory.
+template <RopeLayout kLayout, bool kVector, typename T, int kVec, int kPairs>
+__device__ __forceinline__ void load_rotated(const T* in, std::int64_t first, std::int64_t half,
+                                             const float (&c)[kPairs], const float (&sn)[kPairs],
+                                             Chunk<T, kVec>& lo, Chunk<T, kVec>& hi) {
+  static_assert(kPairs == kChunkPairs<kLayout, kVec>, "cos/sin entries: one per pair");
+  using detail::from_float;
+  using detail::to_float;
+  load_elements<kVector>(in + first, lo);
+  if constexpr (kLayout == RopeLayout::neox) {
+    load_elements<kVector>(in + first + half, hi);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      float a = to_float(lo.v[j]), v = to_float(hi.v[j]);
+      detail::rotate_pair(a, v, c[j], sn[j]);
+      lo.v[j] = from_float<T>(a);
+      hi.v[j] = from_float<T>(v);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      float a = to_float(lo.v[2 * j]), v = to_float(lo.v[2 * j + 1]);
+      detail::rotate_pair(a, v, c[j], sn[j]);
+      lo.v[2 * j] = from_float<T>(a);
+      lo.v[2 * j + 1] = from_float<T>(v);
+    }
+  }
+}
+
+// Hands a rotated chunk to store(at, part) part by part: the element offset in the row each
+// part belongs at (first; first + half for neox's hi).
+template <RopeLayout kLayout, typename T, int kVec, typename Store>
+__device__ __forceinline__ void store_rotated(std::int64_t first, std::int64_t half,
+                                              const Chunk<T, kVec>& lo, const Chunk<T, kVec>& hi,
+                                              Store&& store) {
+  store(first, lo);
+  if constexpr (kLayout == RopeLayout::neox) store(first + half, hi);
+}
+
+// The launch of a kernel over the (token, row) pairs of a call, `threads_x` threads per row
+// (its chunks, or a warp): rows per block spread evenly over the passes a block makes (at
+// most 256 threads: 40 rows of 8 threads make 2 passes of 20, not 32 then 8); one block per
+// token (grid x) when there are enough tokens to give every multiprocessor a few blocks,
+// otherwise each token's rows split over blocks (grid y, rows_per_split each) so that
+// decode-sized calls still spread over the GPU.
+struct RowsLaunch {
+  dim3 grid, block;
+  std::int64_t rows_per_split;
+};
+inline RowsLaunch rows_launch(std::int64_t tokens, std::int64_t rows, std::int64_t threads_x) {
+  const std::int64_t max_rows = std::max<std::int64_t>(1, 256 / threads_x);
+  const std::int64_t passes = (rows + max_rows - 1) / max_rows;
+  const std::int64_t rows_per_block = std::max<std::int64_t>(1, (rows + passes - 1) / passes);
+  const std::int64_t blocks_wanted = 4LL * multiprocessor_count();
+  std::int64_t rows_per_split = rows;
+  if (tokens < blocks_wanted) {
+    const std::int64_t splits = std::min((rows + rows_per_block - 1) / rows_per_block,
+                                         (blocks_wanted + tokens - 1) / tokens);
+    rows_per_split = (rows + splits - 1) / splits;
+  }
+  RowsLaunch launch;
+  launch.block = dim3(static_cast<unsigned>(threads_x), static_cast<unsigned>(rows_per_block));
+  launch.grid = dim3(static_cast<unsigned>(std::min<std::int64_t>(tokens, 1LL << 30)),
+                     static_cast<unsigned>((rows + rows_per_split - 1) / rows_per_split));
+  launch.rows_per_split = rows_per_split;
+  return launch;
+}
+
+}  // namespace embrope::gpu
