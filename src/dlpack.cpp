@@ -95,8 +95,17 @@ Tensor tensor_from_dlpack(const DLTensor* t, const char* op, const char* name) {
                          name, t->byte_offset));
   }
   void* data = t->data == nullptr ? nullptr : reinterpret_cast<void*>(base + t->byte_offset);
-  return Tensor(data, dtype, t->ndim, t->shape, t->strides,
-                device_from_dlpack(t->device, op, name));
+  // A tensor without elements addresses no memory, so its strides say nothing (NumPy reports
+  // 0 for every one): read it as compact row-major, as DLPack's null strides mean, so that a
+  // zero-size call is the no-op it is rather than a stride error. A negative extent keeps
+  // the strides given, and the Tensor's own check names it.
+  bool empty = false, negative = false;
+  for (int d = 0; d < t->ndim; ++d) {
+    empty = empty || t->shape[d] == 0;
+    negative = negative || t->shape[d] < 0;
+  }
+  const std::int64_t* strides = empty && !negative ? nullptr : t->strides;
+  return Tensor(data, dtype, t->ndim, t->shape, strides, device_from_dlpack(t->device, op, name));
 }
 
 }  // namespace embrope

@@ -172,11 +172,10 @@ inline double fp8_max(DType dtype) {
 }
 // x rounded to the nearest finite 8-bit value by search over all codes, ties to the even
 // code (even mantissa), magnitudes past the largest finite value (infinity too) saturated to
-// it, NaN to a NaN code of x's sign.
+// it, NaN to the NaN code 0x7f of x's sign (both formats; PyTorch's conversion stores it).
 inline std::uint8_t encode_fp8(DType dtype, double x) {
   const std::uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
-  if (std::isnan(x))
-    return static_cast<std::uint8_t>(sign | (dtype == DType::float8_e4m3fn ? 0x7f : 0x7e));
+  if (std::isnan(x)) return static_cast<std::uint8_t>(sign | 0x7f);  // as torch stores NaN
   const double a = std::min(std::fabs(x), fp8_max(dtype));
   int best = 0;
   double best_error = std::numeric_limits<double>::infinity();

@@ -656,6 +656,33 @@ TEST_CASE("embrope_embed status codes and messages", "[c_api][embed][errors]") {
   }
 }
 
+// NumPy reports every stride of an array without elements as 0, and DLPack passes that on.
+// Such a tensor addresses no memory: the call is a no-op, not a stride error.
+TEST_CASE("zero-size DLTensors with zero strides are no-ops", "[c_api][rope][embed]") {
+  const CCache cache(8, 10000.0, 16);
+  ref::Buffer q(DType::float32, 8), pos(DType::int64, 1), table(DType::float32, 10 * 8),
+      ids(DType::int64, 1), out(DType::float32, 1);
+  ref::fill_random(table, 3);
+  SECTION("apply_rope, no tokens and no heads") {
+    for (const std::vector<std::int64_t>& shape :
+         {std::vector<std::int64_t>{0, 2, 8}, std::vector<std::int64_t>{3, 0, 8}}) {
+      DL qd(q, shape, {0, 0, 0}), pd(pos, {shape[0]}, {0});
+      CHECK(embrope_apply_rope(&qd.t, nullptr, &pd.t, cache.handle, nullptr, nullptr) ==
+            EMBROPE_OK);
+    }
+  }
+  SECTION("embed of ids [2, 0] into out [2, 0, 8]") {
+    DL td(table, {10, 8}), id(ids, {2, 0}, {0, 0}), od(out, {2, 0, 8}, {0, 0, 0});
+    CHECK(embrope_embed(&td.t, &id.t, &od.t, nullptr, nullptr) == EMBROPE_OK);
+  }
+  SECTION("a zero stride on a tensor with elements is still an error") {
+    DL qd(q, {1, 1, 8}, {8, 8, 0}), pd(pos, {1});
+    CHECK(embrope_apply_rope(&qd.t, nullptr, &pd.t, cache.handle, nullptr, nullptr) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Catch::Contains("stride 0 in its last dimension"));
+  }
+}
+
 // ----------------------------------------------------------- scaling variants ---------
 
 TEST_CASE("C scaling variants: frequencies, caches and info agree with the C++ API",

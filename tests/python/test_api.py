@@ -510,3 +510,34 @@ def test_a_table_too_large_to_hold_is_a_memory_error():
     with pytest.raises(MemoryError, match="RopeCache") as info:
         embrope.RopeCache(2, 2 ** 44)
     assert isinstance(info.value, embrope.OutOfMemoryError) and info.value.code == "out_of_memory"
+
+
+def test_zero_size_numpy_calls_are_no_ops():
+    # NumPy reports every stride of an empty array as 0; the calls have nothing to do.
+    cache = embrope.RopeCache(8, 16)
+    for tokens, heads in ((0, 2), (3, 0)):
+        q = np.zeros((tokens, heads, 8), np.float32)
+        k = np.zeros((tokens, heads, 8), np.float32)
+        positions = np.zeros(tokens, np.int64)
+        q_out, k_out = embrope.apply_rope(q, k, positions, cache, inplace=False)
+        assert q_out.shape == q.shape and k_out.shape == k.shape
+        embrope.apply_rope(q, k, positions, cache)
+        embrope.apply_rope_backward(q, k, positions, cache)
+        embrope.apply_qk_norm_rope(q, k, positions, cache)
+    table = np.ones((10, 8), np.float32)
+    out = embrope.embed(table, np.zeros((2, 0), np.int64))
+    assert out.shape == (2, 0, 8)
+    out, pre = embrope.embed(table, np.zeros((0,), np.int32), norm="rms_norm",
+                             return_pre_norm=True)
+    assert out.shape == pre.shape == (0, 8)
+    grad = np.zeros((10, 8), np.float32)
+    embrope.embed_backward(np.zeros((2, 0, 8), np.float32), np.zeros((2, 0), np.int64), grad)
+    assert not grad.any()
+    positions = embrope.packed_positions(np.zeros(1, np.int64))
+    assert positions.shape == (0,)
+    k_cache = np.zeros((2, 4, 1, 8), np.float32)
+    embrope.apply_rope_append_kv(
+        np.zeros((0, 2, 8), np.float32), np.zeros((0, 1, 8), np.float32),
+        np.zeros((0, 1, 8), np.float32), np.zeros(0, np.int64), cache, k_cache=k_cache,
+        v_cache=k_cache.copy(), slot_mapping=np.zeros(0, np.int64))
+    assert not k_cache.any()

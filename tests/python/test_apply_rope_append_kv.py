@@ -109,6 +109,27 @@ def test_every_float8_code_round_trips(fp8):
     assert torch.equal(v_cache.view(torch.uint8).flatten(), codes[finite])
 
 
+@pytest.mark.parametrize("fp8", ["float8_e4m3fn", "float8_e5m2"])
+def test_nan_is_stored_as_torch_stores_it(fp8):
+    """NaN of either sign becomes the byte torch's own conversion gives (e5m2: 0x7f / 0xff,
+    not another of its NaN codes)."""
+    cdt = getattr(torch, fp8)
+    nan = float("nan")
+    values = torch.tensor([nan, -nan, nan, -nan]).reshape(-1, 1, 1)
+    n = values.shape[0]
+    cache = embrope.RopeCache(2, 4)
+    k_cache = torch.zeros(n, 1, 1, 2, dtype=cdt)
+    v_cache = torch.zeros(n, 1, 1, 1, dtype=cdt)
+    embrope.apply_rope_append_kv(torch.zeros(n, 0, 2), values.expand(n, 1, 2).contiguous(),
+                                 values, torch.zeros(n, dtype=torch.int64), cache,
+                                 k_cache=k_cache, v_cache=v_cache, slot_mapping=torch.arange(n))
+    want = values.flatten().to(cdt).view(torch.uint8)
+    assert want.tolist() == [0x7f, 0xff, 0x7f, 0xff]
+    assert torch.equal(v_cache.view(torch.uint8).flatten(), want)
+    # k is rotated first: the sign of a NaN that arithmetic produced is the hardware's.
+    assert set(k_cache.view(torch.uint8).flatten().tolist()) <= {0x7f, 0xff}
+
+
 def test_torch_combined_and_contiguous_caches(rng):
     T, Hq, Hk, D = 10, 8, 2, 64
     cache = embrope.RopeCache(D, 64)

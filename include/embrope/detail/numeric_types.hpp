@@ -125,11 +125,12 @@ EMBROPE_HD std::uint8_t float_to_float8(float x, int mantissa_bits, int bias,
   const std::uint32_t is_nan = 0u - static_cast<std::uint32_t>(a > 0x7f800000u);
   return static_cast<std::uint8_t>(sign | (nan_code & is_nan) | (code & ~is_nan));
 }
+// NaN codes: S.1111.111 in both formats, the code PyTorch's float8 conversions store.
 EMBROPE_HD std::uint8_t float_to_float8_e4m3(float x) {
   return float_to_float8(x, 3, 7, 0x7eu, 0x7fu);
 }
 EMBROPE_HD std::uint8_t float_to_float8_e5m2(float x) {
-  return float_to_float8(x, 2, 15, 0x7bu, 0x7eu);
+  return float_to_float8(x, 2, 15, 0x7bu, 0x7fu);
 }
 
 // 8-bit float -> float32 (exact): sign, exponent field e, mantissa m.
