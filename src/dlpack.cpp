@@ -3,8 +3,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 
 #include "c_enum.hpp"
 #include "embrope/error.hpp"
@@ -55,6 +58,50 @@ std::string dtype_label(DLDataType t) {
   return label;
 }
 
+// What an argument accepts, by its name (each argument has one name in every API), for the
+// message about a DLPack dtype that embrope has no counterpart of. A name not listed gets
+// every dtype embrope reads.
+const char* accepted_dtypes(std::string_view name) {
+  const auto among = [name](std::initializer_list<std::string_view> names) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  if (among({"positions", "ids", "position_ids", "position_offsets", "type_ids", "slot_mapping",
+             "cache_offsets", "cu_seqlens", "start_offsets"})) {
+    return "int32 or int64";
+  }
+  if (among({"k_cache", "v_cache", "kv_cache"})) {
+    return "float32, float16, bfloat16, float8_e4m3fn or float8_e5m2";
+  }
+  if (among({"q_weight_grad", "k_weight_grad", "grads.q_weight", "grads.k_weight"})) {
+    return "float32";
+  }
+  if (among({"q",
+             "k",
+             "v",
+             "dq",
+             "dk",
+             "q_out",
+             "k_out",
+             "cos",
+             "sin",
+             "table",
+             "position_table",
+             "type_table",
+             "out",
+             "pre_norm_out",
+             "grad_out",
+             "grad_table",
+             "grad_position_table",
+             "grad_type_table",
+             "norm_weight",
+             "norm_bias",
+             "q_weight",
+             "k_weight"})) {
+    return "float32, float16 or bfloat16";
+  }
+  return "float32, float16, bfloat16, int32, int64, float8_e4m3fn or float8_e5m2";
+}
+
 DType to_dtype(const char* op, const char* name, DLDataType t) {
   if (t.lanes == 1) {
     if (t.code == kDLFloat && t.bits == 32) return DType::float32;
@@ -65,12 +112,10 @@ DType to_dtype(const char* op, const char* name, DLDataType t) {
     if (t.code == kCodeFloat8E4M3fn && t.bits == 8) return DType::float8_e4m3fn;
     if (t.code == kCodeFloat8E5M2 && t.bits == 8) return DType::float8_e5m2;
   }
-  fail(op,
-       fmt::format(
-           "{} has dtype {} (DLPack dtype code {}, bits {}, lanes {}); supported are "
-           "float32, float16, bfloat16, int32, int64, float8_e4m3fn and float8_e5m2 with one lane",
-           name, dtype_label(t), static_cast<int>(t.code), static_cast<int>(t.bits),
-           static_cast<int>(t.lanes)));
+  fail(op, fmt::format("{} has dtype {} (DLPack dtype code {}, bits {}, lanes {}); it must be {} "
+                       "with one lane",
+                       name, dtype_label(t), static_cast<int>(t.code), static_cast<int>(t.bits),
+                       static_cast<int>(t.lanes), accepted_dtypes(name)));
 }
 
 }  // namespace

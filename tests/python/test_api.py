@@ -541,3 +541,26 @@ def test_zero_size_numpy_calls_are_no_ops():
         np.zeros((0, 1, 8), np.float32), np.zeros(0, np.int64), cache, k_cache=k_cache,
         v_cache=k_cache.copy(), slot_mapping=np.zeros(0, np.int64))
     assert not k_cache.any()
+
+
+def test_a_dtype_embrope_lacks_is_named_with_what_the_argument_accepts():
+    cache = embrope.RopeCache(8, 16)
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match=r"apply_rope: q has dtype float64 .*; it must be float32, float16 "
+                             r"or bfloat16 with one lane$"):
+        embrope.apply_rope(np.zeros((2, 1, 8)), None, np.arange(2), cache)
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match=r"apply_rope: positions has dtype float64 .*; it must be int32 or "
+                             r"int64 with one lane$"):
+        embrope.apply_rope(np.zeros((2, 1, 8), np.float32), None, np.arange(2.0), cache)
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match=r"embed: table has dtype float64 .*; it must be float32, float16 "
+                             r"or bfloat16 with one lane$"):
+        embrope.embed(np.zeros((4, 8)), np.arange(2))
+    k_cache = torch.zeros(2, 4, 1, 8, dtype=torch.float64)
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match=r"k_cache has dtype float64 .*; it must be float32, float16, "
+                             r"bfloat16, float8_e4m3fn or float8_e5m2 with one lane$"):
+        embrope.apply_rope_append_kv(
+            torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), torch.arange(1),
+            cache, k_cache=k_cache, v_cache=k_cache.float(), slot_mapping=torch.arange(1))
