@@ -5,7 +5,8 @@ with a fake (meta) kernel, so that ``torch.compile(fullgraph=True)`` traces it w
 graph break, and with autograd where it has a gradient:
 
 - :func:`apply_rope` (``embrope::apply_rope``, functional, and ``embrope::apply_rope_``,
-  in place): its gradient is ``embrope::apply_rope_backward``, the transposed rotation.
+  in place): its gradient is ``embrope::apply_rope_backward``, the transposed rotation, whose
+  own gradient is ``embrope::apply_rope`` again (double backward works).
 - :func:`apply_qk_norm_rope` (``embrope::apply_qk_norm_rope``): per-head RMSNorm, then RoPE;
   its gradient (q, k and both norm weights) is ``embrope::apply_qk_norm_rope_backward``.
 - :func:`embed` (``embrope::embed``, or ``embrope::embed_norm`` with a norm): its gradients with respect to the token, position and
@@ -182,6 +183,21 @@ def _rope_backward(ctx, grad_q, grad_k):
 
 
 torch.library.register_autograd("embrope::apply_rope", _rope_backward,
+                                setup_context=_rope_setup_context)
+
+
+def _rope_backward_backward(ctx, grad_dq, grad_dk):
+    # apply_rope_backward is the transpose of apply_rope's linear map (m R(-angle) against
+    # m R(angle), the attention factor m folded into the table); its transpose, and so its
+    # gradient, is apply_rope with the same settings: gradient of gradient (double backward).
+    positions, cos_sin_cache = ctx.saved_tensors
+    grad_dk = _unit_last_stride(grad_dk) if ctx.has_k else None
+    q, k = _apply_rope_op(_unit_last_stride(grad_dq), grad_dk, positions, cos_sin_cache,
+                          *ctx.options)
+    return q, (k if ctx.has_k else None), None, None, None, None, None, None
+
+
+torch.library.register_autograd("embrope::apply_rope_backward", _rope_backward_backward,
                                 setup_context=_rope_setup_context)
 
 

@@ -63,6 +63,35 @@ def test_apply_rope_gradient_with_sum_loss_and_q_only():
     torch.testing.assert_close(q.grad, q_ref.grad, atol=2e-6, rtol=0)
 
 
+@pytest.mark.filterwarnings("ignore:Input #.* is not a double precision")
+@pytest.mark.parametrize("inverse", [False, True])
+def test_double_backward_of_apply_rope(inverse):
+    """The gradient of apply_rope_backward is apply_rope: gradgradcheck (float32, linear maps,
+    so central differences are exact up to rounding) and against the reference's autograd."""
+    torch.manual_seed(1)
+    cache = embrope.RopeCache(12, 64, scaling="yarn", factor=2.0, original_max_positions=16)
+    positions = torch.randint(0, 64, (5,))
+    q = torch.randn(5, 2, 16, requires_grad=True)
+    k = torch.randn(5, 1, 16, requires_grad=True)
+
+    def rope(q, k):
+        return et.apply_rope(q, k, positions, cache, layout="interleaved", inverse=inverse)
+
+    assert torch.autograd.gradgradcheck(rope, (q, k), eps=1e-2, atol=2e-3, rtol=2e-3)
+    # An explicit second-order quantity: d/dw of <grad_q(w), v>, where grad_q = R^T w.
+    w = torch.randn(5, 2, 16, requires_grad=True)
+    v = torch.randn(5, 2, 16)
+    q_out, _ = rope(q, None)
+    (grad_q,) = torch.autograd.grad(q_out, q, w, create_graph=True)
+    (second,) = torch.autograd.grad((grad_q * v).sum(), w)
+    table = torch.from_numpy(np.array(cache.table))
+    if inverse:
+        table = torch.cat([table[:, :6], -table[:, 6:]], -1)
+    # <R^T w, v> = <w, R v>: its gradient in w is the forward rotation of v.
+    expected = reference_rope(v, positions, table, "interleaved")
+    torch.testing.assert_close(second, expected, atol=2e-6, rtol=0)
+
+
 def test_embed_gradients_match_torch_autograd_of_a_reference():
     torch.manual_seed(1)
     V, P, D = 30, 16, 8
