@@ -218,6 +218,9 @@ def _cos_sin_tensor(op: str, cache: Union[RopeCache, Tensor], device: torch.devi
 _cache_tables: "weakref.WeakKeyDictionary[RopeCache, dict]" = weakref.WeakKeyDictionary()
 
 
+# A constant to torch.compile: evaluated when the graph is traced (a RopeCache is immutable),
+# so that a function compiled with a cache it has never used eagerly still traces whole.
+@torch.compiler.assume_constant_result
 def _cache_tensor(cache: RopeCache, device: torch.device) -> Tensor:
     """The cache's table as a tensor on `device`: zero-copy on the cache's own device, a
     copy (made once and kept) on another."""

@@ -278,6 +278,20 @@ def test_torch_compile_fullgraph_matches_eager():
         torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
 
 
+def test_torch_compile_with_a_cache_never_used_eagerly():
+    # The cache's table tensor is made while the graph is traced, not before.
+    torch._dynamo.reset()
+    for cache in (embrope.RopeCache(16, 32), embrope.RopeCache(16, 32, layout="interleaved")):
+        q, positions = torch.randn(4, 2, 16), torch.tensor([0, 5, 9, 31])
+
+        def rope(q, positions):
+            return et.apply_rope(q, None, positions, cache)[0]
+
+        compiled = torch.compile(rope, fullgraph=True)(q, positions)
+        want, _ = embrope.apply_rope(q.numpy().copy(), None, positions.numpy(), cache)
+        torch.testing.assert_close(compiled, torch.from_numpy(want), atol=0, rtol=0)
+
+
 def test_torch_compile_in_place_op_fullgraph():
     torch._dynamo.reset()
     cache = embrope.RopeCache(16, 64)
