@@ -145,6 +145,28 @@ def stream_handle(stream: Any, like: Any = None) -> int:
     raise TypeError(f"stream must be an int or a CUDA stream object, not {type(stream).__name__}")
 
 
+def _allocation_failed(error: BaseException) -> bool:
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    # PyTorch's CPU allocator raises a plain RuntimeError.
+    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+
+
+@contextlib.contextmanager
+def allocating(op: str, shape: Any, dtype: Any) -> Iterator[None]:
+    """Around the allocation of an output the call makes itself: a framework's failure to
+    allocate it (NumPy's MemoryError, PyTorch's allocator errors) becomes
+    :class:`embrope.OutOfMemoryError` naming the op and the output."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as error:
+        if not _allocation_failed(error):
+            raise
+        raise _C.OutOfMemoryError(
+            f"{op}: cannot allocate an output of shape {[int(n) for n in shape]} and dtype "
+            f"{dtype}: {error}") from error
+
+
 def empty_like(op: str, like: Any, shape: tuple[int, ...], dtype: Any = None) -> Any:
     """A new uninitialised array in `like`'s framework and on its device.
 
@@ -152,6 +174,11 @@ def empty_like(op: str, like: Any, shape: tuple[int, ...], dtype: Any = None) ->
     :func:`to_framework` hands back as the framework's array once written.
     """
     dtype = like.dtype if dtype is None else dtype
+    with allocating(op, shape, dtype):
+        return _empty_like(op, like, shape, dtype)
+
+
+def _empty_like(op: str, like: Any, shape: tuple[int, ...], dtype: Any) -> Any:
     if _is_torch(like):
         import torch
 

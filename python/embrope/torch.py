@@ -82,8 +82,16 @@ def _stream(like: Tensor) -> int:
     return int(torch.cuda.current_stream(like.device).cuda_stream) if like.is_cuda else 0
 
 
-def _new(like: Tensor) -> Tensor:
-    return torch.empty(like.shape, dtype=like.dtype, device=like.device)
+def _empty(op: str, shape: Any, dtype: torch.dtype, device: torch.device,
+           zeros: bool = False) -> Tensor:
+    """A new output of an op (zero-filled with `zeros`); a failure to allocate it is
+    embrope.OutOfMemoryError."""
+    with _arrays.allocating(op, shape, dtype):
+        return (torch.zeros if zeros else torch.empty)(shape, dtype=dtype, device=device)
+
+
+def _new(like: Tensor, op: str = "apply_rope") -> Tensor:
+    return _empty(op, like.shape, like.dtype, like.device)
 
 
 def _unit_last_stride(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -511,8 +519,7 @@ def _embed_op(table: Tensor, ids: Tensor, position_table: Optional[Tensor],
               type_table: Optional[Tensor], type_ids: Optional[Tensor], scale: float,
               vocab_start: int, vocab_shard: bool, positions: int, sinusoid_base: float,
               sinusoid_layout: int, padding_idx: Optional[int]) -> Tensor:
-    out = torch.empty(tuple(ids.shape) + (table.shape[-1],), dtype=table.dtype,
-                      device=table.device)
+    out = _empty("embed", tuple(ids.shape) + (table.shape[-1],), table.dtype, table.device)
     options = _native.EmbedSettings(scale, vocab_start, vocab_shard, positions, sinusoid_base,
                                     sinusoid_layout, _C.Normalization.none.value, 0.0,
                                     False).options("embed")
@@ -538,7 +545,7 @@ def _embed_backward_op(grad_out: Tensor, ids: Tensor, position_ids: Optional[Ten
     """Zero-initialised gradients [rows, D] (0 rows: not wanted), accumulated by
     embed_backward (deterministic mode)."""
     width = grad_out.shape[-1]
-    grads = [torch.zeros((rows, width), dtype=dtype, device=grad_out.device)
+    grads = [_empty("embed_backward", (rows, width), dtype, grad_out.device, zeros=True)
              for rows in (table_rows, position_rows, type_rows)]
     wanted = [g if rows > 0 else None
               for g, rows in zip(grads, (table_rows, position_rows, type_rows))]
@@ -605,8 +612,8 @@ def _embed_norm_op(table: Tensor, ids: Tensor, position_table: Optional[Tensor],
                    padding_idx: Optional[int]) -> Tuple[Tensor, Tensor]:
     """embed with a norm: (out, pre_norm), both in the table's dtype."""
     shape = tuple(ids.shape) + (table.shape[-1],)
-    out = torch.empty(shape, dtype=table.dtype, device=table.device)
-    pre = torch.empty(shape, dtype=table.dtype, device=table.device)
+    out = _empty("embed", shape, table.dtype, table.device)
+    pre = _empty("embed", shape, table.dtype, table.device)
     options = _native.EmbedSettings(scale, vocab_start, False, positions, sinusoid_base,
                                     sinusoid_layout, norm, norm_eps,
                                     norm_unit_offset).options("embed")
@@ -740,7 +747,7 @@ def embed_backward(grad_out: Tensor, ids: Tensor, *, table_rows: int = 0,
 @torch.library.custom_op("embrope::packed_positions", mutates_args=())
 def _packed_positions_op(cu_seqlens: Tensor, start_offsets: Optional[Tensor],
                          num_tokens: int) -> Tensor:
-    positions = torch.empty(num_tokens, dtype=cu_seqlens.dtype, device=cu_seqlens.device)
+    positions = _empty("packed_positions", (num_tokens,), cu_seqlens.dtype, cu_seqlens.device)
     _C.packed_positions(cu_seqlens, positions, start_offsets=start_offsets,
                         deferred=_deferred("packed_positions", cu_seqlens),
                         stream=_stream(cu_seqlens))

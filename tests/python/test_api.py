@@ -512,6 +512,25 @@ def test_a_table_too_large_to_hold_is_a_memory_error():
     assert isinstance(info.value, embrope.OutOfMemoryError) and info.value.code == "out_of_memory"
 
 
+def test_an_output_too_large_to_allocate_is_embropes_memory_error():
+    # ids expanded without memory of their own: the [2^34, 4096] output cannot be allocated.
+    import embrope.torch as et
+
+    table = torch.zeros(10, 4096)
+    ids = torch.zeros(1, dtype=torch.int64).expand(1 << 34)
+    for embed in (embrope.embed, et.embed):
+        with pytest.raises(embrope.OutOfMemoryError,
+                           match=r"embed: cannot allocate an output of shape \[17179869184, "
+                                 r"4096\] and dtype torch.float32"):
+            embed(table, ids)
+    with pytest.raises(embrope.OutOfMemoryError, match=r"embed: cannot allocate an output"):
+        embrope.embed(np.zeros((10, 4096), np.float32), np.broadcast_to(np.int64(0), (1 << 34,)))
+    q = torch.zeros(1, 1, 8).expand(1 << 40, 1, 8)
+    with pytest.raises(embrope.OutOfMemoryError, match=r"apply_rope: cannot allocate"):
+        et.apply_rope(q, None, torch.zeros(1, dtype=torch.int64).expand(1 << 40),
+                      embrope.RopeCache(8, 4))
+
+
 def test_zero_size_numpy_calls_are_no_ops():
     # NumPy reports every stride of an empty array as 0; the calls have nothing to do.
     cache = embrope.RopeCache(8, 16)
