@@ -1,7 +1,8 @@
 """embrope: token embeddings, absolute positions and rotary position embedding (RoPE).
 
-Every op works on the caller's arrays without copying them: NumPy arrays, PyTorch tensors
-(CPU and CUDA), CuPy and JAX arrays, anything with ``__dlpack__``. New outputs are allocated
+Every op works on the caller's arrays without copying them: NumPy arrays (bfloat16 ones of
+``ml_dtypes`` too), PyTorch tensors (CPU and CUDA), CuPy and JAX arrays, anything with
+``__dlpack__``. New outputs are allocated
 in the framework of the array they are shaped after. Errors are exceptions carrying the
 library's message ("apply_rope: rotary_dim 130 exceeds head_dim 128"): InvalidArgumentError
 is a ValueError, BadIndexError an IndexError, NotAvailableError a NotImplementedError,

@@ -21,12 +21,30 @@ _KDL_CUDA = 2
 
 
 def check_array(op: str, name: str, x: Any) -> None:
-    """Raise TypeError unless `x` is an array embrope can read (DLPack or NumPy)."""
+    """Raise TypeError unless `x` is an array embrope can read (DLPack or NumPy), and
+    InvalidArgumentError for a NumPy array in the other byte order."""
     if not (hasattr(x, "__dlpack__") or isinstance(x, np.ndarray)):
         raise TypeError(
             f"{op}: {name} must be an array with __dlpack__ (NumPy, PyTorch, CuPy, JAX, ...), "
             f"not {type(x).__name__}"
         )
+    if isinstance(x, np.ndarray) and not x.dtype.isnative:
+        raise _C.InvalidArgumentError(
+            f"{op}: {name} has dtype {x.dtype.str}, in the byte order opposite to this "
+            f"machine's; convert it first: {name}.astype({name}.dtype.newbyteorder('='))")
+
+
+def is_numpy_bfloat16(x: Any) -> bool:
+    """A NumPy array of ml_dtypes.bfloat16 (JAX's and others' bfloat16 on the host)."""
+    return isinstance(x, np.ndarray) and x.dtype.name == "bfloat16" and x.dtype.itemsize == 2
+
+
+def importable(x: Any) -> Any:
+    """`x` as the native module reads it: a NumPy bfloat16 array (which NumPy cannot export
+    through DLPack) as a zero-copy bfloat16 view of its bytes; anything else as it is."""
+    if is_numpy_bfloat16(x):
+        return _C.bfloat16_view(x.view(np.uint16))
+    return x
 
 
 def check_optional(op: str, name: str, x: Any) -> None:

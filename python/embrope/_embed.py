@@ -113,11 +113,12 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
     if pre_norm_out is not None:
         _arrays.check_writable(op, "pre_norm_out", pre_norm_out)
     with _arrays.writes(out, pre_norm_out):
-        _C.embed(table, ids, out, options=options, position_table=position_table,
-                 position_ids=position_ids, position_offsets=position_offsets,
-                 type_table=type_table, type_ids=type_ids, norm_weight=norm_weight,
-                 norm_bias=norm_bias, pre_norm_out=pre_norm_out,
-                 deferred=_status.native(deferred), stream=_arrays.stream_handle(stream, table))
+        _native.call(_C.embed, table, ids, out, options=options,
+                     position_table=position_table, position_ids=position_ids,
+                     position_offsets=position_offsets, type_table=type_table, type_ids=type_ids,
+                     norm_weight=norm_weight, norm_bias=norm_bias, pre_norm_out=pre_norm_out,
+                     deferred=_status.native(deferred),
+                     stream=_arrays.stream_handle(stream, table))
     if allocated:
         out = _arrays.to_framework(table, out)
     if pre_allocated:
@@ -191,8 +192,9 @@ def embed_backward(grad_out: Any, ids: Any, grad_table: Any = None, *, scale: fl
                           padding_idx, grad_position_table, position_ids, position_offsets,
                           grad_type_table, type_ids, mode, workspace)
     with _arrays.writes(grad_table, grad_position_table, grad_type_table, workspace):
-        _C.embed_backward(**call, workspace=workspace, deferred=_status.native(deferred),
-                          stream=_arrays.stream_handle(stream, grad_out))
+        _native.call(_C.embed_backward, **call, workspace=workspace,
+                     deferred=_status.native(deferred),
+                     stream=_arrays.stream_handle(stream, grad_out))
     return grad_table, grad_position_table, grad_type_table
 
 
@@ -207,4 +209,4 @@ def embed_backward_workspace_size(grad_out: Any, ids: Any, grad_table: Any = Non
     call = _backward_call("embed_backward", grad_out, ids, grad_table, scale, vocab_start,
                           vocab_shard, padding_idx, grad_position_table, position_ids,
                           position_offsets, grad_type_table, type_ids, mode, None)
-    return _C.embed_backward_workspace_size(**call)
+    return _native.call(_C.embed_backward_workspace_size, **call)

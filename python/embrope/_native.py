@@ -27,6 +27,13 @@ from . import _embrope as _C
 from ._rope_cache import RopeCache, _mrope_tuple
 
 
+def call(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """A native function called with every array argument importable (:func:`_arrays.importable`:
+    NumPy bfloat16 arrays as bfloat16 views of their bytes)."""
+    return function(*(_arrays.importable(a) for a in args),
+                    **{name: _arrays.importable(a) for name, a in kwargs.items()})
+
+
 def rope_table(op: str, cache: Any) -> dict:
     """The table keyword arguments (``cache`` or ``cos`` and ``sin``) of a native call."""
     if isinstance(cache, RopeCache):

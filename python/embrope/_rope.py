@@ -63,8 +63,9 @@ def _rope_direction(op: str, backward: bool, q: Any, k: Any, positions: Any, cac
     out = _Outputs(op, q_name, k_name, q, k, inplace, q_out, k_out)
     native = _C.apply_rope_backward if backward else _C.apply_rope
     with out.writes():
-        native(q, k, positions, **table, options=options, q_out=out.q_out, k_out=out.k_out,
-               deferred=_status.native(deferred), stream=_arrays.stream_handle(stream, q))
+        _native.call(native, q, k, positions, **table, options=options, q_out=out.q_out,
+                     k_out=out.k_out, deferred=_status.native(deferred),
+                     stream=_arrays.stream_handle(stream, q))
     return out.results()
 
 
@@ -211,7 +212,8 @@ def apply_qk_norm_rope(q: Any, k: Any, positions: Any, cache: Any, *, q_weight: 
                          mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
     out = _Outputs(op, "q", "k", q, k, inplace, q_out, k_out)
     with out.writes():
-        _C.apply_qk_norm_rope(q, k, positions, **call, q_out=out.q_out, k_out=out.k_out)
+        _native.call(_C.apply_qk_norm_rope, q, k, positions, **call, q_out=out.q_out,
+                     k_out=out.k_out)
     return out.results()
 
 
@@ -254,9 +256,9 @@ def apply_qk_norm_rope_backward(dq: Any, dk: Any, q: Any, k: Any, positions: Any
                          mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
     out = _Outputs(op, "dq", "dk", dq, dk, inplace, q_out, k_out)
     with out.writes(), _arrays.writes(q_weight_grad, k_weight_grad):
-        _C.apply_qk_norm_rope_backward(dq, dk, q, k, positions, q_weight_grad=q_weight_grad,
-                                       k_weight_grad=k_weight_grad, **call, q_out=out.q_out,
-                                       k_out=out.k_out)
+        _native.call(_C.apply_qk_norm_rope_backward, dq, dk, q, k, positions,
+                     q_weight_grad=q_weight_grad, k_weight_grad=k_weight_grad, **call,
+                     q_out=out.q_out, k_out=out.k_out)
     return out.results()
 
 
@@ -337,8 +339,8 @@ def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
                                     mrope_section=mrope_section,
                                     mrope_interleaved=mrope_interleaved).options(op)
     with _arrays.writes(q if q_out is None else q_out, k_out, k_cache, v_cache, kv_cache):
-        _C.apply_rope_append_kv(
-            q, k, v, positions, k_cache=k_cache, v_cache=v_cache, kv_cache=kv_cache,
+        _native.call(
+            _C.apply_rope_append_kv, q, k, v, positions, k_cache=k_cache, v_cache=v_cache, kv_cache=kv_cache,
             kv_layout=_arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout),
             k_scale=float(k_scale), v_scale=float(v_scale), slot_mapping=slot_mapping,
             cache_offsets=cache_offsets, cu_seqlens=cu_seqlens, **table, options=options,
@@ -392,14 +394,14 @@ def packed_positions(cu_seqlens: Any, positions: Any = None, *, start_offsets: A
         positions = _arrays.empty_like(op, cu_seqlens, (total,))
     _arrays.check_writable(op, "positions", positions)
     with _arrays.writes(positions):
-        _C.packed_positions(cu_seqlens, positions, start_offsets=start_offsets,
-                            workspace=workspace, deferred=_status.native(deferred),
-                            stream=_arrays.stream_handle(stream, cu_seqlens))
+        _native.call(_C.packed_positions, cu_seqlens, positions, start_offsets=start_offsets,
+                     workspace=workspace, deferred=_status.native(deferred),
+                     stream=_arrays.stream_handle(stream, cu_seqlens))
     return _arrays.to_framework(cu_seqlens, positions) if allocated else positions
 
 
 def packed_positions_workspace_size(cu_seqlens: Any, positions: Any, *,
                                     start_offsets: Any = None) -> int:
     """Bytes of GPU workspace :func:`packed_positions` needs (0 on the CPU)."""
-    return _C.packed_positions_workspace_size(cu_seqlens, positions,
-                                              start_offsets=start_offsets)
+    return _native.call(_C.packed_positions_workspace_size, cu_seqlens, positions,
+                        start_offsets=start_offsets)

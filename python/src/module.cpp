@@ -689,16 +689,22 @@ NB_MODULE(_embrope, m) {
   bind_embed(m);
   bind_embed_backward(m);
   bind_packed_positions(m);
-  // The bytes of a C-contiguous uint16 NumPy array seen as bfloat16 (NumPy has no bfloat16 of
-  // its own that DLPack can export): host memory for outputs of frameworks whose arrays are
-  // immutable. The view keeps the array alive.
+  // The bytes of a uint16 NumPy array (any strides) seen as bfloat16: NumPy has no bfloat16
+  // of its own that DLPack can export. For ml_dtypes.bfloat16 arrays (viewed as uint16), and
+  // host memory for outputs of frameworks whose arrays are immutable. The view keeps the
+  // array alive; whether it may be written is the package's check, on the array itself.
   m.def("bfloat16_view", [](nb::handle array) {
-    const auto bits = nb::cast<nb::ndarray<nb::numpy, std::uint16_t, nb::c_contig>>(array);
+    const auto bits = nb::cast<nb::ndarray<nb::numpy, std::uint16_t, nb::ro>>(array);
     std::vector<std::size_t> shape(bits.ndim());
-    for (std::size_t i = 0; i < bits.ndim(); ++i) shape[i] = bits.shape(i);
+    std::vector<std::int64_t> strides(bits.ndim());
+    for (std::size_t i = 0; i < bits.ndim(); ++i) {
+      shape[i] = bits.shape(i);
+      strides[i] = bits.stride(i);
+    }
     return nb::ndarray<nb::array_api>(
-        bits.data(), bits.ndim(), shape.data(), array, nullptr,
-        nb::dlpack::dtype{static_cast<std::uint8_t>(kDLBfloat), 16, 1}, nb::device::cpu::value);
+        const_cast<std::uint16_t*>(bits.data()), bits.ndim(), shape.data(), array,
+        strides.data(), nb::dlpack::dtype{static_cast<std::uint8_t>(kDLBfloat), 16, 1},
+        nb::device::cpu::value);
   });
   m.def("cpu_isa", [] { return std::string(embrope::cpu_isa()); });
   m.def("cuda_device_count", [] {

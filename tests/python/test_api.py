@@ -583,3 +583,38 @@ def test_a_dtype_embrope_lacks_is_named_with_what_the_argument_accepts():
         embrope.apply_rope_append_kv(
             torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), torch.arange(1),
             cache, k_cache=k_cache, v_cache=k_cache.float(), slot_mapping=torch.arange(1))
+
+
+def test_numpy_bfloat16_arrays_of_ml_dtypes(rng):
+    """ml_dtypes.bfloat16 arrays (JAX's host bfloat16) are read and written in place, strided
+    views too: the same bits as the op on torch bfloat16 tensors of the same values, within
+    bfloat16 rounding of the float64 reference."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = ml_dtypes.bfloat16
+    cache = embrope.RopeCache(16, 64)
+    wide = rng.standard_normal((5, 3, 24)).astype(bf16)
+    q = wide[:, :, :16]  # a strided view
+    positions = rng.integers(0, 64, 5)
+    by_torch, _ = embrope.apply_rope(torch.from_numpy(q.view(np.uint16).copy()).view(
+        torch.bfloat16), None, torch.from_numpy(positions), cache, inplace=False)
+    out, _ = embrope.apply_rope(q, None, positions, cache, inplace=False)
+    assert out.dtype == bf16 and out.shape == q.shape
+    np.testing.assert_array_equal(out.view(np.uint16),
+                                  by_torch.view(torch.int16).numpy().view(np.uint16))
+    expected = ref.rope(q.astype(np.float64), positions, cache.inv_freq)
+    np.testing.assert_allclose(out.astype(np.float64), expected, atol=2e-2, rtol=2 ** -7)
+    embrope.apply_rope(q, None, positions, cache)  # in place, through the view
+    np.testing.assert_array_equal(q.view(np.uint16), out.view(np.uint16))
+    table = rng.standard_normal((10, 8)).astype(bf16)
+    rows = embrope.embed(table, np.array([3, 1]))
+    assert rows.dtype == bf16
+    np.testing.assert_array_equal(rows.view(np.uint16), table[[3, 1]].view(np.uint16))
+
+
+def test_numpy_arrays_in_the_other_byte_order_are_a_clear_error():
+    cache = embrope.RopeCache(8, 4)
+    q = np.zeros((2, 1, 8), ">f4" if np.little_endian else "<f4")
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match=r"apply_rope: q has dtype .f4, in the byte order opposite to this "
+                             r"machine's; convert it first"):
+        embrope.apply_rope(q, None, np.arange(2), cache)
