@@ -702,9 +702,8 @@ NB_MODULE(_embrope, m) {
       strides[i] = bits.stride(i);
     }
     return nb::ndarray<nb::array_api>(
-        const_cast<std::uint16_t*>(bits.data()), bits.ndim(), shape.data(), array,
-        strides.data(), nb::dlpack::dtype{static_cast<std::uint8_t>(kDLBfloat), 16, 1},
-        nb::device::cpu::value);
+        const_cast<std::uint16_t*>(bits.data()), bits.ndim(), shape.data(), array, strides.data(),
+        nb::dlpack::dtype{static_cast<std::uint8_t>(kDLBfloat), 16, 1}, nb::device::cpu::value);
   });
   m.def("cpu_isa", [] { return std::string(embrope::cpu_isa()); });
   m.def("cuda_device_count", [] {
