@@ -127,8 +127,15 @@ class RopeCache:
 
     @classmethod
     def from_model(cls, model: Any, *, max_positions: Optional[int] = None,
-                   device: Any = "cpu") -> "RopeCache":
-        """The cache of a :class:`ModelConfig` (its layout and mrope sections included)."""
+                   sequence_length: Optional[int] = None, device: Any = "cpu") -> "RopeCache":
+        """The cache of a :class:`ModelConfig` (its layout and mrope sections included).
+
+        `sequence_length`: the length of the sequence the cache serves, where the scaling
+        depends on it as HF's does per forward (HF: ``max(position_ids) + 1``): longrope
+        (Phi-3) takes its short factors up to ``original_max_positions`` and its long ones
+        past it; dynamic NTK grows its base past it. None: ``max_positions``, the model's
+        whole context (long factors).
+        """
         if model.positions != _C.PositionKind.rope:
             raise _C.InvalidArgumentError(
                 f"RopeCache: model {model.model_type!r} has {model.positions.name} positions, "
@@ -136,6 +143,8 @@ class RopeCache:
         config = copy.copy(model.rope)
         if max_positions is not None:
             config.max_positions = int(max_positions)
+        if sequence_length is not None:
+            config.sequence_length = int(sequence_length)
         sections = tuple(model.mrope_section)
         return cls.from_config(config, device=device, layout=model.layout,
                                mrope_section=sections if any(sections) else None,
@@ -143,22 +152,25 @@ class RopeCache:
 
     @classmethod
     def from_preset(cls, name: str, *, max_positions: Optional[int] = None,
-                    device: Any = "cpu") -> "RopeCache":
+                    sequence_length: Optional[int] = None, device: Any = "cpu") -> "RopeCache":
         """The cache of a built-in model preset (see :func:`model_presets`).
 
-        `max_positions` overrides the model's max_position_embeddings (a smaller table).
+        `max_positions` overrides the model's max_position_embeddings (a smaller table);
+        `sequence_length` as in :meth:`from_model`.
         """
         return cls.from_model(_models.model_preset(name), max_positions=max_positions,
-                              device=device)
+                              sequence_length=sequence_length, device=device)
 
     @classmethod
     def from_hf_config(cls, config: Any, *, max_positions: Optional[int] = None,
-                       device: Any = "cpu") -> "RopeCache":
+                       sequence_length: Optional[int] = None, device: Any = "cpu") -> "RopeCache":
         """The cache of a HuggingFace model from its config.json path, dict or
         PretrainedConfig (every rope_type embrope supports; see
-        :func:`model_config_from_hf`)."""
+        :func:`model_config_from_hf`). `max_positions` and `sequence_length` as in
+        :meth:`from_model`: Phi-3's cache for a prompt within its original 4K context takes
+        the short factors, as HF's forward does, only with ``sequence_length``."""
         return cls.from_model(_models.model_config_from_hf(config), max_positions=max_positions,
-                              device=device)
+                              sequence_length=sequence_length, device=device)
 
     # ------------------------------------------------------------------ properties ----
     @property

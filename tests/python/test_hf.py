@@ -447,3 +447,20 @@ def test_interleaved_mrope_equals_hf_qwen3_vl(report):
     assert np.abs(np.asarray(contiguous, np.float64) - hf_q).max() > 1e-2
     report(f"apply_rope  qwen3-vl interleaved mrope [24, 20, 20]: max error embrope "
            f"{max(v[0] for v in worst.values()):.2e}, HF {max(v[1] for v in worst.values()):.2e}")
+
+
+@pytest.mark.parametrize("seq_len", [100, 4096, 4097, 20000])
+def test_phi3_longrope_takes_short_factors_within_the_original_context(seq_len):
+    """from_hf_config(sequence_length=...) selects longrope's factors as HF's forward does:
+    short up to original_max_position_embeddings, long past it."""
+    d = json.loads((HF_DIR / "phi-3-vision-128k-instruct.json").read_text())
+    config = load_config(d)
+    hf_inv, hf_attention = ROPE_INIT_FUNCTIONS["longrope"](config, None, seq_len=seq_len)
+    cache = embrope.RopeCache.from_hf_config(d, max_positions=64, sequence_length=seq_len)
+    np.testing.assert_allclose(cache.inv_freq, hf_inv.double().numpy(), rtol=16 * EPS32, atol=0)
+    assert cache.attention_factor == pytest.approx(float(hf_attention), rel=4 * EPS32)
+    original = int(rope_parameters(config)["original_max_position_embeddings"])
+    factors = rope_parameters(config)["long_factor" if seq_len > original else "short_factor"]
+    ref_inv = 1.0 / (np.asarray(factors, np.float64)
+                     * 10000.0 ** (np.arange(0, 96, 2, dtype=np.float64) / 96))
+    np.testing.assert_allclose(cache.inv_freq, ref_inv, rtol=1e-13, atol=0)
