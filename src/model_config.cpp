@@ -10,6 +10,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <string>
 #include <utility>
 
 #include "embrope/error.hpp"
@@ -90,7 +91,26 @@ void read_learned(const json& j, ModelConfig& m) {
   if (m.num_heads > 0) m.head_dim = m.hidden_size / m.num_heads;
 }
 
-void read_rope(const json& j, ModelConfig& m) {
+// Whether a rope_parameters object holds one entry per layer type (transformers >= 5 for
+// Gemma 3: {"full_attention": {...}, "sliding_attention": {...}}) rather than one RoPE.
+bool per_layer_type(const json& params) {
+  if (params.empty()) return false;
+  for (const char* key : {"rope_type", "type", "rope_theta", "factor"}) {
+    if (params.contains(key)) return false;
+  }
+  for (const auto& item : params.items()) {
+    if (!item.value().is_object()) return false;
+  }
+  return true;
+}
+
+std::string keys_of(const json& object) {
+  std::string names;
+  for (const auto& item : object.items()) names += (names.empty() ? "" : ", ") + item.key();
+  return names;
+}
+
+void read_rope(const json& j, ModelConfig& m, std::string_view layer_type) {
   m.positions = PositionKind::rope;
   m.hidden_size = first_integer(j, {"hidden_size", "n_embd", "d_model"}, "the hidden size");
   m.num_heads = first_integer(j, {"num_attention_heads", "n_head", "num_heads"},
@@ -114,15 +134,57 @@ void read_rope(const json& j, ModelConfig& m) {
   // earlier versions rope_scaling beside a top-level rope_theta.
   static const json kEmpty = json::object();
   const json* params = find(j, "rope_parameters");
-  const char* where = "rope_parameters.";
+  std::string where_text = "rope_parameters.";
   if (params == nullptr) {
     params = find(j, "rope_scaling");
-    where = "rope_scaling.";
+    where_text = "rope_scaling.";
   }
   if (params != nullptr && !params->is_object()) {
-    fail(kOp, "{} is {}, not an object", std::string(where, std::strlen(where) - 1),
+    fail(kOp, "{} is {}, not an object", where_text.substr(0, where_text.size() - 1),
          params->dump());
   }
+  // Models whose layers rotate differently by layer type (Gemma 3: sliding-window layers base
+  // 1e4, full-attention layers base 1e6 with linear x8) have one RoPE per layer type:
+  // transformers >= 5 keys rope_parameters by layer type; earlier versions give the full
+  // attention layers' in rope_theta / rope_scaling and the sliding ones' base in
+  // rope_local_base_freq (with the default frequencies). Which one is wanted must be said.
+  json local;
+  const json* local_base = find(j, "rope_local_base_freq");
+  if (params != nullptr && where_text == "rope_parameters." && per_layer_type(*params)) {
+    if (layer_type.empty()) {
+      fail(kOp,
+           "{} has a RoPE per layer type in rope_parameters ({}): say which layers' RoPE is "
+           "wanted (layer_type)",
+           m.model_type.empty() ? "the model" : m.model_type, keys_of(*params));
+    }
+    const json* entry = find(*params, std::string(layer_type).c_str());
+    if (entry == nullptr) {
+      fail(kOp, "layer_type {} is not one of the layer types of rope_parameters ({})", layer_type,
+           keys_of(*params));
+    }
+    params = entry;
+    where_text = "rope_parameters." + std::string(layer_type) + ".";
+  } else if (local_base != nullptr) {
+    if (layer_type.empty()) {
+      fail(kOp,
+           "{} has two RoPEs: rope_theta (with rope_scaling) for its full_attention layers and "
+           "rope_local_base_freq for its sliding_attention layers: say which layers' RoPE is "
+           "wanted (layer_type)",
+           m.model_type.empty() ? "the model" : m.model_type);
+    }
+    if (layer_type == "sliding_attention") {
+      if (!local_base->is_number()) {
+        fail(kOp, "rope_local_base_freq is {}, not a number", local_base->dump());
+      }
+      local = json{{"rope_type", "default"}, {"rope_theta", *local_base}};
+      params = &local;
+      where_text = "rope_local_base_freq: ";
+    } else if (layer_type != "full_attention") {
+      fail(kOp, "layer_type {} is not one of the model's (full_attention, sliding_attention)",
+           layer_type);
+    }
+  }
+  const char* where = where_text.c_str();
   const json& p = params != nullptr ? *params : kEmpty;
 
   RopeConfig& c = m.rope;
@@ -273,6 +335,10 @@ EmbedOptions ModelConfig::embed_options() const {
 }
 
 ModelConfig model_config_from_hf_json(std::string_view json_text) {
+  return model_config_from_hf_json(json_text, {});
+}
+
+ModelConfig model_config_from_hf_json(std::string_view json_text, std::string_view layer_type) {
   json j;
   try {
     j = json::parse(json_text.begin(), json_text.end());
@@ -292,7 +358,7 @@ ModelConfig model_config_from_hf_json(std::string_view json_text) {
              find(j, "rotary_emb_base") != nullptr || find(j, "rotary_pct") != nullptr ||
              one_of(m.model_type, {"llama", "mistral", "qwen2", "qwen2_vl", "phi3", "gemma",
                                    "gemma2", "gptj", "gpt_neox", "deepseek_v2", "deepseek_v3"})) {
-    read_rope(j, m);
+    read_rope(j, m, layer_type);
   } else {
     fail(kOp,
          "model_type \"{}\" has no RoPE fields and is not a known learned-position family "
@@ -303,11 +369,15 @@ ModelConfig model_config_from_hf_json(std::string_view json_text) {
 }
 
 ModelConfig model_config_from_hf_file(const std::string& path) {
+  return model_config_from_hf_file(path, {});
+}
+
+ModelConfig model_config_from_hf_file(const std::string& path, std::string_view layer_type) {
   std::ifstream in(path);
   if (!in) fail("model_config_from_hf_file", "cannot open {}", path);
   std::ostringstream text;
   text << in.rdbuf();
-  return model_config_from_hf_json(text.str());
+  return model_config_from_hf_json(text.str(), layer_type);
 }
 
 // ------------------------------------------------------------------------ presets ----

@@ -216,6 +216,46 @@ TEST_CASE("Gemma config.json: embeddings scaled by sqrt(hidden_size)", "[model_c
   CHECK(m.rope.scaling == RopeScaling::none);  // "rope_scaling": null
 }
 
+// Gemma 3 (HF Gemma3TextConfig): sliding-window layers rotate with base 1e4, full-attention
+// layers with base 1e6 and linear x8; transformers >= 5 writes rope_parameters per layer type,
+// earlier versions rope_local_base_freq beside rope_theta / rope_scaling.
+TEST_CASE("Gemma 3: one RoPE per layer type, and none without saying which", "[model_config]") {
+  const std::string head =
+      R"({"model_type": "gemma3_text", "hidden_size": 2560, "num_attention_heads": 8,
+          "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131072,
+          "vocab_size": 262208, )";
+  const std::string v5 =
+      head + R"("rope_parameters": {
+          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+          "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}})";
+  const std::string v4 = head + R"("rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+          "rope_scaling": {"rope_type": "linear", "factor": 8.0}})";
+  for (const std::string& text : {v5, v4}) {
+    const ModelConfig local = embrope::model_config_from_hf_json(text, "sliding_attention");
+    CHECK(local.rope.base == 10000.0);
+    CHECK(local.rope.scaling == RopeScaling::none);
+    CHECK(local.rope.rotary_dim == 256);
+    CHECK(local.embedding_scale == std::sqrt(2560.0));
+    const ModelConfig global = embrope::model_config_from_hf_json(text, "full_attention");
+    CHECK(global.rope.base == 1000000.0);
+    CHECK(global.rope.scaling == RopeScaling::linear);
+    CHECK(global.rope.factor == 8.0);
+    const auto ambiguous = [&] { embrope::model_config_from_hf_json(text); };
+    CHECK_THROWS_WITH(ambiguous(), Catch::Contains("gemma3_text has") &&
+                                       Catch::Contains("full_attention") &&
+                                       Catch::Contains("sliding_attention") &&
+                                       Catch::Contains("layer_type"));
+    CHECK_THROWS_WITH(embrope::model_config_from_hf_json(text, "chunked_attention"),
+                      Catch::Contains("layer_type chunked_attention is not one of"));
+  }
+  // A model with one RoPE takes any layer type.
+  const ModelConfig llama = embrope::model_config_from_hf_json(
+      R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2,
+          "max_position_embeddings": 128, "rope_theta": 500000.0})",
+      "full_attention");
+  CHECK(llama.rope.base == 500000.0);
+}
+
 TEST_CASE("BERT and GPT-2 config.json: learned positions (and token types for BERT)",
           "[model_config]") {
   const ModelConfig b = load("bert-base-uncased.json");

@@ -64,7 +64,16 @@ EMBROPE_EXPORT ModelConfig model_preset(std::string_view name);
 // rope_interleave, type_vocab_size. A missing or malformed field that the model needs is
 // Error(invalid_argument) naming it; an unsupported rope_type likewise (never ignored).
 EMBROPE_EXPORT ModelConfig model_config_from_hf_json(std::string_view json_text);
+// The same for the layers of one type, for models with a RoPE per layer type (Gemma 3:
+// "sliding_attention" layers base 1e4, "full_attention" layers base 1e6 with linear x8; in
+// transformers >= 5 rope_parameters keyed by layer type, before that rope_local_base_freq
+// beside rope_theta). Without a layer type such a config is Error(invalid_argument) saying
+// so, never one of the two silently; a config with one RoPE takes any layer type.
+EMBROPE_EXPORT ModelConfig model_config_from_hf_json(std::string_view json_text,
+                                                     std::string_view layer_type);
 // The same from a file (for example a downloaded model's config.json).
 EMBROPE_EXPORT ModelConfig model_config_from_hf_file(const std::string& path);
+EMBROPE_EXPORT ModelConfig model_config_from_hf_file(const std::string& path,
+                                                     std::string_view layer_type);
 
 }  // namespace embrope

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Optional, Union
 
 from . import _embrope as _C
 
@@ -29,7 +29,8 @@ def model_preset(name: str) -> ModelConfig:
     return _C.model_preset(name)
 
 
-def model_config_from_hf(config: Union[str, os.PathLike, Mapping[str, Any], Any]) -> ModelConfig:
+def model_config_from_hf(config: Union[str, os.PathLike, Mapping[str, Any], Any], *,
+                         layer_type: Optional[str] = None) -> ModelConfig:
     """Read the fields of a HuggingFace config that decide positions and embeddings.
 
     Parameters
@@ -37,6 +38,11 @@ def model_config_from_hf(config: Union[str, os.PathLike, Mapping[str, Any], Any]
     config : path, dict or transformers.PretrainedConfig
         A config.json file (or a model directory holding one), its parsed dict, or a
         ``PretrainedConfig`` (anything with ``to_dict()``).
+    layer_type : str, optional
+        For a model with a RoPE per layer type (Gemma 3: "sliding_attention" layers base
+        1e4, "full_attention" layers base 1e6 with linear x8), the layers whose RoPE is
+        wanted; such a config without it is an error, never one of the two silently. A
+        model with one RoPE takes any layer type.
 
     Raises
     ------
@@ -48,7 +54,7 @@ def model_config_from_hf(config: Union[str, os.PathLike, Mapping[str, Any], Any]
         path = os.fspath(config)
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
-        return _C.model_config_from_hf_file(path)
+        return _C.model_config_from_hf_file(path, layer_type or "")
     if hasattr(config, "to_dict") and not isinstance(config, Mapping):
         config = config.to_dict()
     if not isinstance(config, Mapping):
@@ -56,7 +62,8 @@ def model_config_from_hf(config: Union[str, os.PathLike, Mapping[str, Any], Any]
             "model_config_from_hf: config must be a path, a dict or a PretrainedConfig, "
             f"not {type(config).__name__}"
         )
-    return _C.model_config_from_hf_json(json.dumps(dict(config), default=_json_default))
+    return _C.model_config_from_hf_json(json.dumps(dict(config), default=_json_default),
+                                        layer_type or "")
 
 
 def _json_default(value: Any) -> Any:

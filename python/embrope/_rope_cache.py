@@ -163,13 +163,17 @@ class RopeCache:
 
     @classmethod
     def from_hf_config(cls, config: Any, *, max_positions: Optional[int] = None,
-                       sequence_length: Optional[int] = None, device: Any = "cpu") -> "RopeCache":
+                       sequence_length: Optional[int] = None, layer_type: Optional[str] = None,
+                       device: Any = "cpu") -> "RopeCache":
         """The cache of a HuggingFace model from its config.json path, dict or
         PretrainedConfig (every rope_type embrope supports; see
         :func:`model_config_from_hf`). `max_positions` and `sequence_length` as in
         :meth:`from_model`: Phi-3's cache for a prompt within its original 4K context takes
-        the short factors, as HF's forward does, only with ``sequence_length``."""
-        return cls.from_model(_models.model_config_from_hf(config), max_positions=max_positions,
+        the short factors, as HF's forward does, only with ``sequence_length``. `layer_type`
+        picks one RoPE of a model with a RoPE per layer type (Gemma 3: "sliding_attention" or
+        "full_attention"; one cache per layer type)."""
+        model = _models.model_config_from_hf(config, layer_type=layer_type)
+        return cls.from_model(model, max_positions=max_positions,
                               sequence_length=sequence_length, device=device)
 
     # ------------------------------------------------------------------ properties ----

@@ -273,9 +273,18 @@ void bind_model_config(nb::module_& m) {
       .def_ro("type_vocab_size", &ModelConfig::type_vocab_size);
   m.def("model_presets", &embrope::model_presets);
   m.def("model_preset", [](const std::string& name) { return embrope::model_preset(name); });
-  m.def("model_config_from_hf_json",
-        [](const std::string& text) { return embrope::model_config_from_hf_json(text); });
-  m.def("model_config_from_hf_file", &embrope::model_config_from_hf_file);
+  m.def(
+      "model_config_from_hf_json",
+      [](const std::string& text, const std::string& layer_type) {
+        return embrope::model_config_from_hf_json(text, layer_type);
+      },
+      "text"_a, "layer_type"_a = "");
+  m.def(
+      "model_config_from_hf_file",
+      [](const std::string& path, const std::string& layer_type) {
+        return embrope::model_config_from_hf_file(path, layer_type);
+      },
+      "path"_a, "layer_type"_a = "");
 }
 
 // ---------------------------------------------------------------------- options ----

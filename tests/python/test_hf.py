@@ -464,3 +464,33 @@ def test_phi3_longrope_takes_short_factors_within_the_original_context(seq_len):
     ref_inv = 1.0 / (np.asarray(factors, np.float64)
                      * 10000.0 ** (np.arange(0, 96, 2, dtype=np.float64) / 96))
     np.testing.assert_allclose(cache.inv_freq, ref_inv, rtol=1e-13, atol=0)
+
+
+def test_gemma3_has_a_rope_per_layer_type_and_asks_which():
+    """Gemma 3's sliding-window and full-attention layers rotate differently: one cache per
+    layer type, each HF's own (Gemma3RotaryEmbedding); without a layer type, an error."""
+    from transformers import Gemma3TextConfig
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+
+    config = Gemma3TextConfig(head_dim=64, hidden_size=256, num_attention_heads=4,
+                              num_key_value_heads=2,
+                              rope_scaling={"rope_type": "linear", "factor": 8.0})
+    hf = Gemma3RotaryEmbedding(config)
+    legacy = {"model_type": "gemma3_text", "hidden_size": 256, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 131072,
+              "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+              "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    for layer_type, base, factor in (("sliding_attention", 1e4, 1.0),
+                                     ("full_attention", 1e6, 8.0)):
+        hf_inv = getattr(hf, f"{layer_type}_inv_freq").double().numpy()
+        for source in (config, config.to_dict(), legacy):
+            cache = embrope.RopeCache.from_hf_config(source, layer_type=layer_type,
+                                                     max_positions=64)
+            np.testing.assert_allclose(cache.inv_freq, hf_inv, rtol=16 * EPS32, atol=0)
+            want = 1.0 / (factor * base ** (np.arange(0, 64, 2, dtype=np.float64) / 64))
+            np.testing.assert_allclose(cache.inv_freq, want, rtol=1e-14, atol=0)
+            assert cache.attention_factor == 1.0
+    for source in (config, legacy):
+        with pytest.raises(embrope.InvalidArgumentError,
+                           match=r"gemma3_text has .*full_attention.*sliding_attention.*layer_type"):
+            embrope.RopeCache.from_hf_config(source, max_positions=64)
