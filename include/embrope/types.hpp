@@ -69,7 +69,7 @@ enum class PositionEncoding : std::uint8_t {
 // embed: where sin and cos go in a sinusoidal position vector, w_i = base^(-2i/D).
 enum class SinusoidLayout : std::uint8_t {
   interleaved,  // P[2i] = sin(p w_i), P[2i+1] = cos(p w_i)  (the paper)
-  split,        // P[i] = sin(p w_i), P[D/2 + i] = cos(p w_i)  (tensor2tensor, fairseq)
+  split,        // P[i] = sin(p w_i), P[D/2 + i] = cos(p w_i)  (Marian; not fairseq's spacing)
 };
 
 // embed: the normalisation of each summed row, in float32 before the one rounding

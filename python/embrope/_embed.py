@@ -44,8 +44,9 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
         Learned positions, in the table's dtype.
     sinusoid_base, sinusoid_layout : float, {"interleaved", "split"}
         Sinusoidal positions (Vaswani et al. 2017): sin/cos interleaved as in the paper, or
-        split halves (tensor2tensor, fairseq). The base is finite and at least 1; positions
-        lie in [0, 2**32).
+        split halves with the paper's frequencies (Marian; fairseq and tensor2tensor space
+        their frequencies differently, see docs/ops.md). The base is finite and at least 1;
+        positions lie in [0, 2**32).
     position_ids : array shaped like ids, optional
         Explicit positions. Absent: ``offset_b + s`` for ids [B, S] (or [S]), with
     position_offsets : array [B], optional

@@ -494,3 +494,23 @@ def test_gemma3_has_a_rope_per_layer_type_and_asks_which():
         with pytest.raises(embrope.InvalidArgumentError,
                            match=r"gemma3_text has .*full_attention.*sliding_attention.*layer_type"):
             embrope.RopeCache.from_hf_config(source, max_positions=64)
+
+
+def test_split_sinusoids_are_marians_and_not_fairseqs():
+    """sinusoid_layout="split" is HF's MarianSinusoidalPositionalEmbedding (float64 sin/cos
+    rounded once, against embrope's error bound of 4 float32 ulps of 1); fairseq's
+    (M2M100SinusoidalPositionalEmbedding) spaces its frequencies differently."""
+    from transformers.models.m2m_100.modeling_m2m_100 import M2M100SinusoidalPositionalEmbedding
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    dim, positions = 64, 512
+    marian = MarianSinusoidalPositionalEmbedding(positions, dim)
+    marian_table = marian.create_weight() if hasattr(marian, "create_weight") else marian.weight
+    zeros = np.zeros((1, dim), np.float32)
+    ids = np.zeros(positions, np.int64)
+    ours = embrope.embed(zeros, ids, positions="sinusoidal", sinusoid_layout="split",
+                         position_ids=np.arange(positions))
+    np.testing.assert_allclose(ours, marian_table.detach().numpy(), rtol=0, atol=4 * EPS32)
+    fairseq = M2M100SinusoidalPositionalEmbedding(positions, dim, padding_idx=1)
+    fairseq_table = fairseq.get_embedding(positions, dim).numpy()
+    assert np.abs(ours - fairseq_table).max() > 0.5
