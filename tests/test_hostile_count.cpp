@@ -1,5 +1,5 @@
 // The hostile-input cases of every op together (tests/test_*_hostile.cpp): every case has its
-// own name within its group, and the total number of calls, which the README quotes, is
+// own name within its group, and the total number of calls, which docs/testing.md quotes, is
 // printed (each case on each surface and table kind is one call).
 #include <catch2/catch.hpp>
 
@@ -49,7 +49,7 @@ TEST_CASE("hostile inputs: every case has its own name; the number of cases", "[
     std::printf("hostile inputs: %s: %d C++ calls, %d C calls\n", group.c_str(), calls.cpp,
                 calls.c);
   }
-  // The figure the README quotes (each case on each surface and table kind is one call).
+  // The figure docs/testing.md quotes (each case on each surface and table kind is one call).
   std::printf("hostile inputs: %d C++ calls, %d C calls, %d in all\n", cpp, c, cpp + c);
   // Each group whose test case ran earlier in this process ran exactly the cases listed.
   for (const auto& [group, made] : hostile::calls_made()) {
