@@ -342,7 +342,7 @@ ModelConfig model_config_from_hf_json(std::string_view json_text, std::string_vi
   json j;
   try {
     j = json::parse(json_text.begin(), json_text.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number past double's range
     fail(kOp, "the text is not valid JSON: {}", e.what());
   }
   if (!j.is_object()) fail(kOp, "the JSON is a {}, not an object", j.type_name());
