@@ -224,8 +224,7 @@ TEST_CASE("Gemma 3: one RoPE per layer type, and none without saying which", "[m
       R"({"model_type": "gemma3_text", "hidden_size": 2560, "num_attention_heads": 8,
           "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131072,
           "vocab_size": 262208, )";
-  const std::string v5 =
-      head + R"("rope_parameters": {
+  const std::string v5 = head + R"("rope_parameters": {
           "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
           "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}})";
   const std::string v4 = head + R"("rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
@@ -241,10 +240,9 @@ TEST_CASE("Gemma 3: one RoPE per layer type, and none without saying which", "[m
     CHECK(global.rope.scaling == RopeScaling::linear);
     CHECK(global.rope.factor == 8.0);
     const auto ambiguous = [&] { embrope::model_config_from_hf_json(text); };
-    CHECK_THROWS_WITH(ambiguous(), Catch::Contains("gemma3_text has") &&
-                                       Catch::Contains("full_attention") &&
-                                       Catch::Contains("sliding_attention") &&
-                                       Catch::Contains("layer_type"));
+    CHECK_THROWS_WITH(ambiguous(),
+                      Catch::Contains("gemma3_text has") && Catch::Contains("full_attention") &&
+                          Catch::Contains("sliding_attention") && Catch::Contains("layer_type"));
     CHECK_THROWS_WITH(embrope::model_config_from_hf_json(text, "chunked_attention"),
                       Catch::Contains("layer_type chunked_attention is not one of"));
   }

@@ -34,7 +34,8 @@ std::vector<ArenaCase> model_config_cases() {
       {"empty text", "", "model_config_from_hf_json", {"JSON"}},
       {"truncated", head, "model_config_from_hf_json", {"JSON"}},
       // Found by the config.json fuzzer: the JSON library's overflow error escaped as its own.
-      {"a number past double's range", head + R"(, "rope_theta": 1E645})",
+      {"a number past double's range",
+       head + R"(, "rope_theta": 1E645})",
        "model_config_from_hf_json",
        {"not valid JSON", "overflow"}},
       {"5000 nested arrays", deep, "model_config_from_hf_json", {"not an object"}},
