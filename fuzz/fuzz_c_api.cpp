@@ -1,8 +1,9 @@
 // A libFuzzer target for the C API on the CPU: the input bytes are decoded into one call of
 // embrope_embed, embrope_apply_rope (multimodal sections included),
 // embrope_apply_rope_cos_sin, embrope_apply_rope_backward, embrope_packed_positions,
-// embrope_embed_backward, embrope_apply_qk_norm_rope (and its backward) or the cos/sin cache
-// functions (every scaling variant), with
+// embrope_embed_backward, embrope_apply_qk_norm_rope (and its backward),
+// embrope_apply_rope_append_kv (paged and contiguous caches, float8) or the cos/sin cache
+// functions (every scaling variant), with embed's norm options, and
 // arbitrary shapes, strides, dtypes, byte offsets, devices, options and contents (NaN,
 // infinity, ids and positions at the int32/int64 limits), tensors that may alias one another,
 // and deferred bad-index statuses.
@@ -442,9 +443,11 @@ embrope_rope_cache_t* make_cache(Bytes& in, std::int64_t* rotary_dim, std::int64
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes in(data, size);
   // First byte: 0-223 keep the four original ops (so older corpus inputs still decode as they
-  // did), 224-247 pick the next three, 248-255 qk-norm + RoPE and its backward.
+  // did), 224-247 pick the next three, 248-254 qk-norm + RoPE and its backward, 255 RoPE +
+  // KV-cache append.
   const std::uint8_t first = in.u8();
-  const std::uint8_t op = first >= 248   ? 7 + (first - 248) % 2
+  const std::uint8_t op = first == 255   ? 9
+                          : first >= 248 ? 7 + (first - 248) % 2
                           : first >= 224 ? 4 + (first - 224) % 3
                                          : first % 4;
   Call call(in);
@@ -494,6 +497,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (in.chance(64)) {
       o.type_table = call.tensor(2, true, 0);
       o.type_ids = call.tensor(ids_rank, false, 3);
+    }
+    // The norm, read last so that older inputs (whose bytes end before it) keep decoding to no
+    // norm: a zero byte past the end selects none.
+    const std::uint8_t norm = in.u8();
+    if (norm >= 160) {
+      set_enum(o.norm, norm >= 250 ? static_cast<int>(in.u64()) : 1 + norm % 2);
+      if (in.u8() >= 64) o.norm_weight = call.tensor(1, true, 0);
+      if (in.u8() >= 96) o.norm_bias = call.tensor(1, true, 0);
+      if (in.u8() >= 224) {
+        std::uint32_t bits = static_cast<std::uint32_t>(in.u64());
+        std::memcpy(&o.norm_eps, &bits, 4);
+      }
+      o.norm_unit_offset = in.u8() >= 192 ? 1 : 0;
+      if (in.u8() >= 128) o.pre_norm_out = call.tensor(ids_rank + 1, true, 0);
     }
     o.deferred = deferred;
     const std::vector<unsigned char> before = call.snapshot();
@@ -651,6 +668,63 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                                 in.chance(16) ? nullptr : &g, &o, nullptr),
             before, call);
     }
+    embrope_rope_cache_destroy(cache);
+    return 0;
+  }
+
+  if (op == 9) {
+    // RoPE + KV-cache append: q, k, v and positions, and a cache written through slot_mapping
+    // (paged; -1 skips) or cache_offsets (contiguous; cu_seqlens for packed inputs), separate
+    // or combined [pages, 2, ...], NHD or HND, in a value dtype or float8 with scales.
+    std::int64_t rotary_dim = 0, max_positions = 0;
+    embrope_rope_cache_t* cache = make_cache(in, &rotary_dim, &max_positions);
+    const int rank = 3 + in.u8() % 2;
+    const DLTensor* q = call.tensor(rank, true, 0);
+    DLTensor* k = call.tensor(rank, true, 0);
+    const DLTensor* v = call.tensor(rank, true, 0);
+    const DLTensor* positions = call.tensor(rank - 2, false, max_positions > 0 ? max_positions : 8);
+    embrope_kv_cache_t kv;
+    embrope_kv_cache_init(&kv);
+    // A float8 cache: the same block read with 1-byte elements (a smaller extent); a tensor
+    // may be null (a hostile variation).
+    const auto maybe_float8 = [&](DLTensor* t) {
+      if (in.u8() >= 160 && t != nullptr)
+        t->dtype = DLDataType{static_cast<std::uint8_t>(in.u8() % 2 ? 10 : 12), 8, 1};
+      return t;
+    };
+    if (in.u8() >= 48) {
+      kv.k_cache = maybe_float8(call.tensor(4, true, 0));
+      kv.v_cache = in.chance(16) ? kv.k_cache : maybe_float8(call.tensor(4, true, 0));
+    } else {
+      kv.kv_cache = maybe_float8(call.tensor(5, true, 0));
+    }
+    set_enum(kv.layout, in.chance(8) ? static_cast<int>(in.u64()) : in.u8() % 2);
+    for (float* scale : {&kv.k_scale, &kv.v_scale}) {
+      if (in.chance(64)) {
+        std::uint32_t bits = static_cast<std::uint32_t>(in.u64());
+        std::memcpy(scale, &bits, 4);
+      }
+    }
+    const std::uint8_t slots = in.u8();
+    if (slots < 160) kv.slot_mapping = call.tensor(rank - 2, false, 24);
+    if (slots >= 160 && slots < 240) kv.cache_offsets = call.tensor(1, false, 8);
+    if (slots >= 200) kv.cu_seqlens = call.tensor(1, false, 8);
+    embrope_rope_options_t o;
+    embrope_rope_options_init(&o);
+    set_enum(o.layout, in.chance(8) ? static_cast<int>(in.u64()) : in.u8() % 2);
+    if (in.chance(32)) o.rotary_dim = in.chance(128) ? in.u8() % 40 : in.extreme();
+    if (in.chance(32)) {
+      for (std::int64_t& section : o.mrope_section) section = in.u8() % 40;
+      o.mrope_interleaved = in.u8() % 2;
+    }
+    if (in.chance(48)) o.q_out = call.tensor(rank, true, 0);
+    if (in.chance(64)) o.k_out = in.chance(32) ? k : call.tensor(rank, true, 0);
+    o.deferred = deferred;
+    const std::vector<unsigned char> before = call.snapshot();
+    check("embrope_apply_rope_append_kv",
+          embrope_apply_rope_append_kv(q, k, v, positions, in.chance(4) ? nullptr : cache,
+                                       in.chance(4) ? nullptr : &kv, &o, nullptr),
+          before, call);
     embrope_rope_cache_destroy(cache);
     return 0;
   }
