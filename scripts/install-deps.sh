@@ -80,6 +80,8 @@ declare -A provides=(
   [clang]=/usr/bin/clang++
   [libclang-rt-14-dev]='/usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a'
   [libomp-14-dev]=/usr/lib/llvm-14/lib/libomp.so
+  # The format check of .ci/run (.clang-format at the root).
+  [clang-format]=/usr/bin/clang-format
 )
 
 missing=()

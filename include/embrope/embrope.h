@@ -410,8 +410,7 @@ EMBROPE_API void embrope_qk_norm_gradients_init(embrope_qk_norm_gradients_t* gra
 EMBROPE_API embrope_status_t embrope_apply_qk_norm_rope_backward(
     const DLTensor* dq, const DLTensor* dk, const DLTensor* q, const DLTensor* k,
     const DLTensor* positions, const embrope_rope_cache_t* cache, const embrope_qk_norm_t* norm,
-    const embrope_qk_norm_gradients_t* grads, const embrope_rope_options_t* options,
-    void* stream);
+    const embrope_qk_norm_gradients_t* grads, const embrope_rope_options_t* options, void* stream);
 
 /* The same with caller-supplied cos and sin tables. */
 EMBROPE_API embrope_status_t embrope_apply_qk_norm_rope_backward_cos_sin(
