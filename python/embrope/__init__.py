@@ -70,9 +70,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # embrope.torch is imported on first use, so that `import embrope` needs no PyTorch.
-    if name == "torch":
+    # embrope.torch and embrope.transformers are imported on first use, so that
+    # `import embrope` needs neither PyTorch nor transformers.
+    if name in ("torch", "transformers"):
         import importlib
 
-        return importlib.import_module(".torch", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'embrope' has no attribute {name!r}")
