@@ -1,6 +1,7 @@
 """The benchmark's report: one table, the JSON and a plot, from embrope-bench's JSON.
 
     python benchmarks/report.py RAW_JSON --out DIR [--command TEXT] [--no-torch]
+                                [--models MODELS_JSON]
 
 Reads Google Benchmark's JSON written by embrope-bench (medians of repetitions), adds PyTorch
 eager's time for the same cases, measured now, in this run, on the same device and threads,
@@ -14,7 +15,8 @@ when torch is importable, and writes into DIR:
 - bench.png: GB/s against tokens for each op and dtype, the copy ceiling of each case drawn
   as a dashed line (needs matplotlib).
 
-The table is also printed. Only the Python standard library is needed for the table and the
+With --models, the end-to-end rows of benchmarks/models.py (HF models unpatched and patched
+with embrope.transformers, same run) join the table. The table is also printed. Only the Python standard library is needed for the table and the
 JSON; torch and matplotlib are optional.
 """
 
@@ -260,6 +262,26 @@ NOTE = ("copy GB/s: a copy of the same bytes on the same threads (memcpy on the 
         "HF Qwen3's RMSNorm, then vLLM's RoPE).")
 
 
+MODELS_NOTE = ("model rows: a 2-layer model of the family's head sizes (hidden 2048, 16 query "
+               "/ 4 KV heads of 128, float32, random weights) in HF transformers, unpatched "
+               "and after embrope.transformers.patch(model), alternating in the same run; "
+               "median us is the patched model's, vs torch eager is HF's time over it (the "
+               "whole model: RoPE is a small part of it); the vs unfused column holds the "
+               "time the patch saved (negative: lost), and says so if the two models chose "
+               "different greedy tokens.")
+
+
+def model_rows(models: dict) -> list[list[str]]:
+    rows = []
+    for r in models.get("rows", []):
+        saved = r["saved_seconds"] * 1e3
+        rows.append([f"model ({r['model']})", r["what"], "f32", str(r["tokens"]),
+                     fmt(r["patched_seconds"] * 1e6, ".0f"), "-", "-", "-",
+                     f"saved {saved:.0f} ms" + ("" if r["same_tokens"] else ", TOKENS DIFFER"),
+                     fmt(r["x_vs_hf"], ".2f", "x")])
+    return rows
+
+
 def print_table(rows: list[list[str]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADER)]
     right = set(range(3, len(HEADER)))
@@ -274,11 +296,11 @@ def print_table(rows: list[list[str]]) -> None:
         print(line(r))
 
 
-def markdown(rows: list[list[str]], meta: dict) -> str:
+def markdown(rows: list[list[str]], meta: dict, note: str = NOTE) -> str:
     out = [f"# embrope benchmark ({meta['device']}, {meta['cases']} cases)", "",
            f"Machine: {meta['machine'].get('cpu', '?')}, {meta['machine']['cpus']} CPUs, "
            f"{meta['threads']} threads, CPU kernels: {meta['cpu_isa']}; {meta['date']}; "
-           f"commit {meta['commit']}.", f"Command: `{meta['command']}`", "", NOTE, "",
+           f"commit {meta['commit']}.", f"Command: `{meta['command']}`", "", note, "",
            "| " + " | ".join(HEADER) + " |", "|" + "---|" * 3 + "---:|" * (len(HEADER) - 3)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(out) + "\n"
@@ -334,6 +356,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--command", default="scripts/bench.sh")
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--models", help="benchmarks/models.py's JSON: end-to-end rows")
     args = parser.parse_args(argv)
     raw = json.loads(pathlib.Path(args.raw).read_text())
     context = raw.get("context", {})
@@ -371,12 +394,20 @@ def main(argv: list[str]) -> int:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = table_rows(cases)
+    note = NOTE
+    models = None
+    if args.models and pathlib.Path(args.models).exists():
+        models = json.loads(pathlib.Path(args.models).read_text())
+        rows += model_rows(models)
+        note += " " + MODELS_NOTE
+        meta["models"] = models.get("meta")
     print()
     print_table(rows)
     print()
-    print(NOTE)
-    (out / "bench.json").write_text(json.dumps({"meta": meta, "cases": cases}, indent=1))
-    (out / "bench.md").write_text(markdown(rows, meta))
+    print(note)
+    (out / "bench.json").write_text(json.dumps(
+        {"meta": meta, "cases": cases, "models": (models or {}).get("rows", [])}, indent=1))
+    (out / "bench.md").write_text(markdown(rows, meta, note))
     plotted = plot(cases, out / "bench.png",
                    f"embrope on {meta['machine'].get('cpu', device)} ({meta['cpu_isa']}), "
                    f"commit {commit}")

@@ -4,7 +4,8 @@
 #   scripts/bench.sh [--full] [--device=auto|cpu|gpu] [Google Benchmark flags...]
 # Without --full: the main cases (every op and dtype at the sizes that tell; about a minute
 # on two cores). --full: the whole sweep of shapes and token counts.
-# Output: $BENCH_OUT (default build-bench/bench): bench.json, bench.md, bench.png, raw.json.
+# Output: $BENCH_OUT (default build-bench/bench): bench.json, bench.md, bench.png, raw.json,
+# models.json (the end-to-end rows: HF models unpatched and patched, benchmarks/models.py).
 # PyTorch eager is timed on the same cases when torch is installed (in .venv, or for the
 # python3 on PATH).
 set -euo pipefail
@@ -44,4 +45,19 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ "$commit" != unknown ] && ! git diff --quiet HEAD 2>/dev/null; then commit="$commit-dirty"; fi
 EMBROPE_BENCH_COMMIT=$commit "$build/benchmarks/embrope-bench" "$@" \
   --benchmark_out="$out/raw.json" --benchmark_out_format=json
-"$python" benchmarks/report.py "$out/raw.json" --out "$out" --command "scripts/bench.sh $*"
+
+# End to end: HF models unpatched and patched with embrope.transformers, when .venv has torch
+# and transformers (scripts/test.sh or scripts/install-deps.sh --python puts them there).
+# The package is installed from this checkout first (incremental in $build/python).
+models=()
+if [ -x .venv/bin/python ] && .venv/bin/python -c "import torch, transformers" >/dev/null 2>&1; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation \
+    -Cbuild-dir="$build/python" -Ccmake.define.EMBROPE_CUDA=$cuda .
+  .venv/bin/python benchmarks/models.py --out "$out/models.json"
+  models=(--models "$out/models.json")
+else
+  echo "bench: no torch and transformers in .venv: no end-to-end model rows" \
+    "(scripts/install-deps.sh --python installs them)" >&2
+fi
+"$python" benchmarks/report.py "$out/raw.json" --out "$out" --command "scripts/bench.sh $*" \
+  "${models[@]}"

@@ -25,6 +25,7 @@ synchronise, which is what CUDA-graph capture needs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import weakref
 from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
@@ -100,10 +101,27 @@ def _unit_last_stride(t: Optional[Tensor]) -> Optional[Tensor]:
     return t if t is None or t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
 
 
+def _call_native(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """A native call with every tensor passed as a DLPack capsule: ``Tensor.__dlpack__`` is a
+    Python method with checks this module has already made (its ~3 us per tensor are most of
+    a decode step's call), ``torch._C._to_dlpack`` the export itself."""
+    to_dlpack = torch._C._to_dlpack
+    return function(*(to_dlpack(a) if isinstance(a, Tensor) else a for a in args),
+                    **{name: to_dlpack(a) if isinstance(a, Tensor) else a
+                       for name, a in kwargs.items()})
+
+
+@functools.lru_cache(maxsize=256)
+def _rope_options_cached(op: str, layout: int, inverse: bool, rotary_dim: int,
+                         mrope: Tuple[int, ...]) -> Any:
+    return _native.RopeSettings(layout, inverse, rotary_dim, mrope).options(op)
+
+
 def _rope_options(op: str, layout: int, inverse: bool, rotary_dim: int,
                   mrope: List[int]) -> Any:
-    """The native RopeOptions of a custom op's arguments (those of a RopeSettings)."""
-    return _native.RopeSettings(layout, inverse, rotary_dim, tuple(mrope)).options(op)
+    """The native RopeOptions of a custom op's arguments (those of a RopeSettings), made once
+    per distinct settings (they are read-only)."""
+    return _rope_options_cached(op, layout, inverse, rotary_dim, tuple(mrope))
 
 
 def _table(op: str, cos_sin_cache: Tensor) -> dict:
@@ -117,7 +135,7 @@ def _rope_impl(op: str, backward: bool, q: Tensor, k: Optional[Tensor], position
                mrope: List[int], q_out: Optional[Tensor],
                k_out: Optional[Tensor]) -> None:
     native = _C.apply_rope_backward if backward else _C.apply_rope
-    native(q.detach(), _detach(k), positions, **_table(op, cos_sin_cache),
+    _call_native(native, q.detach(), _detach(k), positions, **_table(op, cos_sin_cache),
            options=_rope_options(op, layout, inverse, rotary_dim, mrope), q_out=q_out,
            k_out=k_out, deferred=_deferred(op, q), stream=_stream(q))
 
@@ -309,8 +327,9 @@ def _apply_qk_norm_rope_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
                            mrope: List[int]) -> Tuple[Tensor, Tensor]:
     op = "apply_qk_norm_rope"
     q_out, k_out = _rope_outputs(q, k)
-    _C.apply_qk_norm_rope(
-        q.detach(), _detach(k), positions, q_out=q_out, k_out=k_out if k is not None else None,
+    _call_native(
+        _C.apply_qk_norm_rope, q.detach(), _detach(k), positions, q_out=q_out,
+        k_out=k_out if k is not None else None,
         **_qk_arguments(op, q, cos_sin_cache, q_weight, k_weight, eps, unit_offset, layout,
                         inverse, rotary_dim, mrope))
     return q_out, k_out
@@ -333,7 +352,8 @@ def _apply_qk_norm_rope_backward_op(
     gq = q.new_empty(dim if q_weight_grad else 0, dtype=torch.float32)
     gk = q.new_empty(dim if k_weight_grad else 0, dtype=torch.float32)
     op = "apply_qk_norm_rope_backward"
-    _C.apply_qk_norm_rope_backward(
+    _call_native(
+        _C.apply_qk_norm_rope_backward,
         dq.detach(), _detach(dk), q.detach(), _detach(k), positions, q_out=dq_out,
         k_out=dk_out if dk is not None else None, q_weight_grad=gq if q_weight_grad else None,
         k_weight_grad=gk if k_weight_grad else None,
@@ -411,7 +431,8 @@ def _apply_rope_append_kv_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
                              v_scale: float, layout: int, rotary_dim: int,
                              mrope: List[int]) -> None:
     op = "apply_rope_append_kv"
-    _C.apply_rope_append_kv(
+    _call_native(
+        _C.apply_rope_append_kv,
         q.detach(), k.detach(), v.detach(), positions, k_cache=k_cache.detach(),
         v_cache=v_cache.detach(), kv_layout=_C.KvCacheLayout(kv_layout), k_scale=k_scale,
         v_scale=v_scale, slot_mapping=slot_mapping, cache_offsets=cache_offsets,
@@ -523,10 +544,10 @@ def _embed_op(table: Tensor, ids: Tensor, position_table: Optional[Tensor],
     options = _native.EmbedSettings(scale, vocab_start, vocab_shard, positions, sinusoid_base,
                                     sinusoid_layout, _C.Normalization.none.value, 0.0,
                                     False).options("embed")
-    _C.embed(table.detach(), ids, out, options=options, position_table=_detach(position_table),
-             position_ids=position_ids, position_offsets=position_offsets,
-             type_table=_detach(type_table), type_ids=type_ids,
-             deferred=_deferred("embed", table), stream=_stream(table))
+    _call_native(_C.embed, table.detach(), ids, out, options=options,
+                 position_table=_detach(position_table), position_ids=position_ids,
+                 position_offsets=position_offsets, type_table=_detach(type_table),
+                 type_ids=type_ids, deferred=_deferred("embed", table), stream=_stream(table))
     return out
 
 
@@ -550,7 +571,8 @@ def _embed_backward_op(grad_out: Tensor, ids: Tensor, position_ids: Optional[Ten
     wanted = [g if rows > 0 else None
               for g, rows in zip(grads, (table_rows, position_rows, type_rows))]
     op = "embed_backward"
-    _C.embed_backward(
+    _call_native(
+        _C.embed_backward,
         grad_out.detach(), ids, wanted[0],
         options=_native.embed_backward_options(op, scale=scale, vocab_start=vocab_start,
                                                vocab_shard=vocab_shard,
@@ -617,11 +639,12 @@ def _embed_norm_op(table: Tensor, ids: Tensor, position_table: Optional[Tensor],
     options = _native.EmbedSettings(scale, vocab_start, False, positions, sinusoid_base,
                                     sinusoid_layout, norm, norm_eps,
                                     norm_unit_offset).options("embed")
-    _C.embed(table.detach(), ids, out, options=options, position_table=_detach(position_table),
-             position_ids=position_ids, position_offsets=position_offsets,
-             type_table=_detach(type_table), type_ids=type_ids, norm_weight=_detach(norm_weight),
-             norm_bias=_detach(norm_bias), pre_norm_out=pre, deferred=_deferred("embed", table),
-             stream=_stream(table))
+    _call_native(_C.embed, table.detach(), ids, out, options=options,
+                 position_table=_detach(position_table), position_ids=position_ids,
+                 position_offsets=position_offsets, type_table=_detach(type_table),
+                 type_ids=type_ids, norm_weight=_detach(norm_weight),
+                 norm_bias=_detach(norm_bias), pre_norm_out=pre,
+                 deferred=_deferred("embed", table), stream=_stream(table))
     return out, pre
 
 
@@ -748,9 +771,8 @@ def embed_backward(grad_out: Tensor, ids: Tensor, *, table_rows: int = 0,
 def _packed_positions_op(cu_seqlens: Tensor, start_offsets: Optional[Tensor],
                          num_tokens: int) -> Tensor:
     positions = _empty("packed_positions", (num_tokens,), cu_seqlens.dtype, cu_seqlens.device)
-    _C.packed_positions(cu_seqlens, positions, start_offsets=start_offsets,
-                        deferred=_deferred("packed_positions", cu_seqlens),
-                        stream=_stream(cu_seqlens))
+    _call_native(_C.packed_positions, cu_seqlens, positions, start_offsets=start_offsets,
+                 deferred=_deferred("packed_positions", cu_seqlens), stream=_stream(cu_seqlens))
     return positions
 
 

@@ -407,7 +407,8 @@ def patch(model: torch.nn.Module, *, rope: bool = True, qk_norm: bool = True,
     else:
         report.kept["rotary_emb"] = "rope=False"
         if family.qk_norm and qk_norm:
-            report.kept["q_norm/k_norm"] = "qk_norm fuses the norm with the rotation: needs rope=True"
+            report.kept["q_norm/k_norm"] = ("qk_norm fuses the norm with the rotation: needs "
+                                            "rope=True")
     if embeddings:
         _patch_embeddings(model, family, state)
     else:
