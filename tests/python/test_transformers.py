@@ -217,11 +217,11 @@ def test_logits_past_8k_at_least_as_close_to_float64_as_hf(family, report):
     assert ours < 1e-5
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
-@pytest.mark.parametrize("family", FAMILIES)
+# Dynamic NTK with a static cache: HF's table depends on the sequence seen so far either
+# way; the dynamic cache checks it.
+@pytest.mark.parametrize("family,cache", [(f, c) for f in FAMILIES for c in ("dynamic", "static")
+                                          if (f, c) != ("llama_dynamic", "static")])
 def test_greedy_generate_gives_hfs_tokens(family, cache):
-    if family == "llama_dynamic" and cache == "static":
-        pytest.skip("HF's dynamic NTK is the same with either cache; one is enough")
     hf, patched, _ = _pair(family)
     assert generated(patched, cache) == generated(hf, cache)
 
