@@ -254,7 +254,6 @@ def test_compiles_whole(family):
                                           for d in (torch.float16, torch.bfloat16)])
 def test_half_precision_within_the_dtypes_rounding(family, dtype):
     hf, patched, _ = _pair(family, dtype)
-    _, _, _ = hf, patched, dtype
     truth = _float64_model(hf)
     ids = _ids()
     with torch.no_grad():
