@@ -246,6 +246,17 @@ void read_rope(const json& j, ModelConfig& m, std::string_view layer_type) {
     if (type == "mrope") type = "default";
   } else if (type == "mrope") {
     fail(kOp, "{}type is mrope but mrope_section is missing", where);
+  } else if (one_of(m.model_type, {"qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"})) {
+    // HF's Qwen2VLRotaryEmbedding / Qwen2_5_VLRotaryEmbedding: mrope_section defaults to
+    // [16, 24, 24] when the config has none.
+    m.mrope_section = {16, 24, 24};
+  } else if (one_of(m.model_type,
+                    {"qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text"})) {
+    m.mrope_section = {24, 20, 20};  // Qwen3VLTextRotaryEmbedding's default
+  }
+  // Qwen3-VL's rotary module interleaves the streams whatever the config says.
+  if (one_of(m.model_type, {"qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text"})) {
+    m.mrope_interleaved = true;
   }
 
   const auto required = [&](const char* key) {
@@ -346,6 +357,18 @@ ModelConfig model_config_from_hf_json(std::string_view json_text, std::string_vi
     fail(kOp, "the text is not valid JSON: {}", e.what());
   }
   if (!j.is_object()) fail(kOp, "the JSON is a {}, not an object", j.type_name());
+  // A multimodal model's config (Qwen2-VL, Qwen3-VL, Gemma 3, ... as transformers >= 5 writes
+  // them) holds its language model's fields in text_config; a config with its own hidden size
+  // is read as it is.
+  if (const json* text = find(j, "text_config");
+      text != nullptr && text->is_object() && find(j, "hidden_size") == nullptr &&
+      find(j, "n_embd") == nullptr && find(j, "d_model") == nullptr) {
+    json inner = *text;
+    if (find(inner, "model_type") == nullptr && find(j, "model_type") != nullptr) {
+      inner["model_type"] = j["model_type"];
+    }
+    j = std::move(inner);
+  }
   ModelConfig m;
   if (const json* t = find(j, "model_type"); t != nullptr && t->is_string()) {
     m.model_type = t->get<std::string>();

@@ -117,6 +117,39 @@ TEST_CASE("Qwen2-VL config.json: mrope sections [16, 24, 24] on 128-dim heads", 
   CHECK(o.layout == RopeLayout::neox);
 }
 
+TEST_CASE("a VL config with the language model under text_config; HF's default mrope sections",
+          "[model_config]") {
+  // As transformers >= 5 writes Qwen3-VL's config: no top-level hidden size, the text fields
+  // in text_config, and (in a config made from the defaults) no mrope_section: HF's rotary
+  // modules then take [24, 20, 20] interleaved (Qwen3-VL) or [16, 24, 24] (Qwen2-VL).
+  const ModelConfig m = embrope::model_config_from_hf_json(R"({
+    "model_type": "qwen3_vl", "vision_config": {"hidden_size": 1152, "num_heads": 16},
+    "text_config": {"model_type": "qwen3_vl_text", "hidden_size": 4096,
+      "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+      "max_position_embeddings": 262144,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 5000000}}})");
+  CHECK(m.model_type == "qwen3_vl_text");
+  CHECK(m.hidden_size == 4096);
+  CHECK(m.rope.base == 5000000.0);
+  CHECK(m.mrope_section == std::array<std::int64_t, 3>{24, 20, 20});
+  CHECK(m.mrope_interleaved);
+  const ModelConfig q2 = embrope::model_config_from_hf_json(R"({
+    "model_type": "qwen2_vl", "text_config": {"hidden_size": 3584,
+      "num_attention_heads": 28, "num_key_value_heads": 4, "max_position_embeddings": 32768,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 1000000}}})");
+  CHECK(q2.model_type == "qwen2_vl");  // the outer type where the inner has none
+  CHECK(q2.head_dim == 128);
+  CHECK(q2.mrope_section == std::array<std::int64_t, 3>{16, 24, 24});
+  CHECK_FALSE(q2.mrope_interleaved);
+  // A config with its own hidden size is read as it is (text_config ignored).
+  const ModelConfig flat = embrope::model_config_from_hf_json(R"({
+    "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+    "max_position_embeddings": 128, "rope_theta": 10000,
+    "text_config": {"hidden_size": 4096, "num_attention_heads": 32}})");
+  CHECK(flat.head_dim == 16);
+  CHECK(flat.mrope_section == std::array<std::int64_t, 3>{0, 0, 0});
+}
+
 TEST_CASE("Phi-3 config.json: longrope (type su), factor from the two lengths", "[model_config]") {
   const ModelConfig m = load("phi-3-vision-128k-instruct.json");
   CHECK(m.model_type == "phi3");

@@ -8,13 +8,15 @@
 - the model's rotary module (HF computes cos and sin for every position of every forward, in
   float32) for embrope's float64-exact table of the same RoPE (every ``rope_type`` HF has:
   llama3, YaRN, LongRoPE with HF's per-forward choice of short or long factors, dynamic NTK
-  with HF's cache growth, Gemma 3's per-layer-type RoPEs);
+  with HF's cache growth, Gemma 3's per-layer-type RoPEs, the multimodal RoPE of the
+  Qwen2-VL / Qwen2.5-VL / Qwen3-VL language models);
 - each attention module's rotation (``apply_rotary_pos_emb``) for :func:`embrope.torch.apply_rope`
-  on q and k as the projections wrote them, and, in the families with a per-head RMSNorm of q
-  and k (Qwen3, Gemma 3), the norm and the rotation for one
-  :func:`embrope.torch.apply_qk_norm_rope`;
-- the token embedding for :func:`embrope.torch.embed` where it does more than a lookup
-  (Gemma's scaled embedding, rounded as HF rounds it).
+  on q and k as the projections wrote them (DeepSeek-V3: q's rope slice and the shared k_pe,
+  returned in HF's order), and, in the families with a per-head RMSNorm of q and k (Qwen3,
+  Gemma 3, Qwen3-VL), the norm and the rotation for one :func:`embrope.torch.apply_qk_norm_rope`;
+- the embeddings for :func:`embrope.torch.embed` where it does more than a lookup (Gemma's
+  scaled embedding, rounded as HF rounds it; BERT's, RoBERTa's and XLM-R's word + position +
+  token type + LayerNorm block in one pass) and the learned position lookups of GPT-2 and OPT.
 
 Everything else (projections, the attention kernel HF's ``attn_implementation`` picks, the KV
 cache, masks, MLPs) is HF's own code, untouched. Parameters, buffers that are saved and the
@@ -47,15 +49,19 @@ __all__ = ["PatchReport", "patch", "supported", "unpatch"]
 class _Family:
     """How one architecture's attention is laid out (read from its ``modeling_*.py``)."""
 
-    attention: Tuple[str, ...]  # attention class names
-    projection: str = "separate"  # "separate" (q/k/v_proj), "phi3" (qkv_proj), "neox"
+    attention: Tuple[str, ...] = ()  # attention class names (none: a model without RoPE)
+    projection: str = "separate"  # "separate" (q/k/v_proj), "phi3" (qkv_proj), "neox", "mla"
     qk_norm: bool = False  # q_norm / k_norm per head before the rotation
     unit_offset: bool = False  # the norms scale by 1 + w (Gemma)
     sliding_window: Optional[str] = None  # what HF passes: "module", "config" or nothing
     output: str = "o_proj"
     output_dropout: Optional[str] = None  # a dropout module after the output projection
     cache_argument: str = "cache"
-    scaled_embedding: bool = False  # Gemma's embed_tokens multiplies by sqrt(hidden)
+    mrope: bool = False  # positions [3, B, S] (temporal, height, width): Qwen2-VL, Qwen3-VL
+    # What embrope does for the embeddings: "scaled" (Gemma's embed_tokens times
+    # sqrt(hidden)), "block" (BERT's word + position + token type + LayerNorm module),
+    # "positions" (GPT-2's wpe), "opt_positions" (OPT's learned positions, offset 2).
+    embedding: Optional[str] = None
 
 
 _FAMILIES: Dict[str, _Family] = {
@@ -71,8 +77,19 @@ _FAMILIES: Dict[str, _Family] = {
     "qwen3": _Family(("Qwen3Attention",), qk_norm=True, sliding_window="module"),
     "qwen3_moe": _Family(("Qwen3MoeAttention",), qk_norm=True, sliding_window="module"),
     "gemma3_text": _Family(("Gemma3Attention",), qk_norm=True, unit_offset=True,
-                           sliding_window="module", scaled_embedding=True),
+                           sliding_window="module", embedding="scaled"),
+    "qwen2_vl": _Family(("Qwen2VLAttention",), sliding_window="module", mrope=True),
+    "qwen2_5_vl": _Family(("Qwen2_5_VLAttention",), sliding_window="module", mrope=True),
+    "qwen3_vl": _Family(("Qwen3VLTextAttention",), qk_norm=True, mrope=True),
+    "deepseek_v3": _Family(("DeepseekV3Attention",), projection="mla"),
+    "bert": _Family(embedding="block"),
+    "roberta": _Family(embedding="block"),
+    "xlm-roberta": _Family(embedding="block"),
+    "gpt2": _Family(embedding="positions"),
+    "opt": _Family(embedding="opt_positions"),
 }
+# The language model of a multimodal model, alone (Qwen2VLTextModel, ...).
+_FAMILIES.update({f"{name}_text": _FAMILIES[name] for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")})
 
 
 def supported() -> List[str]:
@@ -134,6 +151,11 @@ class _Tables:
         self.scaling = cache.config.scaling
         self.original = cache.config.original_max_positions
         self.layout = str(cache.layout)
+        # Multimodal RoPE as HF's rotary module of the family does it (the reader gives the
+        # sections HF defaults to, and Qwen3-VL's interleaving).
+        self.mrope = (dict(mrope_section=cache.mrope_section,
+                           mrope_interleaved=cache.mrope_interleaved)
+                      if cache.mrope_section is not None else {})
         self.table = _table_tensor(cache)
         if self.scaling == _C.RopeScaling.longrope:
             short = RopeCache.from_hf_config(config, layer_type=layer_type,
@@ -145,6 +167,9 @@ class _Tables:
 
     def describe(self) -> str:
         what = self.scaling.name
+        if self.mrope:
+            what += (f", mrope {list(self.mrope['mrope_section'])}"
+                     f"{' interleaved' if self.mrope['mrope_interleaved'] else ''}")
         if self.scaling == _C.RopeScaling.longrope:
             what += f" (short factors up to {self.original} positions, long past)"
         elif self.scaling == _C.RopeScaling.dynamic:
@@ -202,6 +227,8 @@ class _EmbropePositions(torch.nn.Module):
     def forward(self, x: Tensor, position_ids: Tensor, layer_type: Optional[str] = None
                 ) -> Tuple[Tensor, Tensor]:
         tables = self._tables[layer_type if layer_type in self._tables else None]
+        if tables.mrope and position_ids.dim() == 2:
+            position_ids = position_ids.expand(3, -1, -1)  # as HF's mrope rotary modules
         return tables.positions_and_table(position_ids)
 
 
@@ -218,6 +245,8 @@ def _positions(position_embeddings: Any, op: str, shape: torch.Size) -> Tuple[Te
     batch, sequence = shape[0], shape[1]
     if positions.dim() == 2 and positions.shape[0] != batch:
         positions = positions.expand(batch, sequence)
+    elif positions.dim() == 3 and positions.shape[1] != batch:  # mrope: [3, B, S]
+        positions = positions.expand(3, batch, sequence)
     return positions, table
 
 
@@ -266,11 +295,11 @@ def _attention_forward(self: torch.nn.Module, hidden_states: Tensor,
     if state.fuse_norm:
         q, k = _etorch.apply_qk_norm_rope(
             q, k, positions, table, q_weight=self.q_norm.weight, k_weight=self.k_norm.weight,
-            eps=state.eps, unit_offset=family.unit_offset, layout=state.layout)
+            eps=state.eps, unit_offset=family.unit_offset, **state.rope)
     else:
         if family.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = _etorch.apply_rope(q, k, positions, table, layout=state.layout)
+        q, k = _etorch.apply_rope(q, k, positions, table, **state.rope)
     query_states, key_states, value_states = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if cache is not None:
         if family.cache_argument == "cache":
@@ -305,10 +334,64 @@ def _neox_attention_forward(self: torch.nn.Module, hidden_states: Tensor,
                               layer_past, **kwargs)
 
 
+def _rotary_pairs_halved(x: Tensor) -> Tensor:
+    """Interleaved pairs (x0, x1), (x2, x3), ... to rotate_half order (x0, x2, ..., x1, x3,
+    ...): the order HF's apply_rotary_pos_emb_interleave returns DeepSeek's rotated q and k
+    in (and its KV cache holds k in)."""
+    return x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
+
+
+def _mla_attention_forward(self: torch.nn.Module, hidden_states: Tensor,
+                           position_embeddings: Any = None,
+                           attention_mask: Optional[Tensor] = None, cache: Any = None,
+                           **kwargs: Any) -> Tuple[Tensor, Optional[Tensor]]:
+    """DeepSeek-V3's multi-head latent attention (HF's DeepseekV3Attention.forward) with the
+    rotation of q's rope slice and the shared k_pe done by embrope, in place of HF's
+    cos/sin: q and k_pe are read where the projections wrote them; the rotated values are
+    laid out as HF lays them out (with ``rope_interleave``, HF returns the rotated pairs in
+    rotate_half order, and the cache holds k_pe so), so the cache and the logits are HF's."""
+    state: _AttentionPatch = self._embrope_attention
+    if cache is None:
+        cache = kwargs.pop("past_key_values", None)
+    batch, sequence = hidden_states.shape[:-1]
+    if self.q_lora_rank is None:
+        q_states = self.q_proj(hidden_states)
+    else:
+        q_states = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+    q_states = q_states.view(batch, sequence, -1, self.qk_head_dim)
+    compressed_kv = self.kv_a_proj_with_mqa(hidden_states)
+    kv_nope, k_pe = torch.split(compressed_kv, [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+    kv_nope = self.kv_a_layernorm(kv_nope).view(batch, 1, sequence, self.kv_lora_rank)
+    positions, table = _positions(position_embeddings, type(self).__name__, q_states.shape)
+    q_rot, k_rot = _etorch.apply_rope(
+        q_states[..., self.qk_nope_head_dim:], k_pe.view(batch, sequence, 1, -1), positions,
+        table, **state.rope)
+    if state.rope["layout"] == "interleaved":
+        q_rot, k_rot = _rotary_pairs_halved(q_rot), _rotary_pairs_halved(k_rot)
+    k_rot = k_rot.transpose(1, 2)
+    if cache is not None:
+        kv_nope, k_rot = cache.update(kv_nope, k_rot, self.layer_idx, kwargs=kwargs)
+    query_states = torch.cat((q_states[..., :self.qk_nope_head_dim].transpose(1, 2),
+                              q_rot.transpose(1, 2)), dim=-1)
+    key_states, value_states = self.expand_kv(kv_nope, k_rot)
+    modeling = sys.modules[type(self).__module__]
+    attention_interface = modeling.ALL_ATTENTION_FUNCTIONS.get_interface(
+        self.config._attn_implementation, modeling.eager_attention_forward)
+    attn_output, attn_weights = attention_interface(
+        self, query_states, key_states, value_states, attention_mask,
+        dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling,
+        **kwargs)
+    attn_output = attn_output.reshape(batch, sequence, -1).contiguous()
+    return self.o_proj(attn_output), attn_weights
+
+
+_ATTENTION_FORWARDS = {"neox": _neox_attention_forward, "mla": _mla_attention_forward}
+
+
 @dataclasses.dataclass
 class _AttentionPatch:
     family: _Family
-    layout: str
+    rope: Dict[str, Any]  # apply_rope's settings: layout, and mrope's where the family has it
     fuse_norm: bool
     eps: float
 
@@ -321,6 +404,65 @@ def _scaled_embedding_forward(self: torch.nn.Module, input_ids: Tensor) -> Tenso
     # 8- or 11-bit significands is exact in float32).
     scale = self._embrope_scales[self.weight.dtype]
     return _etorch.embed(self.weight, input_ids, scale=scale, padding_idx=self.padding_idx)
+
+
+def _embedding_block_forward(self: torch.nn.Module, input_ids: Optional[Tensor] = None,
+                             token_type_ids: Optional[Tensor] = None,
+                             position_ids: Optional[Tensor] = None,
+                             inputs_embeds: Optional[Tensor] = None, cache_length: int = 0,
+                             **kwargs: Any) -> Tensor:
+    """BERT's, RoBERTa's and XLM-R's embeddings module (word + position + token type rows,
+    LayerNorm, dropout) with the lookups, the sum and the norm in one embrope pass. Position
+    and token type ids are HF's: RoBERTa's counted from the padding by HF's own function."""
+    if input_ids is None or inputs_embeds is not None or kwargs:
+        return type(self).forward(self, input_ids, token_type_ids, position_ids, inputs_embeds,
+                                  cache_length, **kwargs)
+    batch, sequence = input_ids.shape
+    if position_ids is None:
+        if hasattr(self, "create_position_ids_from_input_ids"):
+            position_ids = self.create_position_ids_from_input_ids(input_ids, self.padding_idx,
+                                                                   cache_length)
+        else:
+            position_ids = self.position_ids[:, cache_length:sequence + cache_length]
+    if token_type_ids is None:
+        if hasattr(self, "token_type_ids"):  # HF's zero buffer, read as HF reads it
+            buffered = self.token_type_ids.to(position_ids.device).expand(position_ids.shape[0], -1)
+            token_type_ids = torch.gather(buffered, dim=1, index=position_ids)
+        else:
+            token_type_ids = torch.zeros_like(input_ids)
+    positions = self.position_embeddings
+    position_table = positions.weight
+    if (positions.padding_idx is not None and position_table.requires_grad
+            and torch.is_grad_enabled()):
+        # nn.Embedding(padding_idx) gives its padding row no gradient (RoBERTa's padded
+        # tokens sit at that position): the row enters embrope's op detached.
+        row = positions.padding_idx % position_table.shape[0]
+        position_table = torch.cat((position_table[:row], position_table[row:row + 1].detach(),
+                                    position_table[row + 1:]))
+    norm = self.LayerNorm
+    out = _etorch.embed(
+        self.word_embeddings.weight, input_ids, position_table=position_table,
+        position_ids=position_ids.expand(batch, sequence),
+        type_table=self.token_type_embeddings.weight,
+        type_ids=token_type_ids.expand(batch, sequence),
+        padding_idx=self.word_embeddings.padding_idx, norm="layer_norm",
+        norm_weight=norm.weight, norm_bias=norm.bias, norm_eps=norm.eps)
+    return self.dropout(out)
+
+
+def _position_lookup_forward(self: torch.nn.Module, position_ids: Tensor) -> Tensor:
+    # GPT-2's wpe: the rows of the learned position table at HF's position_ids.
+    return _etorch.embed(self.weight, position_ids)
+
+
+def _opt_positions_forward(self: torch.nn.Module, attention_mask: Tensor, cache_length: int = 0,
+                           position_ids: Optional[Tensor] = None) -> Tensor:
+    # OPTLearnedPositionalEmbedding: positions counted over the attention mask (padding at
+    # -1), then offset by 2 rows of the table, as HF does.
+    if position_ids is None:
+        position_ids = torch.cumsum(attention_mask, dim=1)
+        position_ids = (position_ids * attention_mask - 1).long()[:, cache_length:]
+    return _etorch.embed(self.weight, position_ids + self.offset)
 
 
 def _rounded_scales(scale: float) -> Dict[torch.dtype, float]:
@@ -366,8 +508,8 @@ def patch(model: torch.nn.Module, *, rope: bool = True, qk_norm: bool = True,
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        A model of an architecture in :func:`supported` (a ``*ForCausalLM`` or its base
-        model). Other models in the process are untouched: the patch is per instance.
+        A model of an architecture in :func:`supported` (a ``*ForCausalLM``, a VL model's
+        ``*ForConditionalGeneration``, a ``*ForMaskedLM`` or their base models). Other models in the process are untouched: the patch is per instance.
     rope : bool, default True
         Replace the rotary module and the attention modules' rotation.
     qk_norm : bool, default True
@@ -375,9 +517,10 @@ def patch(model: torch.nn.Module, *, rope: bool = True, qk_norm: bool = True,
         rotation (one :func:`embrope.torch.apply_qk_norm_rope`). False: HF's norm modules
         run, then embrope's rotation. Needs `rope`.
     embeddings : bool, default True
-        Replace the token embedding where embrope fuses more than the lookup (Gemma's
-        scaled embedding). In the other families HF's ``nn.Embedding`` is a plain gather
-        and is kept (the report says so).
+        Replace the embeddings: Gemma's scaled token embedding, BERT's / RoBERTa's / XLM-R's
+        embedding block (with its LayerNorm), GPT-2's and OPT's learned position lookups. In
+        the other families HF's ``nn.Embedding`` is a plain gather and is kept (the report
+        says so).
     max_positions : int, optional
         Rows of the cos/sin tables; default the config's ``max_position_embeddings``.
 
@@ -400,9 +543,13 @@ def patch(model: torch.nn.Module, *, rope: bool = True, qk_norm: bool = True,
         raise _C.NotAvailableError(
             "embrope.transformers.patch: this model is already patched (unpatch(model) first)")
     config = model.config
+    if hasattr(config, "get_text_config"):  # a multimodal model: its language model's config
+        config = config.get_text_config()
     report = PatchReport(architecture)
     state = _PatchState([], [], report)
-    if rope:
+    if not family.attention:
+        pass  # no RoPE in this architecture
+    elif rope:
         _patch_rope(model, family, config, max_positions, qk_norm, state)
     else:
         report.kept["rotary_emb"] = "rope=False"
@@ -420,15 +567,24 @@ def patch(model: torch.nn.Module, *, rope: bool = True, qk_norm: bool = True,
 def _patch_rope(model: torch.nn.Module, family: _Family, config: Any,
                 max_positions: Optional[int], qk_norm: bool, state: _PatchState) -> None:
     report = state.report
-    rotary = [(name, module) for name, module in model.named_modules()
-              if type(module).__name__.endswith("RotaryEmbedding")]
+    rotary = []
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if not kind.endswith("RotaryEmbedding"):
+            continue
+        if "Vision" in kind:
+            report.kept[name] = ("the vision tower's 2-D RoPE (row and column positions of "
+                                 "patches): not patched")
+        else:
+            rotary.append((name, module))
     if not rotary:
         raise _C.InvalidArgumentError(
             f"embrope.transformers.patch: found no rotary module in this "
             f"{config.model_type!r} model")
     layer_types = _rope_layer_types(config)
     tables = {layer_type: _Tables(config, layer_type, max_positions) for layer_type in layer_types}
-    layout = tables[layer_types[0]].layout
+    first = tables[layer_types[0]]
+    settings = dict(layout=first.layout, **first.mrope)
     device = next((b.device for b in rotary[0][1].buffers()), torch.device("cpu"))
     for t in tables.values():
         t.to(device)
@@ -452,30 +608,66 @@ def _patch_rope(model: torch.nn.Module, family: _Family, config: Any,
                 report.kept[f"{name}.q_norm/k_norm"] = "q_norm and k_norm have different eps"
             else:
                 fuse = True
-        object.__setattr__(module, "_embrope_attention", _AttentionPatch(family, layout, fuse, eps))
-        forward = _neox_attention_forward if family.projection == "neox" else _attention_forward
+        object.__setattr__(module, "_embrope_attention",
+                           _AttentionPatch(family, dict(settings), fuse, eps))
+        forward = _ATTENTION_FORWARDS.get(family.projection, _attention_forward)
         module.forward = types.MethodType(forward, module)
         state.forwards.append(module)
+        layout = settings["layout"]
         if fuse:
             norm = "1 + w" if family.unit_offset else "w"
             report.replaced[name] = (f"embrope apply_qk_norm_rope ({layout}): q_norm and k_norm "
                                      f"(x {norm}) and the rotation in one op")
+        elif family.projection == "mla":
+            order = (", returned in HF's rotate_half order" if layout == "interleaved" else "")
+            report.replaced[name] = (f"embrope apply_rope ({layout}) of q's rope slice and the "
+                                     f"shared k_pe{order}")
         else:
             report.replaced[name] = f"embrope apply_rope ({layout})"
 
 
 def _patch_embeddings(model: torch.nn.Module, family: _Family, state: _PatchState) -> None:
+    report = state.report
     embedding = model.get_input_embeddings()
     name = next((n for n, m in model.named_modules() if m is embedding), "embed_tokens")
-    if family.scaled_embedding and hasattr(embedding, "scalar_embed_scale"):
+
+    def replace(module: torch.nn.Module, forward: Callable) -> None:
+        module.forward = types.MethodType(forward, module)
+        state.forwards.append(module)
+
+    if family.embedding == "scaled" and hasattr(embedding, "scalar_embed_scale"):
         object.__setattr__(embedding, "_embrope_scales",
                            _rounded_scales(embedding.scalar_embed_scale))
-        embedding.forward = types.MethodType(_scaled_embedding_forward, embedding)
-        state.forwards.append(embedding)
-        state.report.replaced[name] = "embrope embed (lookup and scale, rounded as HF's)"
-    else:
-        state.report.kept[name] = ("a plain lookup (torch.nn.Embedding): nothing for embrope "
-                                   "to fuse")
+        replace(embedding, _scaled_embedding_forward)
+        report.replaced[name] = "embrope embed (lookup and scale, rounded as HF's)"
+        return
+    if family.embedding == "block":
+        blocks = [(n, m) for n, m in model.named_modules()
+                  if type(m).__name__.endswith("Embeddings") and hasattr(m, "word_embeddings")]
+        for block_name, block in blocks:
+            replace(block, _embedding_block_forward)
+            padding = ("positions from the ids' padding, as HF counts them; "
+                       if hasattr(block, "create_position_ids_from_input_ids") else "")
+            report.replaced[block_name] = (
+                f"embrope embed: word + position + token type + LayerNorm in one pass ({padding}"
+                "HF's own code when given inputs_embeds)")
+        return
+    if family.embedding in ("positions", "opt_positions"):
+        kind = "wpe" if family.embedding == "positions" else "embed_positions"
+        for module_name, module in model.named_modules():
+            if module_name.rpartition(".")[2] != kind:
+                continue
+            if family.embedding == "positions":
+                replace(module, _position_lookup_forward)
+                what = "the position_ids HF passes"
+            else:
+                replace(module, _opt_positions_forward)
+                what = "positions from the attention mask, offset 2, as HF counts them"
+            report.replaced[module_name] = f"embrope embed of the learned position table ({what})"
+        report.kept[name] = ("the token lookup, and its sum with the positions' rows, are "
+                             "written in the model's forward between the two lookups: kept")
+        return
+    report.kept[name] = "a plain lookup (torch.nn.Embedding): nothing for embrope to fuse"
 
 
 def unpatch(model: torch.nn.Module) -> None:

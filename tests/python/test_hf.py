@@ -14,6 +14,7 @@ And HF's BertEmbeddings (before and with its LayerNorm) with all-MiniLM-L6-v2's 
 """
 
 import copy
+import importlib
 import json
 import math
 import pathlib
@@ -514,3 +515,33 @@ def test_split_sinusoids_are_marians_and_not_fairseqs():
     fairseq = M2M100SinusoidalPositionalEmbedding(positions, dim, padding_idx=1)
     fairseq_table = fairseq.get_embedding(positions, dim).numpy()
     assert np.abs(ours - fairseq_table).max() > 0.5
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_multimodal_configs_read_their_text_config_with_hfs_mrope_defaults(family, report):
+    """A VL model's config as transformers >= 5 writes it (the language model's fields under
+    text_config, and here no mrope_section: HF's rotary module then takes its own default
+    sections, and Qwen3-VL's always interleaves): embrope reads the text config and the
+    defaults, and rotates as HF's rotary module and apply_rotary_pos_emb do."""
+    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    config = CONFIG_MAPPING[family]()
+    text = config.get_text_config()
+    assert "mrope_section" not in text.rope_parameters and "hidden_size" not in config.to_dict()
+    rotary = next(getattr(modeling, name) for name in dir(modeling)
+                  if name.endswith("RotaryEmbedding") and "Vision" not in name)(text)
+    model = embrope.model_config_from_hf(config)
+    assert tuple(model.mrope_section) == tuple(rotary.mrope_section)
+    assert model.mrope_interleaved == (family == "qwen3_vl")
+
+    rng = np.random.default_rng(12)
+    S, D = 24, model.head_dim
+    positions = rng.integers(0, 512, (3, 1, S)).astype(np.int64)  # differing streams
+    q = rng.standard_normal((1, S, 2, D)).astype(np.float32)
+    cos, sin = rotary(torch.from_numpy(q), torch.from_numpy(positions))
+    hf_q, _ = modeling.apply_rotary_pos_emb(torch.from_numpy(q).transpose(1, 2),
+                                            torch.from_numpy(q).transpose(1, 2), cos, sin)
+    ours, _ = embrope.apply_rope(q, None, positions, embrope.RopeCache.from_model(model),
+                                 inplace=False)
+    error = np.abs(np.asarray(ours) - hf_q.transpose(1, 2).numpy()).max()
+    report(f"{family} config (text_config, HF's default mrope): apply_rope vs HF max {error:.1e}")
+    assert error < 1e-4  # HF's float32 angles at positions below 512

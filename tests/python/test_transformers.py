@@ -87,18 +87,72 @@ def _config(family: str):
         return transformers.Gemma3TextConfig(
             head_dim=HEAD, query_pre_attn_scalar=HEAD, sliding_window=8,
             layer_types=["sliding_attention", "full_attention"], **c)
+    if family in MROPE:  # the language model of a tiny VL model (a one-block vision tower)
+        sections = [4, 2, 2] if family == "qwen3_vl" else [2, 3, 3]  # rotary_dim / 2 = 8
+        c["rope_parameters"] = dict(rope_type="default", rope_theta=1e6, mrope_section=sections)
+        vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64,
+                      out_hidden_size=64)
+        if family == "qwen2_vl":
+            vision = dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2)
+        else:
+            c["head_dim"] = HEAD
+        configs = dict(qwen2_vl=transformers.Qwen2VLConfig,
+                       qwen2_5_vl=transformers.Qwen2_5_VLConfig,
+                       qwen3_vl=transformers.Qwen3VLConfig)
+        return configs[family](text_config=c, vision_config=vision)
+    if family == "deepseek_v3":  # MLA, YaRN with mscale, interleaved rope weights
+        c.update(num_key_value_heads=4, moe_intermediate_size=32, n_routed_experts=4,
+                 num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
+                 kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=HEAD, qk_nope_head_dim=16,
+                 v_head_dim=16, rope_interleave=True)
+        c["rope_parameters"] = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                    original_max_position_embeddings=4096, beta_fast=32,
+                                    beta_slow=1, mscale=1.0, mscale_all_dim=0.8)
+        return transformers.DeepseekV3Config(**c)
+    encoder = dict(vocab_size=c["vocab_size"], hidden_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, intermediate_size=96, initializer_range=0.2,
+                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    if family == "bert":
+        return transformers.BertConfig(type_vocab_size=2, **encoder)
+    if family == "roberta":  # padding id 1; positions count from it
+        return transformers.RobertaConfig(max_position_embeddings=40, **encoder)
+    if family == "xlm-roberta":
+        return transformers.XLMRobertaConfig(max_position_embeddings=40, **encoder)
+    if family == "gpt2":
+        return transformers.GPT2Config(vocab_size=c["vocab_size"], n_embd=64, n_layer=2, n_head=4,
+                                       n_positions=64, initializer_range=0.2, resid_pdrop=0.0,
+                                       embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0)
+    if family == "opt":  # positions from the attention mask, 2 rows of offset
+        return transformers.OPTConfig(vocab_size=c["vocab_size"], hidden_size=64,
+                                      num_hidden_layers=2, ffn_dim=96, num_attention_heads=4,
+                                      word_embed_proj_dim=32, max_position_embeddings=64,
+                                      init_std=0.2, dropout=0.0, pad_token_id=1)
     raise KeyError(family)
 
 
-FAMILIES = ["llama", "llama_dynamic", "mistral", "qwen2", "qwen2_moe", "granite", "phi3",
-            "gptj", "gpt_neox", "qwen3", "qwen3_moe", "gemma3_text"]
+MROPE = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+ROPE_FAMILIES = ["llama", "llama_dynamic", "mistral", "qwen2", "qwen2_moe", "granite", "phi3",
+                 "gptj", "gpt_neox", "qwen3", "qwen3_moe", "gemma3_text", *MROPE, "deepseek_v3"]
+ENCODERS = ["bert", "roberta", "xlm-roberta"]  # the embedding block with LayerNorm
+LEARNED = ["gpt2", "opt"]  # learned positions
+FAMILIES = ROPE_FAMILIES + ENCODERS + LEARNED
+GENERATIVE = ROPE_FAMILIES + LEARNED
 
 
 def _model(family: str, dtype=torch.float32):
     torch.manual_seed(0)
     config = _config(family)
     config._attn_implementation = "eager"
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    if family in MROPE:
+        config.get_text_config()._attn_implementation = "eager"
+        kind = dict(qwen2_vl=transformers.Qwen2VLForConditionalGeneration,
+                    qwen2_5_vl=transformers.Qwen2_5_VLForConditionalGeneration,
+                    qwen3_vl=transformers.Qwen3VLForConditionalGeneration)[family]
+        model = kind(config).eval()
+    elif family in ENCODERS:
+        model = transformers.AutoModelForMaskedLM.from_config(config).eval()
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
     if family == "gemma3_text":  # HF initialises the norms' w to 0 (scale 1 + 0): perturb
         with torch.no_grad():
             for name, p in model.named_parameters():
@@ -132,17 +186,33 @@ def _float64_rotary(config):
         inv_freq, attention = ref.hf_inv_freq(p, dim, config.max_position_embeddings,
                                               seq_len=seq_len)
         angle = position_ids.double()[..., None] * torch.from_numpy(inv_freq)
+        if "mrope_section" in p:  # [3, B, S, R/2]: frequency i takes one stream's angle
+            angle = angle[_mrope_streams(p["mrope_section"], config.model_type),
+                          :, :, torch.arange(dim // 2)].permute(1, 2, 0)
         emb = torch.cat([angle, angle], dim=-1)
         return emb.cos() * attention, emb.sin() * attention
     return forward
+
+
+def _mrope_streams(sections, model_type: str) -> torch.Tensor:
+    """The position stream (0 temporal, 1 height, 2 width) of each frequency: Qwen2-VL's
+    contiguous sections, or Qwen3-VL's interleaving (height at 1, 4, ... below 3 s_1, width
+    at 2, 5, ... below 3 s_2, temporal elsewhere)."""
+    half = sum(sections)
+    if model_type.startswith("qwen3_vl"):
+        return torch.tensor([1 if i % 3 == 1 and i < 3 * sections[1] else
+                             2 if i % 3 == 2 and i < 3 * sections[2] else 0
+                             for i in range(half)])
+    return torch.tensor([j for j, n in enumerate(sections) for _ in range(n)])
 
 
 def _float64_model(hf):
     model = copy.deepcopy(hf).double()
     model.config._experts_implementation = "eager"  # grouped_mm has no float64
     for module in model.modules():
-        if type(module).__name__.endswith("RotaryEmbedding"):
-            module.forward = _float64_rotary(model.config)
+        kind = type(module).__name__
+        if kind.endswith("RotaryEmbedding") and "Vision" not in kind:
+            module.forward = _float64_rotary(model.config.get_text_config())
     return model
 
 
@@ -153,28 +223,55 @@ def _ids(batch=2, length=12, seed=1):
                          generator=torch.Generator().manual_seed(seed))
 
 
+def _inputs(model, start=None, batch=2, length=12, seed=1):
+    """Token ids and the forward's keyword arguments for a family: padding where the family's
+    positions depend on it (RoBERTa's count from the padding: right-padded; OPT's from the
+    attention mask: left-padded), and for the mrope families three position streams
+    (temporal, height, width) that differ, as an image's tokens have them."""
+    model_type = model.config.model_type
+    ids = _ids(batch, length, seed)
+    kwargs = {}
+    pad = getattr(model.config.get_text_config(), "pad_token_id", None)
+    if model_type in ENCODERS + ["opt"]:
+        where = slice(-3, None) if model_type in ENCODERS else slice(0, 3)
+        ids = ids.masked_fill(ids == pad, pad + 1)
+        ids[0, where] = pad
+        kwargs["attention_mask"] = (ids != pad).long()
+    if model_type in MROPE:
+        step = torch.arange(length)
+        first = 0 if start is None else start
+        kwargs["position_ids"] = torch.stack(
+            [first + step, first + step // 3, first + step % 3 + 1])[:, None].expand(3, batch, -1)
+    elif start is not None:
+        kwargs["position_ids"] = torch.arange(start, start + length)[None]
+    return ids, kwargs
+
+
 def logits_error(hf, patched, positions=None) -> float:
-    ids = _ids()
-    kwargs = {} if positions is None else dict(position_ids=positions)
+    ids, kwargs = _inputs(hf)
+    if positions is not None:
+        kwargs["position_ids"] = positions
     with torch.no_grad():
         return float((hf(ids, **kwargs).logits - patched(ids, **kwargs).logits).abs().max())
 
 
 def far_errors(hf, patched, start=8192):
     """(patched's, HF's) max abs logit error against the float64 run at positions past 8K."""
-    ids = _ids()
-    positions = torch.arange(start, start + ids.shape[1])[None]
+    ids, kwargs = _inputs(hf, start=start)
     with torch.no_grad():
-        truth = _float64_model(hf)(ids, position_ids=positions).logits
-        ours = patched(ids, position_ids=positions).logits.double()
-        theirs = hf(ids, position_ids=positions).logits.double()
+        truth = _float64_model(hf)(ids, **kwargs).logits
+        ours = patched(ids, **kwargs).logits.double()
+        theirs = hf(ids, **kwargs).logits.double()
     return float((ours - truth).abs().max()), float((theirs - truth).abs().max())
 
 
 def generated(model, cache: str):
     ids = _ids(batch=1, length=6, seed=2)
+    mask = torch.ones_like(ids)
+    if model.config.model_type == "opt":  # left padding: OPT counts positions over the mask
+        ids[0, :2], mask[0, :2] = model.config.pad_token_id, 0
     kwargs = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0,
-                  attention_mask=torch.ones_like(ids))
+                  attention_mask=mask)
     if cache == "static":
         kwargs["cache_implementation"] = "static"
     return model.generate(ids, **kwargs)[0, ids.shape[1]:].tolist()
@@ -189,8 +286,8 @@ def losses(model, steps=5):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     out = []
     for step in range(steps):
-        ids = _ids(seed=10 + step)
-        loss = model(ids, labels=ids).loss
+        ids, kwargs = _inputs(model, seed=10 + step)
+        loss = model(ids, labels=ids, **kwargs).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -208,7 +305,7 @@ def test_logits_equal_hf(family, report):
     assert error < 2e-5
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ROPE_FAMILIES)
 def test_logits_past_8k_at_least_as_close_to_float64_as_hf(family, report):
     hf, patched, _ = _pair(family)
     ours, theirs = far_errors(hf, patched)
@@ -219,7 +316,7 @@ def test_logits_past_8k_at_least_as_close_to_float64_as_hf(family, report):
 
 # Dynamic NTK with a static cache: HF's table depends on the sequence seen so far either
 # way; the dynamic cache checks it.
-@pytest.mark.parametrize("family,cache", [(f, c) for f in FAMILIES for c in ("dynamic", "static")
+@pytest.mark.parametrize("family,cache", [(f, c) for f in GENERATIVE for c in ("dynamic", "static")
                                           if (f, c) != ("llama_dynamic", "static")])
 def test_greedy_generate_gives_hfs_tokens(family, cache):
     hf, patched, _ = _pair(family)
@@ -233,15 +330,16 @@ def test_training_with_checkpointing_gives_hfs_losses(family):
     assert np.allclose(got, expected, rtol=0, atol=1e-5), (got, expected)
 
 
-COMPILED = ["llama", "phi3", "gptj", "gpt_neox", "qwen3", "gemma3_text"]
+COMPILED = ["llama", "phi3", "gptj", "gpt_neox", "qwen3", "gemma3_text", "qwen2_vl", "qwen3_vl",
+            "deepseek_v3", "bert", "roberta", "gpt2", "opt"]
 
 
 def compiled_error(hf, patched) -> float:
     torch._dynamo.reset()
     compiled = torch.compile(patched, fullgraph=True, backend="aot_eager")
-    ids = _ids()
+    ids, kwargs = _inputs(hf)
     with torch.no_grad():
-        return float((compiled(ids).logits - hf(ids).logits).abs().max())
+        return float((compiled(ids, **kwargs).logits - hf(ids, **kwargs).logits).abs().max())
 
 
 @pytest.mark.parametrize("family", COMPILED)
@@ -250,16 +348,17 @@ def test_compiles_whole(family):
     assert compiled_error(hf, patched) < 2e-5
 
 
-@pytest.mark.parametrize("family,dtype", [(f, d) for f in ("llama", "qwen3", "gemma3_text")
+@pytest.mark.parametrize("family,dtype", [(f, d) for f in ("llama", "qwen3", "gemma3_text",
+                                                           "qwen3_vl", "deepseek_v3", "bert")
                                           for d in (torch.float16, torch.bfloat16)])
 def test_half_precision_within_the_dtypes_rounding(family, dtype):
     hf, patched, _ = _pair(family, dtype)
     truth = _float64_model(hf)
-    ids = _ids()
+    ids, kwargs = _inputs(hf)
     with torch.no_grad():
-        exact = truth(ids).logits
-        ours = (patched(ids).logits.double() - exact).abs().max()
-        theirs = (hf(ids).logits.double() - exact).abs().max()
+        exact = truth(ids, **kwargs).logits
+        ours = (patched(ids, **kwargs).logits.double() - exact).abs().max()
+        theirs = (hf(ids, **kwargs).logits.double() - exact).abs().max()
     # Both round at every layer; embrope's rotation rounds once where HF rounds cos, sin,
     # the products and the sum: no further from float64 than HF, beyond a rounding step.
     assert float(ours) <= 1.5 * float(theirs) + 4 * torch.finfo(dtype).eps
@@ -277,6 +376,104 @@ def test_gemma_scaled_embedding_is_hfs_bit_for_bit(dtype):
     ids = _ids()
     with torch.no_grad():
         assert torch.equal(patched.embed_tokens(ids), hf.embed_tokens(ids))
+
+
+# ------------------------------------------------ families with their own checks ----
+
+IMAGE, VIDEO, START, END = 90, 91, 92, 93  # the tiny VL models' special token ids
+
+
+def _vl_with_image(family):
+    """A tiny VL model, patched and not, and a prompt with a 4 x 6-patch image between text
+    tokens: HF's get_rope_index gives its tokens (temporal, height, width) positions and
+    decoding continues from HF's rope_deltas."""
+    torch.manual_seed(0)
+    config = _config(family)
+    for name, value in dict(image_token_id=IMAGE, video_token_id=VIDEO,
+                            vision_start_token_id=START, vision_end_token_id=END).items():
+        setattr(config, name, value)
+    hf, _, _ = _pair(family)
+    hf = type(hf)(config).eval()
+    patched = copy.deepcopy(hf)
+    et.patch(patched)
+    vision = config.vision_config
+    grid = torch.tensor([[1, 4, 6]])
+    pixels = torch.randn(int(grid.prod()),
+                         vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2,
+                         generator=torch.Generator().manual_seed(5))
+    image = int(grid.prod()) // vision.spatial_merge_size ** 2
+    ids = torch.cat([_ids(1, 3, seed=6) % 80, torch.tensor([[START] + [IMAGE] * image + [END]]),
+                     _ids(1, 4, seed=7) % 80], dim=1)
+    kwargs = dict(pixel_values=pixels, image_grid_thw=grid, attention_mask=torch.ones_like(ids),
+                  mm_token_type_ids=(ids == IMAGE).long())
+    return hf, patched, ids, kwargs
+
+
+@pytest.mark.parametrize("family", MROPE)
+def test_vl_prompt_with_an_image_gives_hfs_logits_and_tokens(family):
+    hf, patched, ids, kwargs = _vl_with_image(family)
+    positions, _ = hf.model.get_rope_index(ids, image_grid_thw=kwargs["image_grid_thw"],
+                                           mm_token_type_ids=kwargs["mm_token_type_ids"],
+                                           attention_mask=kwargs["attention_mask"])
+    assert not torch.equal(positions[1], positions[2])  # the image's rows and columns differ
+    with torch.no_grad():
+        assert float((hf(ids, **kwargs).logits - patched(ids, **kwargs).logits).abs().max()) < 2e-5
+    options = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
+    assert (patched.generate(ids, **kwargs, **options).tolist()
+            == hf.generate(ids, **kwargs, **options).tolist())
+
+
+def _mla_caches(hf, patched):
+    ids, _ = _inputs(hf)
+    with torch.no_grad():
+        caches = [model(ids, use_cache=True).past_key_values for model in (hf, patched)]
+    return [(a.keys, b.keys, a.values, b.values) for a, b in zip(*(c.layers for c in caches))]
+
+
+def test_deepseek_cache_holds_hfs_rotated_k_pe():
+    # The latent cache holds (kv_c, rotated k_pe): HF returns interleaved pairs rotated in
+    # rotate_half order, and a model that reads its cache (vLLM's, a saved prefix) needs
+    # those exact values, not only the same attention scores.
+    hf, patched, report = _pair("deepseek_v3")
+    assert "rotate_half order" in report.replaced["model.layers.0.self_attn"]
+    for layer, (hf_kv, our_kv, hf_pe, our_pe) in enumerate(_mla_caches(hf, patched)):
+        if layer == 0:  # the same input: the same latent, k_pe within the rotation's rounding
+            assert torch.equal(hf_kv, our_kv)
+        assert float((hf_kv - our_kv).abs().max()) < 1e-5 * float(hf_kv.abs().max())
+        assert float((hf_pe - our_pe).abs().max()) < 1e-5 * float(hf_pe.abs().max())
+
+
+def embedding_gradient_errors(hf, patched):
+    """Max abs difference of the embedding block's parameter gradients (patched vs HF) after
+    one masked-LM loss over padded ids, per parameter, relative to HF's largest."""
+    grads = []
+    for model in (hf, patched):
+        ids, kwargs = _inputs(model)
+        model(ids, labels=ids, **kwargs).loss.backward()
+        grads.append(dict(model.base_model.embeddings.named_parameters()))
+    assert set(grads[0]) == set(grads[1])
+    return {name: float((grads[1][name].grad - p.grad).abs().max() / p.grad.abs().max())
+            for name, p in grads[0].items()}
+
+
+@pytest.mark.parametrize("family", ENCODERS)
+def test_embedding_block_gradients_are_hfs(family):
+    hf, patched, report = _pair(family)
+    assert "LayerNorm in one pass" in report.replaced[f"{family.split('-')[-1]}.embeddings"]
+    errors = embedding_gradient_errors(hf, patched)
+    assert max(errors.values()) < 1e-5, errors
+    positions = patched.base_model.embeddings.position_embeddings
+    if positions.padding_idx is not None:  # RoBERTa: the padded tokens' row gets none
+        assert not positions.weight.grad[positions.padding_idx].any()
+
+
+def test_encoders_given_inputs_embeds_run_hfs_code():
+    hf, patched, _ = _pair("roberta")
+    ids, kwargs = _inputs(hf)
+    embeds = hf.roberta.embeddings.word_embeddings(ids)
+    with torch.no_grad():
+        assert torch.equal(patched(inputs_embeds=embeds, **kwargs).logits,
+                           hf(inputs_embeds=embeds, **kwargs).logits)
 
 
 # HF's float32 angles drift by up to ~1e-3 in these logits at 4K-9K (see the 8K test):
@@ -315,6 +512,24 @@ def test_report_names_what_was_replaced_and_what_was_kept():
     assert "qk_norm" in str(no_rope)
 
 
+def test_report_of_the_multimodal_encoder_and_learned_families():
+    _, _, vl = _pair("qwen2_vl")
+    assert "mrope [2, 3, 3]" in vl.replaced["model.language_model.rotary_emb"]
+    assert "vision tower" in vl.kept["model.visual.rotary_pos_emb"]
+    _, _, qwen3_vl = _pair("qwen3_vl")
+    assert "mrope [4, 2, 2] interleaved" in qwen3_vl.replaced["model.language_model.rotary_emb"]
+    _, _, opt = _pair("opt")
+    assert "offset 2" in opt.replaced["model.decoder.embed_positions"]
+    assert "model.decoder.embed_tokens" in opt.kept
+    _, _, gpt2 = _pair("gpt2")
+    assert list(gpt2.replaced) == ["transformer.wpe"]
+    hf, patched, _ = _pair("roberta")
+    et.unpatch(patched)
+    ids, kwargs = _inputs(hf)
+    with torch.no_grad():
+        assert torch.equal(patched(ids, **kwargs).logits, hf(ids, **kwargs).logits)
+
+
 @pytest.mark.parametrize("family", ["qwen3", "gemma3_text"])
 def test_qk_norm_unfused_equals_hf_too(family):
     hf, patched, _ = _pair(family, qk_norm=False)
@@ -349,9 +564,9 @@ def test_refusals_are_clear():
         et.patch(patched)
     with pytest.raises(embrope.InvalidArgumentError, match="not patched"):
         et.unpatch(hf)
-    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)
-    with pytest.raises(embrope.NotAvailableError, match=r"'gpt2' is not supported; supported: .*llama"):
-        et.patch(transformers.GPT2LMHeadModel(config))
+    config = transformers.BloomConfig(n_layer=1, hidden_size=32, n_head=2, vocab_size=64)
+    with pytest.raises(embrope.NotAvailableError, match=r"'bloom' is not supported; supported: .*llama"):
+        et.patch(transformers.BloomForCausalLM(config))
     assert "qwen3" in et.supported() and "gemma3_text" in et.supported()
 
 
@@ -364,7 +579,9 @@ def _sabotaged(family: str, how: str):
         if state is None:
             continue
         if how == "layout":
-            state.layout = "interleaved"
+            state.rope["layout"] = "interleaved"
+        elif how == "mrope":  # Qwen2-VL's sections in Qwen3-VL's interleaved order
+            state.rope["mrope_interleaved"] = not state.rope["mrope_interleaved"]
         elif how == "unit_offset":
             state.family = copy.copy(state.family)
             object.__setattr__(state.family, "unit_offset", not state.family.unit_offset)
@@ -378,6 +595,14 @@ def _sabotaged(family: str, how: str):
             tables.original = 1 << 30  # always the short factors
         else:
             tables._dynamic_update = lambda *a: None
+    if how == "padding_positions":  # positions 0, 1, ... instead of counted from the padding
+        block = patched.roberta.embeddings
+        block.create_position_ids_from_input_ids = (
+            lambda ids, padding_idx, past: torch.arange(ids.shape[1])[None].expand_as(ids))
+    if how == "padding_gradient":  # the padding row of the position table left trainable
+        patched.roberta.embeddings.position_embeddings.padding_idx = None
+    if how == "opt_offset":
+        patched.model.decoder.embed_positions.offset = 3  # HF: 2
     if how == "graph_break":
         positions = patched.model.rotary_emb
         forward = positions.forward
@@ -408,3 +633,20 @@ def test_checks_catch_a_wrong_patch():
     hf, wrong = _sabotaged("llama", "graph_break")
     with pytest.raises(Exception, match="(?i)graph.?break"):
         compiled_error(hf, wrong)
+
+
+def test_checks_of_the_later_families_catch_a_wrong_patch(monkeypatch):
+    hf, wrong = _sabotaged("qwen3_vl", "mrope")
+    assert logits_error(hf, wrong) > 1e-3
+    hf, wrong = _sabotaged("roberta", "padding_positions")
+    assert logits_error(hf, wrong) > 1e-3
+    hf, wrong = _sabotaged("roberta", "padding_gradient")
+    assert embedding_gradient_errors(hf, wrong)["position_embeddings.weight"] > 1e-3
+    hf, wrong = _sabotaged("opt", "opt_offset")
+    assert logits_error(hf, wrong) > 1e-3
+    # DeepSeek: k_pe left in interleaved order gives HF's logits (q and k permuted alike)
+    # but not HF's cache: the cache check catches what the logits cannot.
+    monkeypatch.setattr(et, "_rotary_pairs_halved", lambda x: x)
+    hf, wrong, _ = _pair("deepseek_v3")
+    assert logits_error(hf, wrong) < 2e-5
+    assert any(float((a - b).abs().max()) > 1e-2 for _, _, a, b in _mla_caches(hf, wrong))
