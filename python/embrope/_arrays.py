@@ -20,14 +20,27 @@ _KDL_CPU = 1
 _KDL_CUDA = 2
 
 
-def check_array(op: str, name: str, x: Any) -> None:
+def check_array(op: str, name: str, x: Any, *, autograd: bool = True) -> None:
     """Raise TypeError unless `x` is an array embrope can read (DLPack or NumPy), and
-    InvalidArgumentError for a NumPy array in the other byte order."""
+    InvalidArgumentError for a NumPy array in the other byte order, or (unless `autograd` is
+    False: an argument the call may write, checked by :func:`check_writable` or as read
+    later) for a torch tensor that requires grad while grad mode is on."""
     if not (hasattr(x, "__dlpack__") or isinstance(x, np.ndarray)):
         raise TypeError(
             f"{op}: {name} must be an array with __dlpack__ (NumPy, PyTorch, CuPy, JAX, ...), "
             f"not {type(x).__name__}"
         )
+    if autograd and _is_torch(x) and x.requires_grad:
+        import torch
+
+        if torch.is_grad_enabled():
+            # What the call returns cannot carry a gradient back to this tensor: a loss
+            # computed from it would leave this tensor's history silently without gradient.
+            # torch refuses .numpy() of such a tensor for the same reason.
+            raise _C.InvalidArgumentError(
+                f"{op}: {name} requires grad, and this call works outside autograd (its "
+                f"results carry no gradient back); use embrope.torch.{op} (differentiable), "
+                f"or call it under torch.no_grad() or with {name}.detach()")
     if isinstance(x, np.ndarray) and not x.dtype.isnative:
         raise _C.InvalidArgumentError(
             f"{op}: {name} has dtype {x.dtype.str}, in the byte order opposite to this "
@@ -47,9 +60,9 @@ def importable(x: Any) -> Any:
     return x
 
 
-def check_optional(op: str, name: str, x: Any) -> None:
+def check_optional(op: str, name: str, x: Any, *, autograd: bool = True) -> None:
     if x is not None:
-        check_array(op, name, x)
+        check_array(op, name, x, autograd=autograd)
 
 
 def is_immutable(x: Any) -> bool:
@@ -60,6 +73,7 @@ def is_immutable(x: Any) -> bool:
 def check_writable(op: str, name: str, x: Any) -> None:
     """Raise ValueError for an array the op would write but may not (a read-only NumPy array,
     an immutable JAX array)."""
+    _check_written_tensor(op, name, x)
     check_array(op, name, x)
     if isinstance(x, np.ndarray) and not x.flags.writeable:
         raise _C.InvalidArgumentError(f"{op}: {name} is read-only, and this call writes it")
@@ -67,6 +81,9 @@ def check_writable(op: str, name: str, x: Any) -> None:
         raise _C.InvalidArgumentError(
             f"{op}: {name} is a {type(x).__name__}, which is immutable, and this call writes it "
             "(pass inplace=False, or leave the output to embrope)")
+
+
+def _check_written_tensor(op: str, name: str, x: Any) -> None:
     if _is_torch(x) and x.requires_grad:
         import torch
 

@@ -22,15 +22,19 @@ class _Outputs:
             q_out = _arrays.empty_like(op, q, _arrays.shape_of(q))
         if self.allocated_k:
             k_out = _arrays.empty_like(op, k, _arrays.shape_of(k))
+        # q and k are written in place, or read only (then a torch tensor that requires
+        # grad is refused as any argument that is read: its results carry no gradient).
         if q_out is None:
             _arrays.check_writable(op, q_name, q)
         else:
             _arrays.check_writable(op, "q_out", q_out)
+            _arrays.check_array(op, q_name, q)
         if k is not None:
             if k_out is None:
                 _arrays.check_writable(op, k_name, k)
             else:
                 _arrays.check_writable(op, "k_out", k_out)
+                _arrays.check_array(op, k_name, k)
         elif k_out is not None:
             raise _C.InvalidArgumentError(f"{op}: k_out is given without {k_name}")
         self.q_out, self.k_out = q_out, k_out
@@ -56,8 +60,8 @@ def _rope_direction(op: str, backward: bool, q: Any, k: Any, positions: Any, cac
     """apply_rope or apply_rope_backward; `settings` are :func:`_native.rope_settings`'s."""
     q_name, k_name = ("dq", "dk") if backward else ("q", "k")
     options = _native.rope_settings(op, cache, **settings).options(op)
-    _arrays.check_array(op, q_name, q)
-    _arrays.check_optional(op, k_name, k)
+    _arrays.check_array(op, q_name, q, autograd=False)  # written or read: _Outputs checks
+    _arrays.check_optional(op, k_name, k, autograd=False)
     _arrays.check_array(op, "positions", positions)
     table = _native.rope_table(op, cache)
     out = _Outputs(op, q_name, k_name, q, k, inplace, q_out, k_out)
@@ -204,8 +208,8 @@ def apply_qk_norm_rope(q: Any, k: Any, positions: Any, cache: Any, *, q_weight: 
         A position outside the table: its token's rows are zero-filled.
     """
     op = "apply_qk_norm_rope"
-    _arrays.check_array(op, "q", q)
-    _arrays.check_optional(op, "k", k)
+    _arrays.check_array(op, "q", q, autograd=False)  # written or read: _Outputs checks
+    _arrays.check_optional(op, "k", k, autograd=False)
     _arrays.check_array(op, "positions", positions)
     call = _qk_arguments(op, q, cache, q_weight, k_weight, eps, unit_offset, deferred, stream,
                          layout=layout, inverse=inverse, rotary_dim=rotary_dim,
@@ -243,8 +247,8 @@ def apply_qk_norm_rope_backward(dq: Any, dk: Any, q: Any, k: Any, positions: Any
         The gradients with respect to q and k (dk is None without k).
     """
     op = "apply_qk_norm_rope_backward"
-    _arrays.check_array(op, "dq", dq)
-    _arrays.check_optional(op, "dk", dk)
+    _arrays.check_array(op, "dq", dq, autograd=False)  # written or read: _Outputs checks
+    _arrays.check_optional(op, "dk", dk, autograd=False)
     _arrays.check_array(op, "q", q)
     _arrays.check_optional(op, "k", k)
     _arrays.check_array(op, "positions", positions)
@@ -318,12 +322,15 @@ def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
         zero-fills its q rows), every other token is, and the first bad token is named.
     """
     op = "apply_rope_append_kv"
-    for name, array in (("q", q), ("k", k), ("v", v), ("positions", positions)):
+    _arrays.check_array(op, "q", q, autograd=False)  # written in place, or read (below)
+    for name, array in (("k", k), ("v", v), ("positions", positions)):
         _arrays.check_array(op, name, array)
-    for name, array in (("k_cache", k_cache), ("v_cache", v_cache), ("kv_cache", kv_cache),
-                        ("slot_mapping", slot_mapping), ("cache_offsets", cache_offsets),
-                        ("cu_seqlens", cu_seqlens), ("q_out", q_out), ("k_out", k_out)):
+    for name, array in (("slot_mapping", slot_mapping), ("cache_offsets", cache_offsets),
+                        ("cu_seqlens", cu_seqlens)):
         _arrays.check_optional(op, name, array)
+    for name, array in (("k_cache", k_cache), ("v_cache", v_cache), ("kv_cache", kv_cache),
+                        ("q_out", q_out), ("k_out", k_out)):  # written: check_writable below
+        _arrays.check_optional(op, name, array, autograd=False)
     if kv_cache is None and (k_cache is None or v_cache is None):
         raise _C.InvalidArgumentError(f"{op}: give k_cache and v_cache, or kv_cache")
     if kv_cache is not None and (k_cache is not None or v_cache is not None):
@@ -332,6 +339,8 @@ def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
         if array is not None:
             _arrays.check_writable(op, name, array)
     _arrays.check_writable(op, "q_out" if q_out is not None else "q", q if q_out is None else q_out)
+    if q_out is not None:
+        _arrays.check_array(op, "q", q)
     if k_out is not None:
         _arrays.check_writable(op, "k_out", k_out)
     table = _native.rope_table(op, cache)

@@ -3,7 +3,9 @@
 torch's own in-place ops move a tensor's version counter, so that a backward through a
 value saved before the write raises instead of using the new value, and they refuse to write
 a leaf that requires grad (and out= tensors that require grad) while grad mode is on. The
-generic API keeps those rules; embrope.torch is the differentiable path."""
+generic API keeps those rules, and refuses to read a tensor that requires grad while grad
+mode is on (its results would carry no gradient back, as torch refuses .numpy() of such a
+tensor); embrope.torch is the differentiable path."""
 
 import numpy as np
 import pytest
@@ -35,6 +37,28 @@ def test_writing_a_tensor_that_requires_grad_is_refused():
     table = torch.randn(10, 8)
     with pytest.raises(embrope.InvalidArgumentError, match="embed: out requires grad"):
         embrope.embed(table, torch.tensor([1, 2]), out=torch.empty(2, 8, requires_grad=True))
+
+
+def test_reading_a_tensor_that_requires_grad_is_refused():
+    # Out of place, the result carries no gradient: a loss computed from it would leave x's
+    # history without gradient, silently (torch refuses .numpy() of such a tensor).
+    x = torch.randn(4, 2, 8, requires_grad=True)
+    _, positions, cache = rope_args()
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match=r"apply_rope: q requires grad, and this call works outside "
+                             r"autograd .*embrope.torch.apply_rope"):
+        embrope.apply_rope(x * 2, None, positions, cache, inplace=False)
+    with pytest.raises(embrope.InvalidArgumentError, match="apply_rope: k requires grad"):
+        embrope.apply_rope(x.detach(), x, positions, cache, inplace=False)
+    weight = torch.nn.Embedding(10, 8).weight
+    with pytest.raises(embrope.InvalidArgumentError, match="embed: table requires grad"):
+        embrope.embed(weight, torch.tensor([1, 2]))
+    # detached, or under no_grad: read as any array
+    q, _ = embrope.apply_rope(x.detach(), None, positions, cache, inplace=False)
+    with torch.no_grad():
+        again, _ = embrope.apply_rope(x, None, positions, cache, inplace=False)
+        embrope.embed(weight, torch.tensor([1, 2]))
+    assert torch.equal(torch.as_tensor(q), torch.as_tensor(again))
 
 
 def test_under_no_grad_the_write_is_allowed_as_in_torch():
