@@ -330,8 +330,9 @@ def test_training_with_checkpointing_gives_hfs_losses(family):
     assert np.allclose(got, expected, rtol=0, atol=1e-5), (got, expected)
 
 
-COMPILED = ["llama", "phi3", "gptj", "gpt_neox", "qwen3", "gemma3_text", "qwen2_vl", "qwen3_vl",
-            "deepseek_v3", "bert", "roberta", "gpt2", "opt"]
+# Every family but dynamic NTK, whose table grows with the sequence from a host value (as
+# HF's does: docs/transformers.md).
+COMPILED = [f for f in FAMILIES if f != "llama_dynamic"]
 
 
 def compiled_error(hf, patched) -> float:
