@@ -244,15 +244,17 @@ void read_rope(const json& j, ModelConfig& m, std::string_view layer_type) {
       m.mrope_interleaved = mi->get<bool>();
     }
     if (type == "mrope") type = "default";
-  } else if (type == "mrope") {
-    fail(kOp, "{}type is mrope but mrope_section is missing", where);
   } else if (one_of(m.model_type, {"qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"})) {
     // HF's Qwen2VLRotaryEmbedding / Qwen2_5_VLRotaryEmbedding: mrope_section defaults to
-    // [16, 24, 24] when the config has none.
+    // [16, 24, 24] when the config has none (its rope_type "mrope" is then "default").
     m.mrope_section = {16, 24, 24};
+    if (type == "mrope") type = "default";
   } else if (one_of(m.model_type,
                     {"qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text"})) {
     m.mrope_section = {24, 20, 20};  // Qwen3VLTextRotaryEmbedding's default
+    if (type == "mrope") type = "default";
+  } else if (type == "mrope") {
+    fail(kOp, "{}type is mrope but mrope_section is missing", where);
   }
   // Qwen3-VL's rotary module interleaves the streams whatever the config says.
   if (one_of(m.model_type, {"qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text"})) {
@@ -362,7 +364,7 @@ ModelConfig model_config_from_hf_json(std::string_view json_text, std::string_vi
   // is read as it is.
   if (const json* text = find(j, "text_config");
       text != nullptr && text->is_object() && find(j, "hidden_size") == nullptr &&
-      find(j, "n_embd") == nullptr && find(j, "d_model") == nullptr) {
+      find(j, "n_embd") == nullptr && find(j, "d_model") == nullptr && find(j, "dim") == nullptr) {
     json inner = *text;
     if (find(inner, "model_type") == nullptr && find(j, "model_type") != nullptr) {
       inner["model_type"] = j["model_type"];

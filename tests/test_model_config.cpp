@@ -141,6 +141,18 @@ TEST_CASE("a VL config with the language model under text_config; HF's default m
   CHECK(q2.head_dim == 128);
   CHECK(q2.mrope_section == std::array<std::int64_t, 3>{16, 24, 24});
   CHECK_FALSE(q2.mrope_interleaved);
+  // rope_type "mrope" without sections: HF's text config makes it "default", with the
+  // rotary module's default sections; another family's is an error.
+  const ModelConfig typed = embrope::model_config_from_hf_json(R"({
+    "model_type": "qwen2_vl", "hidden_size": 3584, "num_attention_heads": 28,
+    "max_position_embeddings": 32768, "rope_theta": 1000000,
+    "rope_scaling": {"type": "mrope"}})");
+  CHECK(typed.mrope_section == std::array<std::int64_t, 3>{16, 24, 24});
+  CHECK(typed.rope.scaling == RopeScaling::none);
+  CHECK_THROWS_WITH(embrope::model_config_from_hf_json(R"({
+    "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+    "max_position_embeddings": 128, "rope_theta": 10000, "rope_scaling": {"type": "mrope"}})"),
+                    Catch::Contains("type is mrope but mrope_section is missing"));
   // A config with its own hidden size is read as it is (text_config ignored).
   const ModelConfig flat = embrope::model_config_from_hf_json(R"({
     "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,

@@ -44,6 +44,7 @@ def rope_table(op: str, cache: Any) -> dict:
         _arrays.check_array(op, "sin", sin)
         return {"cos": cos, "sin": sin}
     if hasattr(cache, "__dlpack__") or isinstance(cache, np.ndarray):
+        _arrays.check_array(op, "cache", cache)
         cos, sin = split_cos_sin_cache(op, cache)
         return {"cos": cos, "sin": sin}
     raise TypeError(

@@ -322,8 +322,10 @@ def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
         zero-fills its q rows), every other token is, and the first bad token is named.
     """
     op = "apply_rope_append_kv"
-    _arrays.check_array(op, "q", q, autograd=False)  # written in place, or read (below)
-    for name, array in (("k", k), ("v", v), ("positions", positions)):
+    # q is written in place or read, k read or written as k_out: checked below
+    _arrays.check_array(op, "q", q, autograd=False)
+    _arrays.check_array(op, "k", k, autograd=False)
+    for name, array in (("v", v), ("positions", positions)):
         _arrays.check_array(op, name, array)
     for name, array in (("slot_mapping", slot_mapping), ("cache_offsets", cache_offsets),
                         ("cu_seqlens", cu_seqlens)):
@@ -343,6 +345,8 @@ def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
         _arrays.check_array(op, "q", q)
     if k_out is not None:
         _arrays.check_writable(op, "k_out", k_out)
+    if k_out is not k:
+        _arrays.check_array(op, "k", k)
     table = _native.rope_table(op, cache)
     options = _native.rope_settings(op, cache, layout=layout, rotary_dim=rotary_dim,
                                     mrope_section=mrope_section,

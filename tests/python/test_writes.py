@@ -50,6 +50,9 @@ def test_reading_a_tensor_that_requires_grad_is_refused():
         embrope.apply_rope(x * 2, None, positions, cache, inplace=False)
     with pytest.raises(embrope.InvalidArgumentError, match="apply_rope: k requires grad"):
         embrope.apply_rope(x.detach(), x, positions, cache, inplace=False)
+    table = torch.from_numpy(np.array(cache.table)).requires_grad_()  # a cos_sin_cache
+    with pytest.raises(embrope.InvalidArgumentError, match="apply_rope: cache requires grad"):
+        embrope.apply_rope(x.detach(), None, positions, table, inplace=False)
     weight = torch.nn.Embedding(10, 8).weight
     with pytest.raises(embrope.InvalidArgumentError, match="embed: table requires grad"):
         embrope.embed(weight, torch.tensor([1, 2]))
