@@ -405,6 +405,7 @@ embrope_rope_cache_t* make_cache(Bytes& in, std::int64_t* rotary_dim, std::int64
   *positions = config.max_positions;
   // info and copy_to_host agree with the configuration.
   embrope_rope_config_t info;
+  embrope_rope_config_init(&info);
   DLDevice where;
   if (embrope_rope_cache_info(cache, &info, &where) != EMBROPE_OK ||
       info.rotary_dim != config.rotary_dim || info.max_positions != config.max_positions ||

@@ -82,6 +82,8 @@ declare -A provides=(
   [libomp-14-dev]=/usr/lib/llvm-14/lib/libomp.so
   # The format check of .ci/run (.clang-format at the root).
   [clang-format]=/usr/bin/clang-format
+  # The ABI check of .ci/run (scripts/abi-check.sh: abidw and abidiff of libabigail).
+  [abigail-tools]=/usr/bin/abidiff
 )
 
 missing=()

@@ -92,11 +92,56 @@ embrope_status_t guarded(const char* function, const char* op, Body&& body) noex
   }
 }
 
+// Binary compatibility (embrope.h, docs/abi.md): a caller's options / config struct holds
+// struct_size bytes, the sizeof of the header it was compiled with. read_sized gives this
+// library's struct: the caller's fields, this library's defaults for the fields past them;
+// a larger struct (a newer header) must hold zeros past the fields this library knows (as
+// Linux's copy_struct_from_user rules for openat2 and clone3).
+template <class T>
+T read_sized(const char* function, const char* name, const T* in,
+             void (*init_size)(T*, std::size_t)) {
+  T local;
+  init_size(&local, sizeof(T));
+  const std::size_t size = in->struct_size;
+  if (size < sizeof(std::size_t)) {
+    fail(function, fmt::format("{}->struct_size is {}: initialise the struct with its *_init "
+                               "function before setting fields",
+                               name, size));
+  }
+  if (size > sizeof(T)) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(in);
+    for (std::size_t i = sizeof(T); i < size; ++i) {
+      if (bytes[i] != 0) {
+        fail(function, fmt::format("{} is a {}-byte struct with fields set past the {} bytes this "
+                                   "library ({}) knows: the program was built against a newer "
+                                   "embrope.h than the library it runs with",
+                                   name, size, sizeof(T), EMBROPE_VERSION_STRING));
+      }
+    }
+  }
+  std::memcpy(static_cast<void*>(&local), in, std::min(size, sizeof(T)));
+  local.struct_size = sizeof(T);
+  return local;
+}
+
+// *_init_size: the defaults written into a caller's struct of struct_size bytes (zeros past
+// the fields this library knows).
+template <class T>
+void write_defaults(T* out, std::size_t struct_size, T defaults) {
+  if (out == nullptr || struct_size < sizeof(std::size_t)) return;
+  std::memset(static_cast<void*>(out), 0, struct_size);
+  defaults.struct_size = struct_size;
+  std::memcpy(static_cast<void*>(out), &defaults, std::min(struct_size, sizeof(T)));
+}
+
 embrope::RopeOptions rope_options(const char* function, const embrope_rope_options_t* o,
                                   void* stream) {
   embrope::RopeOptions options;
   options.stream.handle = stream;
   if (o == nullptr) return options;
+  const embrope_rope_options_t copy =
+      read_sized(function, "options", o, embrope_rope_options_init_size);
+  o = &copy;
   const long long layout = raw_enum(o->layout);
   if (layout != EMBROPE_ROPE_NEOX && layout != EMBROPE_ROPE_INTERLEAVED) {
     fail(function, fmt::format("layout {} is neither NEOX (0) nor INTERLEAVED (1)", layout));
@@ -116,6 +161,8 @@ embrope::RopeOptions rope_options(const char* function, const embrope_rope_optio
 embrope::QkNorm qk_norm(const char* function, const embrope_qk_norm_t* n) {
   embrope::QkNorm norm;
   if (n == nullptr) return norm;
+  const embrope_qk_norm_t copy = read_sized(function, "norm", n, embrope_qk_norm_init_size);
+  n = &copy;
   norm.q_weight = to_optional(function, "q_weight", n->q_weight);
   norm.k_weight = to_optional(function, "k_weight", n->k_weight);
   norm.eps = n->eps;
@@ -127,6 +174,9 @@ embrope::QkNormGradients qk_norm_gradients(const char* function,
                                            const embrope_qk_norm_gradients_t* g) {
   embrope::QkNormGradients grads;
   if (g == nullptr) return grads;
+  const embrope_qk_norm_gradients_t copy =
+      read_sized(function, "grads", g, embrope_qk_norm_gradients_init_size);
+  g = &copy;
   grads.q_weight = to_optional(function, "grads.q_weight", g->q_weight);
   grads.k_weight = to_optional(function, "grads.k_weight", g->k_weight);
   grads.workspace = g->workspace;
@@ -138,7 +188,8 @@ embrope::QkNormGradients qk_norm_gradients(const char* function,
 
 namespace {
 
-embrope::RopeConfig to_rope_config(const char* fn, const embrope_rope_config_t& in) {
+embrope::RopeConfig to_rope_config(const char* fn, const embrope_rope_config_t& caller) {
+  const embrope_rope_config_t in = read_sized(fn, "config", &caller, embrope_rope_config_init_size);
   embrope::RopeConfig c;
   c.rotary_dim = in.rotary_dim;
   c.base = in.base;
@@ -194,6 +245,8 @@ embrope::RopeConfig to_rope_config(const char* fn, const embrope_rope_config_t& 
 std::pair<embrope::KvCache, embrope::KvSlots> kv_cache_views(const char* fn,
                                                              const embrope_kv_cache_t* kv) {
   if (kv == nullptr) fail(fn, "kv is null");
+  const embrope_kv_cache_t copy = read_sized(fn, "kv", kv, embrope_kv_cache_init_size);
+  kv = &copy;
   const long long layout_value = raw_enum(kv->layout);
   if (layout_value != EMBROPE_KV_NHD && layout_value != EMBROPE_KV_HND) {
     fail(fn, fmt::format("layout {} is neither NHD (0) nor HND (1)", layout_value));
@@ -241,8 +294,9 @@ int embrope_cuda_device_count(void) {
   }
 }
 
-void embrope_rope_config_init(embrope_rope_config_t* config) {
-  if (config == nullptr) return;
+void embrope_rope_config_init_size(embrope_rope_config_t* out, size_t struct_size) {
+  embrope_rope_config_t defaults{};
+  embrope_rope_config_t* config = &defaults;
   const embrope::RopeConfig d;
   config->rotary_dim = d.rotary_dim;
   config->base = d.base;
@@ -262,6 +316,7 @@ void embrope_rope_config_init(embrope_rope_config_t* config) {
   config->long_factor = nullptr;
   config->num_factors = 0;
   config->attention_factor = d.attention_factor;
+  write_defaults(out, struct_size, defaults);
 }
 
 embrope_status_t embrope_rope_frequencies(const embrope_rope_config_t* config, double* inv_freq,
@@ -302,6 +357,12 @@ embrope_status_t embrope_rope_cache_info(const embrope_rope_cache_t* cache,
   return guarded(fn, "RopeCache", [&] {
     if (cache == nullptr) fail(fn, "cache is null");
     if (config != nullptr) {
+      // Written up to the caller's struct_size (a struct from an older header is shorter).
+      (void)read_sized(fn, "config", config, embrope_rope_config_init_size);  // its size
+      const std::size_t size = config->struct_size;
+      embrope_rope_config_t* out = config;
+      embrope_rope_config_t full;
+      config = &full;
       const embrope::RopeConfig& c = cache->cache.config();
       embrope_rope_config_init(config);
       config->rotary_dim = c.rotary_dim;
@@ -324,6 +385,8 @@ embrope_status_t embrope_rope_cache_info(const embrope_rope_cache_t* cache,
         config->num_factors = static_cast<int64_t>(c.short_factor.size());
       }
       config->attention_factor = c.attention_factor;
+      std::memcpy(static_cast<void*>(out), &full, std::min(size, sizeof full));
+      out->struct_size = size;
     }
     if (device != nullptr) {
       const embrope::Device d = cache->cache.device();
@@ -343,8 +406,9 @@ embrope_status_t embrope_rope_cache_copy_to_host(const embrope_rope_cache_t* cac
   });
 }
 
-void embrope_rope_options_init(embrope_rope_options_t* options) {
-  if (options == nullptr) return;
+void embrope_rope_options_init_size(embrope_rope_options_t* out, size_t struct_size) {
+  embrope_rope_options_t defaults{};
+  embrope_rope_options_t* options = &defaults;
   options->layout = EMBROPE_ROPE_NEOX;
   options->inverse = 0;
   options->rotary_dim = 0;
@@ -353,6 +417,7 @@ void embrope_rope_options_init(embrope_rope_options_t* options) {
   for (int64_t& s : options->mrope_section) s = 0;
   options->deferred = nullptr;
   options->mrope_interleaved = 0;
+  write_defaults(out, struct_size, defaults);
 }
 
 embrope_status_t embrope_apply_rope(const DLTensor* q, const DLTensor* k, const DLTensor* positions,
@@ -379,12 +444,14 @@ embrope_status_t embrope_apply_rope_cos_sin(const DLTensor* q, const DLTensor* k
   });
 }
 
-void embrope_kv_cache_init(embrope_kv_cache_t* kv) {
-  if (kv == nullptr) return;
+void embrope_kv_cache_init_size(embrope_kv_cache_t* out, size_t struct_size) {
+  embrope_kv_cache_t defaults{};
+  embrope_kv_cache_t* kv = &defaults;
   *kv = embrope_kv_cache_t{};
   kv->layout = EMBROPE_KV_NHD;
   kv->k_scale = 1.0f;
   kv->v_scale = 1.0f;
+  write_defaults(out, struct_size, defaults);
 }
 
 embrope_status_t embrope_apply_rope_append_kv(const DLTensor* q, const DLTensor* k,
@@ -432,8 +499,9 @@ embrope_status_t embrope_packed_positions(const DLTensor* cu_seqlens, const DLTe
   });
 }
 
-void embrope_embed_options_init(embrope_embed_options_t* options) {
-  if (options == nullptr) return;
+void embrope_embed_options_init_size(embrope_embed_options_t* out, size_t struct_size) {
+  embrope_embed_options_t defaults{};
+  embrope_embed_options_t* options = &defaults;
   options->scale = 1.0f;
   options->vocab_start = 0;
   options->vocab_shard = 0;
@@ -452,6 +520,7 @@ void embrope_embed_options_init(embrope_embed_options_t* options) {
   options->norm_eps = 1e-5f;
   options->norm_unit_offset = 0;
   options->pre_norm_out = nullptr;
+  write_defaults(out, struct_size, defaults);
 }
 
 embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const DLTensor* out,
@@ -460,7 +529,10 @@ embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const
   return guarded(fn, "embed", [&] {
     embrope::EmbedOptions options;
     options.stream.handle = stream;
+    embrope_embed_options_t copy;
     if (o != nullptr) {
+      copy = read_sized(fn, "options", o, embrope_embed_options_init_size);
+      o = &copy;
       options.scale = o->scale;
       options.vocab_start = o->vocab_start;
       options.vocab_shard = o->vocab_shard != 0;
@@ -520,8 +592,10 @@ embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const
 
 // ---------------------------------------------------------------- backward passes ----
 
-void embrope_embed_backward_options_init(embrope_embed_backward_options_t* options) {
-  if (options == nullptr) return;
+void embrope_embed_backward_options_init_size(embrope_embed_backward_options_t* out,
+                                              size_t struct_size) {
+  embrope_embed_backward_options_t defaults{};
+  embrope_embed_backward_options_t* options = &defaults;
   options->scale = 1.0f;
   options->vocab_start = 0;
   options->vocab_shard = 0;
@@ -536,6 +610,7 @@ void embrope_embed_backward_options_init(embrope_embed_backward_options_t* optio
   options->workspace = nullptr;
   options->workspace_bytes = 0;
   options->deferred = nullptr;
+  write_defaults(out, struct_size, defaults);
 }
 
 embrope_status_t embrope_deferred_status_create(DLDevice device,
@@ -570,6 +645,9 @@ embrope::EmbedBackwardOptions embed_backward_options(const char* fn,
   embrope::EmbedBackwardOptions options;
   options.stream.handle = stream;
   if (o == nullptr) return options;
+  const embrope_embed_backward_options_t copy =
+      read_sized(fn, "options", o, embrope_embed_backward_options_init_size);
+  o = &copy;
   options.scale = o->scale;
   options.vocab_start = o->vocab_start;
   options.vocab_shard = o->vocab_shard != 0;
@@ -654,15 +732,19 @@ embrope_status_t embrope_apply_rope_backward_cos_sin(const DLTensor* dq, const D
   });
 }
 
-void embrope_qk_norm_init(embrope_qk_norm_t* norm) {
-  if (norm == nullptr) return;
+void embrope_qk_norm_init_size(embrope_qk_norm_t* out, size_t struct_size) {
+  embrope_qk_norm_t defaults{};
+  embrope_qk_norm_t* norm = &defaults;
   *norm = embrope_qk_norm_t{};
   norm->eps = 1e-6f;
+  write_defaults(out, struct_size, defaults);
 }
 
-void embrope_qk_norm_gradients_init(embrope_qk_norm_gradients_t* grads) {
-  if (grads == nullptr) return;
+void embrope_qk_norm_gradients_init_size(embrope_qk_norm_gradients_t* out, size_t struct_size) {
+  embrope_qk_norm_gradients_t defaults{};
+  embrope_qk_norm_gradients_t* grads = &defaults;
   *grads = embrope_qk_norm_gradients_t{};
+  write_defaults(out, struct_size, defaults);
 }
 
 embrope_status_t embrope_apply_qk_norm_rope(const DLTensor* q, const DLTensor* k,

@@ -156,8 +156,8 @@ TEST_CASE("C cos/sin cache: create, info, copy_to_host, destroy", "[c_api][rope_
   REQUIRE(embrope_rope_cache_create(&config, DLDevice{kDLCPU, 0}, nullptr, &cache) == EMBROPE_OK);
   REQUIRE(cache != nullptr);
 
-  embrope_rope_config_t info;
-  std::memset(&info, 0, sizeof info);
+  embrope_rope_config_t info;  // written by the library, up to its struct_size
+  embrope_rope_config_init(&info);
   DLDevice device{kDLCUDA, 7};
   CHECK(embrope_rope_cache_info(cache, &info, &device) == EMBROPE_OK);
   CHECK(info.rotary_dim == 24);
@@ -732,6 +732,7 @@ TEST_CASE("C scaling variants: frequencies, caches and info agree with the C++ A
   REQUIRE(embrope_rope_cache_create(&c, DLDevice{kDLCPU, 0}, nullptr, &cache) == EMBROPE_OK);
   short_f.assign(32, 99.0);  // the cache keeps its own copy
   embrope_rope_config_t info;
+  embrope_rope_config_init(&info);
   REQUIRE(embrope_rope_cache_info(cache, &info, nullptr) == EMBROPE_OK);
   CHECK(info.scaling == EMBROPE_ROPE_SCALING_LONGROPE);
   CHECK(info.num_factors == 32);
@@ -1169,4 +1170,101 @@ TEST_CASE("C apply_qk_norm_rope and its backward give the C++ API's bytes",
   CHECK(embrope_apply_qk_norm_rope_backward_workspace_size(&dqd.t, &dkd.t, &g, nullptr) ==
         EMBROPE_ERROR_INVALID_ARGUMENT);
   CHECK(embrope_rope_cache_destroy(cache) == EMBROPE_OK);
+}
+
+// ------------------------------------------------------- binary compatibility ------------
+
+namespace {
+
+// apply_rope with mrope on q [4, 1, 16] (rotary 16: sections [4, 2, 2] fit both the
+// contiguous and the interleaved order) and differing position streams; `options` as given.
+// The call's last error is kept in `message` (the cache's destruction clears the thread's).
+std::string message;
+std::vector<float> mrope_rotated(const embrope_rope_options_t* options, embrope_status_t* status) {
+  const CCache cache(16, 10000.0, 64);
+  ref::Buffer q(DType::float32, 4 * 16), pos(DType::int64, 3 * 4);
+  ref::fill_random(q, 31);
+  for (std::int64_t i = 0; i < 12; ++i) pos.set(i, static_cast<double>((i * 7 + i / 4 * 5) % 60));
+  DL qd(q, {4, 1, 16}), pd(pos, {3, 4});
+  *status = embrope_apply_rope(&qd.t, nullptr, &pd.t, cache.handle, options, nullptr);
+  message = last_error();
+  std::vector<float> out(4 * 16);
+  for (std::int64_t i = 0; i < 4 * 16; ++i)
+    out[static_cast<std::size_t>(i)] = static_cast<float>(q.get(i));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("C structs of an older header are read up to struct_size, the rest defaults",
+          "[c_api][abi]") {
+  // A header before mrope_interleaved existed: its embrope_rope_options_t ended at that
+  // field's offset (a program built with it passes that struct_size; the bytes past it are
+  // not its own). Filled with 0xAB here, which as mrope_interleaved would mean "interleaved".
+  const std::size_t older = offsetof(embrope_rope_options_t, mrope_interleaved);
+  alignas(embrope_rope_options_t) unsigned char bytes[sizeof(embrope_rope_options_t) + 16];
+  std::memset(bytes, 0xAB, sizeof bytes);
+  auto* old_options = reinterpret_cast<embrope_rope_options_t*>(bytes);
+  embrope_rope_options_init_size(old_options, older);
+  CHECK(old_options->struct_size == older);
+  for (std::size_t i = older; i < sizeof bytes; ++i) REQUIRE(bytes[i] == 0xAB);  // not written
+  old_options->mrope_section[0] = 4;
+  old_options->mrope_section[1] = 2;
+  old_options->mrope_section[2] = 2;
+
+  embrope_rope_options_t contiguous, interleaved;
+  embrope_rope_options_init(&contiguous);
+  std::copy(old_options->mrope_section, old_options->mrope_section + 3, contiguous.mrope_section);
+  interleaved = contiguous;
+  interleaved.mrope_interleaved = 1;
+  embrope_status_t s1 = EMBROPE_OK, s2 = EMBROPE_OK, s3 = EMBROPE_OK;
+  const std::vector<float> from_old = mrope_rotated(old_options, &s1);
+  const std::vector<float> expected = mrope_rotated(&contiguous, &s2);
+  const std::vector<float> other = mrope_rotated(&interleaved, &s3);
+  REQUIRE(s1 == EMBROPE_OK);
+  REQUIRE(s2 == EMBROPE_OK);
+  REQUIRE(s3 == EMBROPE_OK);
+  CHECK(from_old == expected);  // mrope_interleaved past the old struct: its default, 0
+  CHECK(other != expected);     // (the field matters: reading the 0xAB bytes would show)
+}
+
+TEST_CASE("C structs of a newer header: zeros past the known fields, else a clear error",
+          "[c_api][abi]") {
+  alignas(embrope_rope_options_t) unsigned char bytes[sizeof(embrope_rope_options_t) + 16];
+  std::memset(bytes, 0xAB, sizeof bytes);
+  auto* newer = reinterpret_cast<embrope_rope_options_t*>(bytes);
+  embrope_rope_options_init_size(newer, sizeof bytes);
+  CHECK(newer->struct_size == sizeof bytes);
+  for (std::size_t i = sizeof(embrope_rope_options_t); i < sizeof bytes; ++i) CHECK(bytes[i] == 0);
+  embrope_status_t status = EMBROPE_OK;
+  mrope_rotated(newer, &status);  // mrope off: a plain rotation of 3-row positions fails
+  CHECK(status == EMBROPE_ERROR_INVALID_ARGUMENT);
+  newer->mrope_section[0] = 4;
+  newer->mrope_section[1] = 2;
+  newer->mrope_section[2] = 2;
+  mrope_rotated(newer, &status);
+  CHECK(status == EMBROPE_OK);  // unknown fields all zero: accepted
+  bytes[sizeof(embrope_rope_options_t) + 3] = 1;
+  mrope_rotated(newer, &status);
+  CHECK(status == EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(message, Catch::Contains("fields set past the") &&
+                          Catch::Contains("built against a newer embrope.h"));
+
+  embrope_rope_options_t never_initialised;
+  std::memset(&never_initialised, 0, sizeof never_initialised);
+  mrope_rotated(&never_initialised, &status);
+  CHECK(status == EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(message, Catch::Contains("options->struct_size is 0: initialise the struct"));
+
+  // A struct the library writes is written up to the caller's struct_size.
+  const CCache cache(16, 10000.0, 64);
+  alignas(embrope_rope_config_t) unsigned char config_bytes[sizeof(embrope_rope_config_t)];
+  std::memset(config_bytes, 0xCD, sizeof config_bytes);
+  auto* info = reinterpret_cast<embrope_rope_config_t*>(config_bytes);
+  const std::size_t older = offsetof(embrope_rope_config_t, attention_factor);
+  embrope_rope_config_init_size(info, older);
+  REQUIRE(embrope_rope_cache_info(cache.handle, info, nullptr) == EMBROPE_OK);
+  CHECK(info->rotary_dim == 16);
+  CHECK(info->struct_size == older);
+  for (std::size_t i = older; i < sizeof config_bytes; ++i) CHECK(config_bytes[i] == 0xCD);
 }

@@ -111,6 +111,7 @@ c_enum = ctypes.c_int  # C enums of this header are int-sized on the supported A
 
 class RopeConfig(ctypes.Structure):
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),  # set by the *_init_size call
         ("rotary_dim", ctypes.c_int64),
         ("base", ctypes.c_double),
         ("max_positions", ctypes.c_int64),
@@ -134,6 +135,7 @@ class RopeConfig(ctypes.Structure):
 
 class RopeOptions(ctypes.Structure):
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),  # set by the *_init_size call
         ("layout", c_enum),
         ("inverse", ctypes.c_int32),
         ("rotary_dim", ctypes.c_int64),
@@ -146,6 +148,7 @@ class RopeOptions(ctypes.Structure):
 
 class EmbedOptions(ctypes.Structure):
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),  # set by the *_init_size call
         ("scale", ctypes.c_float),
         ("vocab_start", ctypes.c_int64),
         ("vocab_shard", ctypes.c_int32),
@@ -163,6 +166,7 @@ class EmbedOptions(ctypes.Structure):
 
 class EmbedBackwardOptions(ctypes.Structure):
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),  # set by the *_init_size call
         ("scale", ctypes.c_float),
         ("vocab_start", ctypes.c_int64),
         ("vocab_shard", ctypes.c_int32),
@@ -198,12 +202,12 @@ class Embrope:
         lib.embrope_last_error.argtypes = []
         lib.embrope_cuda_device_count.restype = ctypes.c_int
         lib.embrope_cuda_device_count.argtypes = []
-        lib.embrope_rope_config_init.restype = None
-        lib.embrope_rope_config_init.argtypes = [P(RopeConfig)]
-        lib.embrope_rope_options_init.restype = None
-        lib.embrope_rope_options_init.argtypes = [P(RopeOptions)]
-        lib.embrope_embed_options_init.restype = None
-        lib.embrope_embed_options_init.argtypes = [P(EmbedOptions)]
+        lib.embrope_rope_config_init_size.restype = None
+        lib.embrope_rope_config_init_size.argtypes = [P(RopeConfig), ctypes.c_size_t]
+        lib.embrope_rope_options_init_size.restype = None
+        lib.embrope_rope_options_init_size.argtypes = [P(RopeOptions), ctypes.c_size_t]
+        lib.embrope_embed_options_init_size.restype = None
+        lib.embrope_embed_options_init_size.argtypes = [P(EmbedOptions), ctypes.c_size_t]
         lib.embrope_rope_cache_create.restype = ctypes.c_int
         lib.embrope_rope_cache_create.argtypes = [P(RopeConfig), DLDevice, ctypes.c_void_p,
                                                   P(ctypes.c_void_p)]
@@ -218,8 +222,8 @@ class Embrope:
         lib.embrope_embed.restype = ctypes.c_int
         lib.embrope_embed.argtypes = [P(DLTensor), P(DLTensor), P(DLTensor), P(EmbedOptions),
                                       ctypes.c_void_p]
-        lib.embrope_embed_backward_options_init.restype = None
-        lib.embrope_embed_backward_options_init.argtypes = [P(EmbedBackwardOptions)]
+        lib.embrope_embed_backward_options_init_size.restype = None
+        lib.embrope_embed_backward_options_init_size.argtypes = [P(EmbedBackwardOptions), ctypes.c_size_t]
         lib.embrope_embed_backward.restype = ctypes.c_int
         lib.embrope_embed_backward.argtypes = [P(DLTensor), P(DLTensor), P(DLTensor),
                                                P(EmbedBackwardOptions), ctypes.c_void_p]
@@ -249,8 +253,8 @@ class Embrope:
             return s
 
         c = poisoned(RopeConfig)
-        self.lib.embrope_rope_config_init(ctypes.byref(c))
-        got = {f: getattr(c, f) for f, _ in RopeConfig._fields_}
+        self.lib.embrope_rope_config_init_size(ctypes.byref(c), ctypes.sizeof(c))
+        got = {f: getattr(c, f) for f, _ in RopeConfig._fields_ if f != "struct_size"}
         got["short_factor"] = bool(c.short_factor)
         got["long_factor"] = bool(c.long_factor)
         want = dict(rotary_dim=0, base=10000.0, max_positions=0, scaling=0, factor=1.0,
@@ -261,13 +265,13 @@ class Embrope:
         if got != want:
             raise RuntimeError(f"embrope_rope_config_t mirror does not match the library: {got}")
         o = poisoned(RopeOptions)
-        self.lib.embrope_rope_options_init(ctypes.byref(o))
+        self.lib.embrope_rope_options_init_size(ctypes.byref(o), ctypes.sizeof(o))
         if (o.layout, o.inverse, o.rotary_dim, bool(o.q_out), bool(o.k_out),
                 tuple(o.mrope_section), bool(o.deferred)) != (0, 0, 0, False, False, (0, 0, 0),
                                                               False):
             raise RuntimeError("embrope_rope_options_t mirror does not match the library")
         e = poisoned(EmbedOptions)
-        self.lib.embrope_embed_options_init(ctypes.byref(e))
+        self.lib.embrope_embed_options_init_size(ctypes.byref(e), ctypes.sizeof(e))
         pointers = [bool(getattr(e, f)) for f in ("position_table", "position_ids",
                                                   "position_offsets", "type_table", "type_ids",
                                                   "deferred")]
@@ -275,7 +279,7 @@ class Embrope:
                 e.sinusoid_layout, any(pointers)) != (1.0, 0, 0, 0, 10000.0, 0, False):
             raise RuntimeError("embrope_embed_options_t mirror does not match the library")
         b = poisoned(EmbedBackwardOptions)
-        self.lib.embrope_embed_backward_options_init(ctypes.byref(b))
+        self.lib.embrope_embed_backward_options_init_size(ctypes.byref(b), ctypes.sizeof(b))
         if (b.scale, b.vocab_start, b.vocab_shard, b.has_padding_idx, b.padding_idx, b.mode,
                 b.workspace_bytes, any(bool(getattr(b, f)) for f in (
                     "grad_position_table", "position_ids", "position_offsets", "grad_type_table",
@@ -306,7 +310,7 @@ class Embrope:
     # -- cache
     def rope_cache(self, rotary_dim, max_positions, base, device, stream):
         config = RopeConfig()
-        self.lib.embrope_rope_config_init(ctypes.byref(config))
+        self.lib.embrope_rope_config_init_size(ctypes.byref(config), ctypes.sizeof(config))
         config.rotary_dim = rotary_dim
         config.max_positions = max_positions
         config.base = base
@@ -585,7 +589,7 @@ def run_rope(args, lib, device, timer, results, peers, failures):
     cos_sin_f32 = torch.cat((cos_half, sin_half), -1).to(device)  # FlashInfer's layout
     cos_half_dev, sin_half_dev = cos_half.to(device), sin_half.to(device)
     opts = RopeOptions()
-    lib.lib.embrope_rope_options_init(ctypes.byref(opts))
+    lib.lib.embrope_rope_options_init_size(ctypes.byref(opts), ctypes.sizeof(opts))
     opts.layout = EMBROPE_ROPE_NEOX
     opts.deferred = lib.deferred_status(device)
 
@@ -801,7 +805,7 @@ def run_embed(args, lib, device, timer, results, failures):
                 def embrope_impl(out, mode=mode, pos=pos):
                     tv, iv, ov, pv = DLView(table), DLView(ids), DLView(out), DLView(pos_table)
                     o = EmbedOptions()
-                    lib.lib.embrope_embed_options_init(ctypes.byref(o))
+                    lib.lib.embrope_embed_options_init_size(ctypes.byref(o), ctypes.sizeof(o))
                     o.positions = EMBROPE_POSITIONS_LEARNED
                     o.position_table = pv.ptr
                     o.deferred = lib.deferred_status(device)
@@ -904,7 +908,7 @@ def run_embed_backward(args, lib, device, timer, results, failures):
             grad = torch.zeros(args.vocab, hidden, dtype=torch.float32, device=device)
             gv, iv, tv = DLView(grad_out), DLView(ids), DLView(grad)
             opts = EmbedBackwardOptions()
-            lib.lib.embrope_embed_backward_options_init(ctypes.byref(opts))
+            lib.lib.embrope_embed_backward_options_init_size(ctypes.byref(opts), ctypes.sizeof(opts))
             opts.deferred = lib.deferred_status(device)
 
             def embrope_call():

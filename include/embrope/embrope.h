@@ -24,6 +24,15 @@
  *   queued. embrope_last_error() is per thread: another thread's calls never change it.
  * - Options structs are initialised with their *_init function before fields are set, so
  *   that new fields get their defaults.
+ * - Binary compatibility (docs/abi.md): every options / config struct starts with
+ *   struct_size, which *_init sets to the sizeof the caller was compiled with (an inline
+ *   function over the exported *_init_size). The library reads only the bytes the caller's
+ *   struct holds and gives the fields past them their defaults, so a program built against
+ *   an older header of the same SONAME runs with a newer library. New fields are only ever
+ *   appended, past the previous sizeof. A struct larger than the library's (a newer header)
+ *   is accepted when the fields the library does not know are zero, and is an
+ *   INVALID_ARGUMENT error otherwise; a struct_size of 0 (never initialised) is an error.
+ *   Structs the library writes (embrope_rope_cache_info) are written up to struct_size.
  */
 #ifndef EMBROPE_EMBROPE_H_
 #define EMBROPE_EMBROPE_H_
@@ -79,9 +88,10 @@ typedef enum embrope_rope_scaling_t {
 
 /* Fields a variant does not use must keep the defaults set by embrope_rope_config_init. */
 typedef struct embrope_rope_config_t {
-  int64_t rotary_dim;             /* even, > 0 */
-  double base;                    /* finite, > 0; default 10000 */
-  int64_t max_positions;          /* positions [0, max_positions) are valid; > 0 */
+  size_t struct_size;    /* sizeof the struct the caller was compiled with: set by the init */
+  int64_t rotary_dim;    /* even, > 0 */
+  double base;           /* finite, > 0; default 10000 */
+  int64_t max_positions; /* positions [0, max_positions) are valid; > 0 */
   embrope_rope_scaling_t scaling; /* default NONE */
   double factor;                  /* context extension factor; default 1 */
   int64_t original_max_positions; /* pretrained context (dynamic, yarn, llama3, longrope) */
@@ -100,7 +110,10 @@ typedef struct embrope_rope_config_t {
 
 /* Sets the defaults: rotary_dim 0, base 10000, max_positions 0, scaling NONE, factor 1,
  * beta_fast 32, beta_slow 1, truncate 1, low/high_freq_factor 1 and 4, the rest 0/NULL. */
-EMBROPE_API void embrope_rope_config_init(embrope_rope_config_t* config);
+EMBROPE_API void embrope_rope_config_init_size(embrope_rope_config_t* config, size_t struct_size);
+static inline void embrope_rope_config_init(embrope_rope_config_t* config) {
+  embrope_rope_config_init_size(config, sizeof(*config));
+}
 
 /* The frequencies (rotary_dim / 2 doubles into inv_freq) and attention factor that a
  * configuration gives, computed in float64 without building a table. */
@@ -160,6 +173,7 @@ typedef enum embrope_rope_layout_t {
 } embrope_rope_layout_t;
 
 typedef struct embrope_rope_options_t {
+  size_t struct_size; /* sizeof the struct the caller was compiled with: set by the init */
   embrope_rope_layout_t layout; /* default NEOX */
   int32_t inverse;              /* nonzero: rotate by -angle (backward); default 0 */
   int64_t rotary_dim;           /* 0: the table's; else must equal it. Default 0 */
@@ -176,7 +190,11 @@ typedef struct embrope_rope_options_t {
   int32_t mrope_interleaved;
 } embrope_rope_options_t;
 
-EMBROPE_API void embrope_rope_options_init(embrope_rope_options_t* options);
+EMBROPE_API void embrope_rope_options_init_size(embrope_rope_options_t* options,
+                                                size_t struct_size);
+static inline void embrope_rope_options_init(embrope_rope_options_t* options) {
+  embrope_rope_options_init_size(options, sizeof(*options));
+}
 
 /* Rotates q [T, Hq, D] or [B, S, Hq, D] and, unless k is NULL, k [T, Hk, D] or
  * [B, S, Hk, D] by positions [T] or [B, S] (int32/int64), with the cache's cos/sin.
@@ -206,6 +224,7 @@ typedef enum embrope_kv_layout_t {
 
 /* The KV cache a call writes and where each token goes (apply_rope_append_kv.hpp). */
 typedef struct embrope_kv_cache_t {
+  size_t struct_size; /* sizeof the struct the caller was compiled with: set by the init */
   /* Separate caches, or NULL for both and kv_cache [pages, 2, ...] (k at 0, v at 1). A
    * contiguous cache [B, max_len, kv_heads, head_dim] is NHD with one page per sequence. Any
    * value dtype, or float8_e4m3fn / float8_e5m2 (DLPack codes 10 and 12). */
@@ -222,7 +241,10 @@ typedef struct embrope_kv_cache_t {
   const DLTensor* cu_seqlens;
 } embrope_kv_cache_t;
 
-EMBROPE_API void embrope_kv_cache_init(embrope_kv_cache_t* kv);
+EMBROPE_API void embrope_kv_cache_init_size(embrope_kv_cache_t* kv, size_t struct_size);
+static inline void embrope_kv_cache_init(embrope_kv_cache_t* kv) {
+  embrope_kv_cache_init_size(kv, sizeof(*kv));
+}
 
 /* RoPE of q (in place or options->q_out) and k, fused with the write of rotated k and of v
  * [T, Hk, Dv] or [B, S, Hk, Dv] into the KV cache, in one launch. k is only read unless
@@ -273,6 +295,7 @@ typedef enum embrope_normalization_t {
 } embrope_normalization_t;
 
 typedef struct embrope_embed_options_t {
+  size_t struct_size;  /* sizeof the struct the caller was compiled with: set by the init */
   float scale;         /* multiplies the token row; default 1 */
   int64_t vocab_start; /* the table holds ids [vocab_start, vocab_start + V); default 0 */
   int32_t vocab_shard; /* nonzero: ids outside the shard give zero token rows; default 0 */
@@ -294,7 +317,11 @@ typedef struct embrope_embed_options_t {
   const DLTensor* pre_norm_out; /* the row before the norm, like out (or float32), or NULL */
 } embrope_embed_options_t;
 
-EMBROPE_API void embrope_embed_options_init(embrope_embed_options_t* options);
+EMBROPE_API void embrope_embed_options_init_size(embrope_embed_options_t* options,
+                                                 size_t struct_size);
+static inline void embrope_embed_options_init(embrope_embed_options_t* options) {
+  embrope_embed_options_init_size(options, sizeof(*options));
+}
 
 /* out[n] = scale * table[ids[n] - vocab_start] (+ positional row) (+ type row), normalised
  * when options->norm says so, in float32 with one rounding. table [V, D] and out [ids.shape..., D]
@@ -316,6 +343,7 @@ typedef enum embrope_backward_mode_t {
 } embrope_backward_mode_t;
 
 typedef struct embrope_embed_backward_options_t {
+  size_t struct_size;      /* sizeof the struct the caller was compiled with: set by the init */
   float scale;             /* the forward's scale, applied to grad_table only; default 1 */
   int64_t vocab_start;     /* as embrope_embed_options_t; default 0 */
   int32_t vocab_shard;     /* nonzero: ids outside the shard give no gradient; default 0 */
@@ -332,7 +360,11 @@ typedef struct embrope_embed_backward_options_t {
   embrope_deferred_status_t* deferred; /* NULL (default): a bad row fails the call */
 } embrope_embed_backward_options_t;
 
-EMBROPE_API void embrope_embed_backward_options_init(embrope_embed_backward_options_t* options);
+EMBROPE_API void embrope_embed_backward_options_init_size(embrope_embed_backward_options_t* options,
+                                                          size_t struct_size);
+static inline void embrope_embed_backward_options_init(embrope_embed_backward_options_t* options) {
+  embrope_embed_backward_options_init_size(options, sizeof(*options));
+}
 
 /* The backward of embrope_embed: grad_table[ids[n] - vocab_start] += scale * grad_out[n],
  * grad_position_table[pos_n] += grad_out[n], grad_type_table[type_ids[n]] += grad_out[n]
@@ -369,13 +401,17 @@ EMBROPE_API embrope_status_t embrope_apply_rope_backward_cos_sin(
 /* The per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3): each head row x becomes
  * x / sqrt(mean(x^2) + eps) * w in float32. */
 typedef struct embrope_qk_norm_t {
+  size_t struct_size;       /* sizeof the struct the caller was compiled with: set by the init */
   const DLTensor* q_weight; /* [head_dim], float32 or q's dtype; NULL: 1 (default) */
   const DLTensor* k_weight; /* the same for k; needs k */
   float eps;                /* finite, >= 0; default 1e-6 */
   int32_t unit_offset;      /* nonzero: the weight applied is 1 + w (Gemma); default 0 */
 } embrope_qk_norm_t;
 
-EMBROPE_API void embrope_qk_norm_init(embrope_qk_norm_t* norm);
+EMBROPE_API void embrope_qk_norm_init_size(embrope_qk_norm_t* norm, size_t struct_size);
+static inline void embrope_qk_norm_init(embrope_qk_norm_t* norm) {
+  embrope_qk_norm_init_size(norm, sizeof(*norm));
+}
 
 /* Normalises every head row of q (and k, unless NULL) with norm (NULL: no weights, eps 1e-6),
  * then rotates it as embrope_apply_rope does, in one pass (options as there: in place unless
@@ -395,13 +431,18 @@ EMBROPE_API embrope_status_t embrope_apply_qk_norm_rope_cos_sin(
 
 /* Where the backward's weight gradients go ([head_dim] float32, overwritten), or NULL. */
 typedef struct embrope_qk_norm_gradients_t {
+  size_t struct_size; /* sizeof the struct the caller was compiled with: set by the init */
   const DLTensor* q_weight;
   const DLTensor* k_weight;
   void* workspace;        /* CUDA: NULL (default) allocates on the stream */
   size_t workspace_bytes; /* at least embrope_apply_qk_norm_rope_backward_workspace_size() */
 } embrope_qk_norm_gradients_t;
 
-EMBROPE_API void embrope_qk_norm_gradients_init(embrope_qk_norm_gradients_t* grads);
+EMBROPE_API void embrope_qk_norm_gradients_init_size(embrope_qk_norm_gradients_t* grads,
+                                                     size_t struct_size);
+static inline void embrope_qk_norm_gradients_init(embrope_qk_norm_gradients_t* grads) {
+  embrope_qk_norm_gradients_init_size(grads, sizeof(*grads));
+}
 
 /* The gradient of embrope_apply_qk_norm_rope: dq and dk (the outputs' gradients) become the
  * inputs' gradients (or go to options->q_out / k_out); q and k are the forward's inputs; the
