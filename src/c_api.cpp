@@ -93,21 +93,31 @@ embrope_status_t guarded(const char* function, const char* op, Body&& body) noex
 }
 
 // Binary compatibility (embrope.h, docs/abi.md): a caller's options / config struct holds
-// struct_size bytes, the sizeof of the header it was compiled with. read_sized gives this
-// library's struct: the caller's fields, this library's defaults for the fields past them;
-// a larger struct (a newer header) must hold zeros past the fields this library knows (as
-// Linux's copy_struct_from_user rules for openat2 and clone3).
+// struct_size bytes, the sizeof of the header it was compiled with: a multiple of the
+// struct's alignment (every struct starts with a size_t), at least that size_t, and far
+// below a page (a garbage size from a struct never initialised is refused before any byte
+// past the caller's object is read).
+template <class T>
+void check_struct_size(const char* function, const char* name, const T* in) {
+  const std::size_t size = in->struct_size;
+  if (size < sizeof(std::size_t) || size > 4096 || size % alignof(T) != 0) {
+    fail(function, fmt::format("{}->struct_size is {}, not the size of an embrope.h struct: "
+                               "initialise the struct with its *_init function before setting "
+                               "fields",
+                               name, size));
+  }
+}
+
+// read_sized gives this library's struct: the caller's fields, this library's defaults for
+// the fields past them; a larger struct (a newer header) must hold zeros past the fields this
+// library knows (as Linux's copy_struct_from_user rules for openat2 and clone3).
 template <class T>
 T read_sized(const char* function, const char* name, const T* in,
              void (*init_size)(T*, std::size_t)) {
   T local;
   init_size(&local, sizeof(T));
+  check_struct_size(function, name, in);
   const std::size_t size = in->struct_size;
-  if (size < sizeof(std::size_t)) {
-    fail(function, fmt::format("{}->struct_size is {}: initialise the struct with its *_init "
-                               "function before setting fields",
-                               name, size));
-  }
   if (size > sizeof(T)) {
     const auto* bytes = reinterpret_cast<const unsigned char*>(in);
     for (std::size_t i = sizeof(T); i < size; ++i) {
@@ -358,7 +368,7 @@ embrope_status_t embrope_rope_cache_info(const embrope_rope_cache_t* cache,
     if (cache == nullptr) fail(fn, "cache is null");
     if (config != nullptr) {
       // Written up to the caller's struct_size (a struct from an older header is shorter).
-      (void)read_sized(fn, "config", config, embrope_rope_config_init_size);  // its size
+      check_struct_size(fn, "config", config);  // an output: written up to its size
       const std::size_t size = config->struct_size;
       embrope_rope_config_t* out = config;
       embrope_rope_config_t full;

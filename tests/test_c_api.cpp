@@ -228,6 +228,7 @@ TEST_CASE("C cos/sin cache creation errors", "[c_api][rope_cache][errors]") {
   }
   SECTION("info and copy_to_host of a null cache") {
     embrope_rope_config_t info;
+    embrope_rope_config_init(&info);
     DLDevice device;
     CHECK(embrope_rope_cache_info(nullptr, &info, &device) == EMBROPE_ERROR_INVALID_ARGUMENT);
     float c = 0, s = 0;
@@ -1254,7 +1255,14 @@ TEST_CASE("C structs of a newer header: zeros past the known fields, else a clea
   std::memset(&never_initialised, 0, sizeof never_initialised);
   mrope_rotated(&never_initialised, &status);
   CHECK(status == EMBROPE_ERROR_INVALID_ARGUMENT);
-  CHECK_THAT(message, Catch::Contains("options->struct_size is 0: initialise the struct"));
+  CHECK_THAT(message, Catch::Contains("options->struct_size is 0, not the size of an "
+                                      "embrope.h struct: initialise the struct"));
+  for (const std::size_t garbage : {std::size_t{12}, std::size_t{1} << 40}) {
+    never_initialised.struct_size = garbage;  // refused before any byte past it is read
+    mrope_rotated(&never_initialised, &status);
+    CHECK(status == EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(message, Catch::Contains("struct_size is " + std::to_string(garbage)));
+  }
 
   // A struct the library writes is written up to the caller's struct_size.
   const CCache cache(16, 10000.0, 64);

@@ -183,6 +183,7 @@ std::vector<CallCase> rope_cache_cases() {
                    invalid({"cache", "null"}),
                    [] {
                      embrope_rope_config_t config;
+                     embrope_rope_config_init(&config);
                      DLDevice device;
                      return from_status(embrope_rope_cache_info(nullptr, &config, &device));
                    },

@@ -31,7 +31,8 @@
  *   an older header of the same SONAME runs with a newer library. New fields are only ever
  *   appended, past the previous sizeof. A struct larger than the library's (a newer header)
  *   is accepted when the fields the library does not know are zero, and is an
- *   INVALID_ARGUMENT error otherwise; a struct_size of 0 (never initialised) is an error.
+ *   INVALID_ARGUMENT error otherwise; a struct_size that no header gives (0, not a multiple
+ *   of 8, or past 4096: a struct never initialised) is an error.
  *   Structs the library writes (embrope_rope_cache_info) are written up to struct_size.
  */
 #ifndef EMBROPE_EMBROPE_H_
@@ -134,7 +135,9 @@ EMBROPE_API embrope_status_t embrope_rope_cache_create(const embrope_rope_config
 /* Frees a cache. A null handle is accepted and does nothing. */
 EMBROPE_API embrope_status_t embrope_rope_cache_destroy(embrope_rope_cache_t* cache);
 
-/* The cache's configuration and device. */
+/* The cache's configuration (into config, which must have been initialised with
+ * embrope_rope_config_init: it is written up to its struct_size) and device. Either output
+ * may be NULL. */
 EMBROPE_API embrope_status_t embrope_rope_cache_info(const embrope_rope_cache_t* cache,
                                                      embrope_rope_config_t* config,
                                                      DLDevice* device);
