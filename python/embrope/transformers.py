@@ -89,7 +89,8 @@ _FAMILIES: Dict[str, _Family] = {
     "opt": _Family(embedding="opt_positions"),
 }
 # The language model of a multimodal model, alone (Qwen2VLTextModel, ...).
-_FAMILIES.update({f"{name}_text": _FAMILIES[name] for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")})
+_FAMILIES.update({f"{name}_text": _FAMILIES[name]
+                  for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")})
 
 
 def supported() -> List[str]:
@@ -509,7 +510,8 @@ def patch(model: torch.nn.Module, *, rope: bool = True, qk_norm: bool = True,
     ----------
     model : transformers.PreTrainedModel
         A model of an architecture in :func:`supported` (a ``*ForCausalLM``, a VL model's
-        ``*ForConditionalGeneration``, a ``*ForMaskedLM`` or their base models). Other models in the process are untouched: the patch is per instance.
+        ``*ForConditionalGeneration``, a ``*ForMaskedLM`` or their base models). Other
+        models in the process are untouched: the patch is per instance.
     rope : bool, default True
         Replace the rotary module and the attention modules' rotation.
     qk_norm : bool, default True
