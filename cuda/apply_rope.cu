@@ -11,9 +11,13 @@
 //   the GPU, head-parallel (blocks split a token's heads) for decode-sized calls.
 // - rope_kernel, the general path (any rotary dim, unaligned pointers or strides, a
 //   float16/bfloat16 cos/sin table): one warp per (token, head) row, scalar accesses.
-// Each thread owns whole rotation pairs, so in place is race-free in both.
+// Each thread owns whole rotation pairs, so in place is race-free in both. Both are templated
+// on the output element type O: T, or a float8 type for quantized outputs (RoPE + FP8 as
+// FlashInfer's rope_quantize_fp8: value * scale rounded once; the vector path then takes the
+// generic rotary dim only, to keep the instantiations few).
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "../src/backend.hpp"
 #include "../src/dispatch.hpp"
@@ -32,9 +36,11 @@ using detail::to_float;
 
 constexpr int kWarpsPerBlock = 8;
 
-template <typename T, typename C>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    rope_kernel(const __grid_constant__ detail::RopeParams p) {
+// The general path's rows, into outputs of T (rope_kernel) or of a float8 O
+// (rope_quantized_kernel).
+template <typename T, typename C, typename O>
+__device__ __forceinline__ void rope_rows(const detail::RopeParams& p) {
+  constexpr bool kQuantized = !std::is_same_v<O, T>;
   const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
   const std::int64_t rows = p.batch * p.seq * heads;
   const std::int64_t half = p.rotary_dim / 2;
@@ -47,15 +53,16 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     const std::int64_t h = r - t * heads;
     const std::int64_t b = t / p.seq;
     const std::int64_t s = t - b * p.seq;
-    const detail::RopeRow<T> row = detail::rope_row<T>(p, b, s, h);
+    const detail::RopeRow<T, O> row = detail::rope_row<T, O>(p, b, s, h);
     const T* in = row.in;
-    T* out = row.out;
+    O* out = row.out;
     if (detail::rope_bad_stream(p, b, s) >= 0) {
-      for (std::int64_t j = lane; j < p.head_dim; j += 32) out[j] = from_float<T>(0.0f);
+      for (std::int64_t j = lane; j < p.head_dim; j += 32) out[j] = from_float<O>(0.0f);
       if (lane == 0)
         report_bad_row(p.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
       continue;
     }
+    const float scale = kQuantized ? detail::rope_out_scale(p, h) : 1.0f;
     const detail::TokenPositions pos = detail::token_positions(p, b, s);
     for (std::int64_t i = lane; i < half; i += 32) {
       const std::int64_t ia = detail::rope_pair_first(p, i);
@@ -65,10 +72,14 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       float a = to_float(in[ia]);
       float v = to_float(in[ib]);
       detail::rotate_pair(a, v, c, sn);
-      out[ia] = from_float<T>(a);
-      out[ib] = from_float<T>(v);
+      out[ia] = detail::rope_output_value<T, O>(a, scale);
+      out[ib] = detail::rope_output_value<T, O>(v, scale);
     }
-    if (out != in) {
+    if constexpr (kQuantized) {
+      for (std::int64_t j = p.rotary_dim + lane; j < p.head_dim; j += 32) {
+        out[j] = detail::rope_output_value<T, O>(to_float(in[j]), scale);
+      }
+    } else if (out != in) {
       for (std::int64_t j = p.rotary_dim + lane; j < p.head_dim; j += 32) out[j] = in[j];
     }
   }
@@ -76,22 +87,43 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 }
 
 template <typename T, typename C>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    rope_kernel(const __grid_constant__ detail::RopeParams p) {
+  rope_rows<T, C, T>(p);
+}
+
+// (256, 1), as append_kv_kernel: with the bound alone ptxas spilled 4 bytes around the two
+// float8 conversions of a pair in the float16 instantiations.
+template <typename T, typename C, typename O>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock, 1)
+    rope_quantized_kernel(const __grid_constant__ detail::RopeParams p) {
+  rope_rows<T, C, O>(p);
+}
+
+template <typename T, typename C, typename O>
 void launch(const detail::RopeParams& p, cudaStream_t stream) {
   const std::int64_t rows = p.batch * p.seq * (p.q.heads + (p.has_k ? p.k.heads : 0));
   const dim3 block(32, kWarpsPerBlock);
-  rope_kernel<T, C><<<grid_for(rows, kWarpsPerBlock), block, 0, stream>>>(p);
-  check_launch("rope_kernel");
+  if constexpr (std::is_same_v<O, T>) {
+    rope_kernel<T, C><<<grid_for(rows, kWarpsPerBlock), block, 0, stream>>>(p);
+    check_launch("rope_kernel");
+  } else {
+    rope_quantized_kernel<T, C, O><<<grid_for(rows, kWarpsPerBlock), block, 0, stream>>>(p);
+    check_launch("rope_quantized_kernel");
+  }
 }
 
 // ---------------------------------------------------------------- fast path ----
 
 // kRotaryDim: the rotary dim as a compile-time constant for the common head sizes (address
 // arithmetic and loop bounds fold), or 0 for any other size (read from the parameters).
-template <typename T, RopeLayout kLayout, int kRotaryDim>
+template <typename T, typename O, RopeLayout kLayout, int kRotaryDim>
 __global__ void __launch_bounds__(256)
     rope_vector_kernel(const __grid_constant__ detail::RopeParams p, std::int64_t heads_per_block) {
+  constexpr bool kQuantized = !std::is_same_v<O, T>;
   constexpr int kVec = kVec16<T>;
   using V = Chunk<T, kVec>;
+  using VOut = Chunk<O, kVec>;
   constexpr int kPairs = kChunkPairs<kLayout, kVec>;
   const std::int64_t tokens = p.batch * p.seq;
   const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
@@ -115,27 +147,31 @@ __global__ void __launch_bounds__(256)
       report_bad_row(p.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
     }
     for (std::int64_t h = head_begin + threadIdx.y; h < head_end; h += blockDim.y) {
-      const detail::RopeRow<T> row = detail::rope_row<T>(p, b, s, h);
+      const detail::RopeRow<T, O> row = detail::rope_row<T, O>(p, b, s, h);
       const T* in = row.in;
-      T* out = row.out;
+      O* out = row.out;
       if (bad) {
-        V zero;
+        VOut zero;
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) zero.v[j] = from_float<T>(0.0f);
+        for (int j = 0; j < kVec; ++j) zero.v[j] = from_float<O>(0.0f);
         for (std::int64_t e = chunk * kVec; e < p.head_dim; e += blockDim.x * kVec) {
-          *reinterpret_cast<V*>(out + e) = zero;
+          *reinterpret_cast<VOut*>(out + e) = zero;
         }
         continue;
       }
-      V lo, hi;
-      load_rotated<kLayout, true>(in, first, half, c, sn, lo, hi);
-      store_rotated<kLayout>(first, half, lo, hi, [&](std::int64_t at, const V& part) {
+      const float scale = kQuantized ? detail::rope_out_scale(p, h) : 1.0f;
+      VOut lo, hi;
+      load_rotated<kLayout, true>(in, first, half, c, sn, lo, hi, scale);
+      store_rotated<kLayout>(first, half, lo, hi, [&](std::int64_t at, const VOut& part) {
         store_elements<true>(out + at, part);
       });
-      if (out != in) {
+      bool pass_through = true;  // the elements past rotary_dim, unless in place
+      if constexpr (!kQuantized) pass_through = out != in;
+      if (pass_through) {
         for (std::int64_t e = chunk; e < tail_chunks; e += blockDim.x) {
           const std::int64_t at = rotary_dim + e * kVec;
-          *reinterpret_cast<V*>(out + at) = *reinterpret_cast<const V*>(in + at);
+          *reinterpret_cast<VOut*>(out + at) =
+              output_chunk<O>(*reinterpret_cast<const V*>(in + at), scale);
         }
       }
     }
@@ -144,8 +180,9 @@ __global__ void __launch_bounds__(256)
 }
 
 // The fast path needs: a float32 table, whole 16-byte chunks everywhere (rotary part,
-// pass-through part, every pointer and stride), and at most 256 threads per head row.
-template <typename T>
+// pass-through part, every pointer and stride; a float8 output's chunks aligned to their
+// size), and at most 256 threads per head row.
+template <typename T, typename O>
 bool fits_vector_path(const detail::RopeParams& p) {
   constexpr std::int64_t vec = kVec16<T>;
   if (p.table_dtype != DType::float32) return false;
@@ -155,7 +192,7 @@ bool fits_vector_path(const detail::RopeParams& p) {
   const std::int64_t chunks = neox ? p.rotary_dim / 2 / vec : p.rotary_dim / vec;
   if (chunks > 256) return false;
   auto heads_ok = [&](const detail::RopeHeads& x) {
-    return is_aligned(x.in, 16) && is_aligned(x.out, 16) && x.in_stride_b % vec == 0 &&
+    return is_aligned(x.in, 16) && is_aligned(x.out, vec * sizeof(O)) && x.in_stride_b % vec == 0 &&
            x.in_stride_s % vec == 0 && x.in_stride_h % vec == 0 && x.out_stride_b % vec == 0 &&
            x.out_stride_s % vec == 0 && x.out_stride_h % vec == 0;
   };
@@ -167,7 +204,7 @@ bool fits_vector_path(const detail::RopeParams& p) {
          p.sin_stride % (pairs >= 4 ? 4 : pairs) == 0;
 }
 
-template <typename T, RopeLayout kLayout>
+template <typename T, typename O, RopeLayout kLayout>
 void launch_vector(const detail::RopeParams& p, cudaStream_t stream) {
   constexpr std::int64_t vec = kVec16<T>;
   const std::int64_t chunks =
@@ -178,48 +215,58 @@ void launch_vector(const detail::RopeParams& p, cudaStream_t stream) {
   const dim3 grid = shape.grid, block = shape.block;
   const std::int64_t heads_per_block = shape.rows_per_split;
   // Templated on the common rotary dims (full rotary of heads of 64, 80, 96, 128 and 256, and
-  // the partial 32 of GPT-NeoX/Pythia and 64 of GPT-J); any other size takes the generic one.
-  switch (p.rotary_dim) {
-    case 32:
-      rope_vector_kernel<T, kLayout, 32><<<grid, block, 0, stream>>>(p, heads_per_block);
-      break;
-    case 64:
-      rope_vector_kernel<T, kLayout, 64><<<grid, block, 0, stream>>>(p, heads_per_block);
-      break;
-    case 80:
-      rope_vector_kernel<T, kLayout, 80><<<grid, block, 0, stream>>>(p, heads_per_block);
-      break;
-    case 96:
-      rope_vector_kernel<T, kLayout, 96><<<grid, block, 0, stream>>>(p, heads_per_block);
-      break;
-    case 128:
-      rope_vector_kernel<T, kLayout, 128><<<grid, block, 0, stream>>>(p, heads_per_block);
-      break;
-    case 256:
-      rope_vector_kernel<T, kLayout, 256><<<grid, block, 0, stream>>>(p, heads_per_block);
-      break;
-    default:
-      rope_vector_kernel<T, kLayout, 0><<<grid, block, 0, stream>>>(p, heads_per_block);
+  // the partial 32 of GPT-NeoX/Pythia and 64 of GPT-J); any other size, and float8 outputs,
+  // take the generic one.
+  if constexpr (!std::is_same_v<O, T>) {
+    rope_vector_kernel<T, O, kLayout, 0><<<grid, block, 0, stream>>>(p, heads_per_block);
+  } else {
+    switch (p.rotary_dim) {
+      case 32:
+        rope_vector_kernel<T, T, kLayout, 32><<<grid, block, 0, stream>>>(p, heads_per_block);
+        break;
+      case 64:
+        rope_vector_kernel<T, T, kLayout, 64><<<grid, block, 0, stream>>>(p, heads_per_block);
+        break;
+      case 80:
+        rope_vector_kernel<T, T, kLayout, 80><<<grid, block, 0, stream>>>(p, heads_per_block);
+        break;
+      case 96:
+        rope_vector_kernel<T, T, kLayout, 96><<<grid, block, 0, stream>>>(p, heads_per_block);
+        break;
+      case 128:
+        rope_vector_kernel<T, T, kLayout, 128><<<grid, block, 0, stream>>>(p, heads_per_block);
+        break;
+      case 256:
+        rope_vector_kernel<T, T, kLayout, 256><<<grid, block, 0, stream>>>(p, heads_per_block);
+        break;
+      default:
+        rope_vector_kernel<T, T, kLayout, 0><<<grid, block, 0, stream>>>(p, heads_per_block);
+    }
   }
   check_launch("rope_vector_kernel");
 }
 
-template <typename T>
+template <typename T, typename O>
 void launch_for_table(const detail::RopeParams& p, cudaStream_t stream) {
-  if (fits_vector_path<T>(p)) {
-    if (p.layout == RopeLayout::neox) return launch_vector<T, RopeLayout::neox>(p, stream);
-    return launch_vector<T, RopeLayout::interleaved>(p, stream);
+  if (fits_vector_path<T, O>(p)) {
+    if (p.layout == RopeLayout::neox) return launch_vector<T, O, RopeLayout::neox>(p, stream);
+    return launch_vector<T, O, RopeLayout::interleaved>(p, stream);
   }
-  detail::dispatch_value_dtype(p.table_dtype,
-                               [&](auto c) { launch<T, typename decltype(c)::type>(p, stream); });
+  detail::dispatch_value_dtype(
+      p.table_dtype, [&](auto c) { launch<T, typename decltype(c)::type, O>(p, stream); });
 }
 
 }  // namespace
 
 void apply_rope(const detail::RopeParams& p, Device device, Stream stream) {
   DeviceGuard guard(device);
-  detail::dispatch_value_dtype(
-      p.dtype, [&](auto t) { launch_for_table<typename decltype(t)::type>(p, to_cuda(stream)); });
+  detail::dispatch_value_dtype(p.dtype, [&](auto t) {
+    using T = typename decltype(t)::type;
+    if (!detail::rope_quantized(p)) return launch_for_table<T, T>(p, to_cuda(stream));
+    detail::dispatch_float8_dtype(p.out_dtype, [&](auto o) {
+      launch_for_table<T, typename decltype(o)::type>(p, to_cuda(stream));
+    });
+  });
 }
 
 }  // namespace embrope::gpu

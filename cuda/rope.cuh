@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "../src/params.hpp"
 #include "common.cuh"
@@ -72,39 +73,59 @@ constexpr int kChunkPairs = kLayout == RopeLayout::neox ? kVec : kVec / 2;
 // aligned 16-byte access per part; otherwise element by element. The parts are Chunks (as
 // the vector loads and stores are): with plain arrays of 16-bit values ptxas kept the
 // float16 neox chunks in local memory.
-template <RopeLayout kLayout, bool kVector, typename T, int kVec, int kPairs>
+// The parts are of the output's element type O: T (rounded once, `scale` unused), or a float8
+// type for quantized outputs (scaled, then rounded once: detail::rope_output_value).
+template <RopeLayout kLayout, bool kVector, typename T, typename O, int kVec, int kPairs>
 __device__ __forceinline__ void load_rotated(const T* in, std::int64_t first, std::int64_t half,
                                              const float (&c)[kPairs], const float (&sn)[kPairs],
-                                             Chunk<T, kVec>& lo, Chunk<T, kVec>& hi) {
+                                             Chunk<O, kVec>& lo, Chunk<O, kVec>& hi,
+                                             float scale = 1.0f) {
   static_assert(kPairs == kChunkPairs<kLayout, kVec>, "cos/sin entries: one per pair");
-  using detail::from_float;
+  using detail::rope_output_value;
   using detail::to_float;
-  load_elements<kVector>(in + first, lo);
+  Chunk<T, kVec> x_lo, x_hi;
+  load_elements<kVector>(in + first, x_lo);
   if constexpr (kLayout == RopeLayout::neox) {
-    load_elements<kVector>(in + first + half, hi);
+    load_elements<kVector>(in + first + half, x_hi);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      float a = to_float(lo.v[j]), v = to_float(hi.v[j]);
+      float a = to_float(x_lo.v[j]), v = to_float(x_hi.v[j]);
       detail::rotate_pair(a, v, c[j], sn[j]);
-      lo.v[j] = from_float<T>(a);
-      hi.v[j] = from_float<T>(v);
+      lo.v[j] = rope_output_value<T, O>(a, scale);
+      hi.v[j] = rope_output_value<T, O>(v, scale);
     }
   } else {
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
-      float a = to_float(lo.v[2 * j]), v = to_float(lo.v[2 * j + 1]);
+      float a = to_float(x_lo.v[2 * j]), v = to_float(x_lo.v[2 * j + 1]);
       detail::rotate_pair(a, v, c[j], sn[j]);
-      lo.v[2 * j] = from_float<T>(a);
-      lo.v[2 * j + 1] = from_float<T>(v);
+      lo.v[2 * j] = rope_output_value<T, O>(a, scale);
+      lo.v[2 * j + 1] = rope_output_value<T, O>(v, scale);
     }
+  }
+}
+
+// Pass-through elements as the output's type O: unchanged (O = T), or scaled and rounded once
+// to float8.
+template <typename O, typename T, int W>
+__device__ __forceinline__ Chunk<O, W> output_chunk(const Chunk<T, W>& x, float scale) {
+  if constexpr (std::is_same_v<O, T>) {
+    return x;
+  } else {
+    Chunk<O, W> y;
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      y.v[w] = detail::rope_output_value<T, O>(detail::to_float(x.v[w]), scale);
+    }
+    return y;
   }
 }
 
 // Hands a rotated chunk to store(at, part) part by part: the element offset in the row each
 // part belongs at (first; first + half for neox's hi).
-template <RopeLayout kLayout, typename T, int kVec, typename Store>
+template <RopeLayout kLayout, typename O, int kVec, typename Store>
 __device__ __forceinline__ void store_rotated(std::int64_t first, std::int64_t half,
-                                              const Chunk<T, kVec>& lo, const Chunk<T, kVec>& hi,
+                                              const Chunk<O, kVec>& lo, const Chunk<O, kVec>& hi,
                                               Store&& store) {
   store(first, lo);
   if constexpr (kLayout == RopeLayout::neox) store(first + half, hi);

@@ -545,6 +545,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         section = in.chance(32) ? in.extreme() : in.u8() % 40;
       }
     }
+    // Float8 outputs: the output blocks read with 1-byte elements (a smaller extent), scales
+    // (any bits now and then) and per-head scales of any shape and dtype.
+    if (in.u8() >= 128) {
+      const auto code = static_cast<std::uint8_t>(in.u8() % 2 ? 10 : 12);
+      if (o.q_out != nullptr && o.q_out != q) o.q_out->dtype = DLDataType{code, 8, 1};
+      if (o.k_out != nullptr && in.chance(224)) o.k_out->dtype = DLDataType{code, 8, 1};
+      for (float* scale : {&o.q_out_scale, &o.k_out_scale}) {
+        if (in.chance(32)) {
+          const auto bits = static_cast<std::uint32_t>(in.u64());
+          std::memcpy(scale, &bits, 4);
+        } else {
+          *scale = static_cast<float>(1 + in.u8() % 8) / 4.0f;
+        }
+      }
+      if (in.chance(96)) o.q_out_head_scales = call.tensor(1, true, 0);
+      if (in.chance(96)) o.k_out_head_scales = call.tensor(1, true, 0);
+    }
     o.deferred = deferred;
     const std::vector<unsigned char> before = call.snapshot();
     const embrope_status_t s =

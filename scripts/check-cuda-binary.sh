@@ -8,8 +8,9 @@
 #   2. the SASS in the library: no embrope kernel outside that list loads or stores local
 #      memory, and the fast paths move 16 bytes per access: every instantiation of
 #      rope_vector_kernel and of the vectorised embed_kernel (W > 1) has 128-bit global loads
-#      and stores (LDG.E.128 / STG.E.128) and no 8- or 16-bit global store (a vector split
-#      into element accesses would show as those).
+#      and stores (LDG.E.128 / STG.E.128; float8 outputs: the chunk's 4 or 8 bytes in one
+#      store) and no 8- or 16-bit global store (a vector split into element accesses would
+#      show as those).
 # Prints one line per kernel and exits non-zero on any failure.
 #   scripts/check-cuda-binary.sh [BUILD_DIR]     (default: build)
 # cuobjdump and nvdisasm come from the CUDA toolkit when it has them, else from PyPI
@@ -136,7 +137,14 @@ for name in sorted(pretty, key=lambda n: pretty[n]):
         vector_checked[kind] += 1
         if not re.search(r"LDG\.E\.128", body):
             problems.append("no 128-bit global load (LDG.E.128)")
-        if not re.search(r"STG\.E\.128", body):
+        if "Float8" in title:
+            # Float8 outputs: a 16-byte input chunk of kVec elements is stored as kVec bytes,
+            # one 64-bit store (16-bit inputs) or one 32-bit store (float32 inputs).
+            wide = "float," not in title.split("<", 1)[1][:6]
+            store = r"STG\.E\.64" if wide else r"STG\.E(\.STRONG\.[A-Z]+)?\s"
+            if not re.search(store, body):
+                problems.append(f"no {'64' if wide else '32'}-bit global store of the float8 chunk")
+        elif not re.search(r"STG\.E\.128", body):
             problems.append("no 128-bit global store (STG.E.128)")
         if re.search(r"STG\.E\.(U8|S8|U16|S16)\s", body):
             problems.append("8- or 16-bit global stores (a vector split into elements)")

@@ -28,7 +28,14 @@ void check_output(const RopeNames& names, const char* name, const Tensor& out, c
                   const Tensor& in) {
   validate::check_view(names.op, name, out, in.ndim(), in.ndim());
   validate::check_same_device(names.op, name, out, in_name, in.device());
-  validate::check_same_dtype(names.op, name, out, in_name, in.dtype());
+  if (is_float8_dtype(out.dtype()) && !names.float8_outputs) {
+    fail(names.op,
+         "{} has dtype {}; float8 outputs are apply_rope's, {} writes the dtype of {} ({})", name,
+         dtype_name(out.dtype()), names.op, in_name, dtype_name(in.dtype()));
+  }
+  if (!is_float8_dtype(out.dtype())) {
+    validate::check_same_dtype(names.op, name, out, in_name, in.dtype());
+  }
   for (int d = 0; d < in.ndim(); ++d) {
     if (out.shape(d) != in.shape(d)) {
       fail(names.op, "{} has shape {} but {} has {}; they must match", name,
@@ -36,6 +43,38 @@ void check_output(const RopeNames& names, const char* name, const Tensor& out, c
     }
   }
   validate::check_last_contiguous(names.op, name, out);
+}
+
+// The float8 scales of q's or k's output (RopeOptions): a positive finite scale and optional
+// head scales [heads] for a float8 output; 1 and none for any other.
+void fill_out_scales(const RopeNames& names, const char* out_name, const Tensor* out,
+                     const char* scale_name, float scale, const char* head_scales_name,
+                     const std::optional<Tensor>& head_scales, const char* in_name,
+                     std::int64_t heads, Device device, detail::RopeHeads& x) {
+  if (out == nullptr || !is_float8_dtype(out->dtype())) {
+    if (scale != 1.0f || head_scales) {
+      const char* what = scale != 1.0f ? scale_name : head_scales_name;
+      if (out == nullptr) fail(names.op, "{} is set but {} is not given", what, in_name);
+      fail(names.op, "{} applies to float8 outputs only; {} has dtype {}", what, out_name,
+           dtype_name(out->dtype()));
+    }
+    return;
+  }
+  if (!(scale > 0.0f) || scale == INFINITY) {
+    fail(names.op, "{} {} must be positive and finite", scale_name, scale);
+  }
+  x.out_scale = scale;
+  if (head_scales) {
+    const Tensor& h = *head_scales;
+    validate::check_view(names.op, head_scales_name, h, 1, 1);
+    if (h.dtype() != DType::float32) {
+      fail(names.op, "{} has dtype {}, expected float32", head_scales_name, dtype_name(h.dtype()));
+    }
+    validate::check_same_device(names.op, head_scales_name, h, names.q, device);
+    validate::check_dim(names.op, head_scales_name, h, 0, heads, "the heads of the output");
+    validate::check_last_contiguous(names.op, head_scales_name, h);
+    x.out_head_scales = static_cast<const float*>(h.data());
+  }
 }
 
 }  // namespace
@@ -144,6 +183,33 @@ detail::RopeParams detail::prepare_rope(const RopeNames& names, const Tensor& q,
     p.has_k = true;
   }
 
+  // Float8 outputs: both or neither, of one dtype, out of place (k_out given with k).
+  p.out_dtype = q_out.dtype();
+  if (k) {
+    const DType k_out_dtype = options.k_out ? options.k_out->dtype() : k->dtype();
+    if (is_float8_dtype(p.out_dtype) && !options.k_out) {
+      fail(names.op,
+           "{} has dtype {} but {} is not given; with float8 outputs {} is quantized too: give "
+           "{} of dtype {}",
+           names.q_out, dtype_name(p.out_dtype), names.k_out, names.k, names.k_out,
+           dtype_name(p.out_dtype));
+    }
+    if ((is_float8_dtype(p.out_dtype) || is_float8_dtype(k_out_dtype)) &&
+        k_out_dtype != p.out_dtype) {
+      fail(names.op,
+           "{} has dtype {} but {} has {}; float8 outputs are both or neither, of one dtype",
+           names.k_out, dtype_name(k_out_dtype), options.q_out ? names.q_out : names.q,
+           dtype_name(p.out_dtype));
+    }
+  }
+  fill_out_scales(names, options.q_out ? names.q_out : names.q, &q_out, "q_out_scale",
+                  options.q_out_scale, "q_out_head_scales", options.q_out_head_scales, names.q,
+                  p.q.heads, device, p.q);
+  const Tensor* k_out_tensor = !k ? nullptr : options.k_out ? &*options.k_out : &*k;
+  fill_out_scales(names, options.k_out ? names.k_out : names.k, k_out_tensor, "k_out_scale",
+                  options.k_out_scale, "k_out_head_scales", options.k_out_head_scales, names.k,
+                  p.has_k ? p.k.heads : 0, device, p.k);
+
   // Outputs share no memory with themselves, with each other or with any input; an output
   // given for q (k) may be q (k) itself, the exact same view, which is the in-place case.
   const char* q_out_name = options.q_out ? names.q_out : names.q;
@@ -164,6 +230,14 @@ detail::RopeParams detail::prepare_rope(const RopeNames& names, const Tensor& q,
   }
   for (int i = 0; i < 2 && outputs[i] != nullptr; ++i) {
     validate::check_no_overlap(names.op, output_names[i], *outputs[i], "positions", positions);
+    if (options.q_out_head_scales) {
+      validate::check_no_overlap(names.op, output_names[i], *outputs[i], "q_out_head_scales",
+                                 *options.q_out_head_scales);
+    }
+    if (options.k_out_head_scales) {
+      validate::check_no_overlap(names.op, output_names[i], *outputs[i], "k_out_head_scales",
+                                 *options.k_out_head_scales);
+    }
     validate::check_no_overlap(names.op, output_names[i], *outputs[i], table.name, table.cos_view);
     if (table.sin_view.data() != table.cos_view.data()) {
       validate::check_no_overlap(names.op, output_names[i], *outputs[i], "sin", table.sin_view);

@@ -20,24 +20,26 @@ struct RopeNames {
   const char* q_token_dims;  // "the token dimensions of q"
   const char* q_head_dim;    // "head_dim of q"
   BadIndexOp bad_op;         // how a bad position is reported
+  bool float8_outputs;       // whether q_out and k_out may be float8 (RopeOptions)
 };
 
 // clang-format off
 inline constexpr RopeNames kRopeForwardNames{
     "apply_rope", "q", "k", "q_out", "k_out",
-    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_rope};
+    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_rope, true};
 inline constexpr RopeNames kRopeBackwardNames{
     "apply_rope_backward", "dq", "dk", "dq_out", "dk_out",
-    "the token dimensions of dq", "head_dim of dq", BadIndexOp::apply_rope_backward};
+    "the token dimensions of dq", "head_dim of dq", BadIndexOp::apply_rope_backward, false};
 inline constexpr RopeNames kRopeAppendKvNames{
     "apply_rope_append_kv", "q", "k", "q_out", "k_out",
-    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_rope_append_kv};
+    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_rope_append_kv, false};
 inline constexpr RopeNames kQkNormRopeNames{
     "apply_qk_norm_rope", "q", "k", "q_out", "k_out",
-    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_qk_norm_rope};
+    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_qk_norm_rope, false};
 inline constexpr RopeNames kQkNormRopeBackwardNames{
     "apply_qk_norm_rope_backward", "dq", "dk", "dq_out", "dk_out",
-    "the token dimensions of dq", "head_dim of dq", BadIndexOp::apply_qk_norm_rope_backward};
+    "the token dimensions of dq", "head_dim of dq", BadIndexOp::apply_qk_norm_rope_backward,
+    false};
 // clang-format on
 
 // Where the cos/sin values come from, whatever their owner.

@@ -34,14 +34,27 @@ decltype(auto) dispatch_value_dtype(DType dtype, F&& f) {
   }
 }
 
-// The same for the dtype of a KV cache: a value dtype, or detail::Float8E4M3 / Float8E5M2.
+// f(TypeTag<Float8E4M3>) or f(TypeTag<Float8E5M2>) for a float8 dtype.
 template <typename F>
-decltype(auto) dispatch_cache_dtype(DType dtype, F&& f) {
+decltype(auto) dispatch_float8_dtype(DType dtype, F&& f) {
   switch (dtype) {
     case DType::float8_e4m3fn:
       return f(TypeTag<Float8E4M3>{});
     case DType::float8_e5m2:
       return f(TypeTag<Float8E5M2>{});
+    default:
+      throw Error(ErrorCode::internal, std::string("float8 dtype dispatch: ") + dtype_name(dtype) +
+                                           " is not a float8 dtype");
+  }
+}
+
+// The same for the dtype of a KV cache: a value dtype, or detail::Float8E4M3 / Float8E5M2.
+template <typename F>
+decltype(auto) dispatch_cache_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::float8_e4m3fn:
+    case DType::float8_e5m2:
+      return dispatch_float8_dtype(dtype, std::forward<F>(f));
     default:
       return dispatch_value_dtype(dtype, std::forward<F>(f));
   }

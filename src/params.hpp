@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "bad_index.hpp"
 #include "embrope/detail/config.hpp"
@@ -22,12 +23,18 @@ struct RopeHeads {
   std::int64_t heads = 0;
   std::int64_t in_stride_b = 0, in_stride_s = 0, in_stride_h = 0;
   std::int64_t out_stride_b = 0, out_stride_s = 0, out_stride_h = 0;
+  // Float8 outputs (RopeParams::out_dtype): head h stores value * out_scale *
+  // out_head_scales[h] (null: no head scales). 1 and null otherwise.
+  float out_scale = 1.0f;
+  const float* out_head_scales = nullptr;
 };
 
 struct RopeParams {
   RopeHeads q, k;
   bool has_k = false;
-  DType dtype = DType::float32;  // of q and k (inputs and outputs)
+  DType dtype = DType::float32;  // of q and k (and of their outputs unless quantized)
+  // Of the outputs: dtype, or float8_e4m3fn / float8_e5m2 (apply_rope's quantized outputs).
+  DType out_dtype = DType::float32;
   std::int64_t batch = 0, seq = 0;
   std::int64_t head_dim = 0, rotary_dim = 0;
   const void* positions = nullptr;
@@ -161,20 +168,46 @@ EMBROPE_HD std::int64_t load_index(const void* base, DType dtype, std::int64_t o
              : static_cast<const std::int64_t*>(base)[offset];
 }
 
-// Head row h (counting q's heads, then k's) of token (b, s): its input and output rows.
-template <typename T>
+// Head row h (counting q's heads, then k's) of token (b, s): its input row of T and output
+// row of O (T, or a float8 type when the outputs are quantized).
+template <typename T, typename O = T>
 struct RopeRow {
   const T* in;
-  T* out;
+  O* out;
 };
-template <typename T>
-EMBROPE_HD RopeRow<T> rope_row(const RopeParams& p, std::int64_t b, std::int64_t s,
-                               std::int64_t h) {
+template <typename T, typename O = T>
+EMBROPE_HD RopeRow<T, O> rope_row(const RopeParams& p, std::int64_t b, std::int64_t s,
+                                  std::int64_t h) {
   const bool is_q = h < p.q.heads;
   const RopeHeads& x = is_q ? p.q : p.k;
   const std::int64_t hh = is_q ? h : h - p.q.heads;
   return {static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s + hh * x.in_stride_h,
-          static_cast<T*>(x.out) + b * x.out_stride_b + s * x.out_stride_s + hh * x.out_stride_h};
+          static_cast<O*>(x.out) + b * x.out_stride_b + s * x.out_stride_s + hh * x.out_stride_h};
+}
+
+// A rotated or passed-through value x as an output element: rounded once to T, or (float8 O)
+// scaled and rounded once to O, saturating (FlashInfer's rope_quantize_fp8).
+template <typename T, typename O>
+EMBROPE_HD O rope_output_value(float x, float scale) {
+  if constexpr (std::is_same_v<O, T>) {
+    return from_float<T>(x);
+  } else {
+    return from_float<O>(x * scale);
+  }
+}
+
+// Whether the outputs are float8 (each element stored as value * rope_out_scale).
+EMBROPE_HD bool rope_quantized(const RopeParams& p) {
+  return p.out_dtype != p.dtype;
+}
+
+// The float8 scale of head row h (counting q's heads, then k's): the per-tensor scale times
+// the head's own, in float32.
+EMBROPE_HD float rope_out_scale(const RopeParams& p, std::int64_t h) {
+  const bool is_q = h < p.q.heads;
+  const RopeHeads& x = is_q ? p.q : p.k;
+  const std::int64_t hh = is_q ? h : h - p.q.heads;
+  return x.out_head_scales == nullptr ? x.out_scale : x.out_scale * x.out_head_scales[hh];
 }
 
 // The position stream of frequency i (0 unless mrope), and the stream shared by frequencies

@@ -39,6 +39,18 @@ struct RopeOptions {
   // (deferred_status.hpp).
   DeferredStatus* deferred = nullptr;
   Stream stream{};
+  // Float8 outputs (apply_rope only; docs/ops.md, "Float8 outputs"): q_out of dtype
+  // float8_e4m3fn or float8_e5m2, and k_out of the same dtype when k is given. Every element,
+  // rotated or passed through, is stored as float8(value * scale), computed in float32 and
+  // rounded once to nearest even, saturated to the finite range (NaN stays NaN): the scale
+  // multiplies, as FlashInfer's rope_quantize_fp8 quant_scale_q / quant_scale_kv do. q's
+  // scale is q_out_scale, times q_out_head_scales[h] for head h when given (float32 [Hq],
+  // last stride 1, on q's device, used as given); k's alike. Other outputs take scale 1 and no
+  // head scales.
+  float q_out_scale = 1.0f;
+  float k_out_scale = 1.0f;
+  std::optional<Tensor> q_out_head_scales;
+  std::optional<Tensor> k_out_head_scales;
 };
 
 // Rotates q [T, Hq, D] or [B, S, Hq, D] and, when given, k [T, Hk, D] or [B, S, Hk, D]

@@ -8,7 +8,8 @@
 namespace embrope {
 
 // float8_e4m3fn and float8_e5m2 (OCP 8-bit floating point, as in PyTorch and CUDA's
-// cuda_fp8.h) are storage formats of KV caches only (apply_rope_append_kv.hpp).
+// cuda_fp8.h) are storage formats: of KV caches (apply_rope_append_kv.hpp) and of
+// apply_rope's quantized outputs (apply_rope.hpp).
 enum class DType : std::uint8_t {
   float32,
   float16,

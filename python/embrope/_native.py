@@ -72,18 +72,23 @@ class RopeSettings(NamedTuple):
     inverse: bool
     rotary_dim: int
     mrope: tuple
+    q_out_scale: float = 1.0
+    k_out_scale: float = 1.0
 
     def options(self, op: str) -> Any:
         """The native ``RopeOptions``."""
         return _arrays.settings(op, _C.RopeOptions, layout=_C.RopeLayout(self.layout),
                                 inverse=bool(self.inverse), rotary_dim=int(self.rotary_dim),
                                 mrope_section=tuple(self.mrope[:3]),
-                                mrope_interleaved=bool(self.mrope[3]))
+                                mrope_interleaved=bool(self.mrope[3]),
+                                q_out_scale=float(self.q_out_scale),
+                                k_out_scale=float(self.k_out_scale))
 
 
 def rope_settings(op: str, cache: Any, *, layout: Optional[str] = None, inverse: bool = False,
                   rotary_dim: int = 0, mrope_section: Optional[Sequence[int]] = None,
-                  mrope_interleaved: Optional[bool] = None) -> RopeSettings:
+                  mrope_interleaved: Optional[bool] = None, q_out_scale: float = 1.0,
+                  k_out_scale: float = 1.0) -> RopeSettings:
     """The settings of a call: the layout and multimodal setting are the call's own, else its
     RopeCache's (a table array has neither: "neox", no mrope)."""
     from_cache = isinstance(cache, RopeCache)
@@ -96,7 +101,8 @@ def rope_settings(op: str, cache: Any, *, layout: Optional[str] = None, inverse:
     sections = _mrope_tuple(op, mrope_section) or (0, 0, 0)
     return RopeSettings(_arrays.enum_value(op, "layout", _C.RopeLayout, layout).value,
                         bool(inverse), int(rotary_dim),
-                        sections + (int(bool(mrope_interleaved)),))
+                        sections + (int(bool(mrope_interleaved)),), float(q_out_scale),
+                        float(k_out_scale))
 
 
 def dlpack_table(cache: RopeCache) -> Any:

@@ -56,6 +56,7 @@ class _Outputs:
 
 def _rope_direction(op: str, backward: bool, q: Any, k: Any, positions: Any, cache: Any,
                     inplace: bool, q_out: Any, k_out: Any, deferred: Any, stream: Any,
+                    q_out_head_scales: Any = None, k_out_head_scales: Any = None,
                     **settings: Any) -> tuple[Any, Any]:
     """apply_rope or apply_rope_backward; `settings` are :func:`_native.rope_settings`'s."""
     q_name, k_name = ("dq", "dk") if backward else ("q", "k")
@@ -63,13 +64,16 @@ def _rope_direction(op: str, backward: bool, q: Any, k: Any, positions: Any, cac
     _arrays.check_array(op, q_name, q, autograd=False)  # written or read: _Outputs checks
     _arrays.check_optional(op, k_name, k, autograd=False)
     _arrays.check_array(op, "positions", positions)
+    _arrays.check_optional(op, "q_out_head_scales", q_out_head_scales)
+    _arrays.check_optional(op, "k_out_head_scales", k_out_head_scales)
     table = _native.rope_table(op, cache)
     out = _Outputs(op, q_name, k_name, q, k, inplace, q_out, k_out)
     native = _C.apply_rope_backward if backward else _C.apply_rope
     with out.writes():
         _native.call(native, q, k, positions, **table, options=options, q_out=out.q_out,
                      k_out=out.k_out, deferred=_status.native(deferred),
-                     stream=_arrays.stream_handle(stream, q))
+                     stream=_arrays.stream_handle(stream, q),
+                     q_out_head_scales=q_out_head_scales, k_out_head_scales=k_out_head_scales)
     return out.results()
 
 
@@ -78,7 +82,9 @@ def apply_rope(q: Any, k: Any, positions: Any, cache: Any, *, layout: Optional[s
                mrope_section: Optional[Sequence[int]] = None,
                mrope_interleaved: Optional[bool] = None, inplace: bool = True,
                q_out: Any = None, k_out: Any = None, deferred: Any = None,
-               stream: Any = None) -> tuple[Any, Any]:
+               stream: Any = None, q_out_scale: float = 1.0, k_out_scale: float = 1.0,
+               q_out_head_scales: Any = None,
+               k_out_head_scales: Any = None) -> tuple[Any, Any]:
     """Rotate queries and keys by their positions' angles (rotary position embedding).
 
     Parameters
@@ -111,11 +117,19 @@ def apply_rope(q: Any, k: Any, positions: Any, cache: Any, *, layout: Optional[s
     inplace : bool, default True
         Rotate q and k in place. False allocates new outputs in q's framework.
     q_out, k_out : arrays, optional
-        Outputs shaped like q and k (out of place); they override `inplace`.
+        Outputs shaped like q and k (out of place); they override `inplace`. q's dtype, or
+        float8_e4m3fn / float8_e5m2 for both (quantized outputs, below).
     deferred : DeferredStatus, optional
         Report bad positions there instead of raising (no host synchronisation).
     stream : CUDA stream, optional
         Default: the current stream of q's framework (PyTorch, CuPy), else the legacy one.
+    q_out_scale, k_out_scale : float, default 1.0
+        Float8 outputs store ``float8(value * scale)``, every element (rotated or passed
+        through) computed in float32 and rounded once to nearest even, saturated to the
+        finite range: the scale multiplies, as FlashInfer's ``rope_quantize_fp8``
+        ``quant_scale_q`` / ``quant_scale_kv`` do. Only float8 outputs take a scale.
+    q_out_head_scales, k_out_head_scales : float32 array [Hq] / [Hk], optional
+        Per-head scales of float8 outputs, multiplied with the scale above.
 
     Returns
     -------
@@ -132,9 +146,10 @@ def apply_rope(q: Any, k: Any, positions: Any, cache: Any, *, layout: Optional[s
         written, and the message names the first offending one.
     """
     return _rope_direction("apply_rope", False, q, k, positions, cache, inplace, q_out, k_out,
-                           deferred, stream, layout=layout, inverse=inverse,
-                           rotary_dim=rotary_dim, mrope_section=mrope_section,
-                           mrope_interleaved=mrope_interleaved)
+                           deferred, stream, q_out_head_scales, k_out_head_scales,
+                           layout=layout, inverse=inverse, rotary_dim=rotary_dim,
+                           mrope_section=mrope_section, mrope_interleaved=mrope_interleaved,
+                           q_out_scale=q_out_scale, k_out_scale=k_out_scale)
 
 
 def apply_rope_backward(dq: Any, dk: Any, positions: Any, cache: Any, *,

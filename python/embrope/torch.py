@@ -227,6 +227,31 @@ torch.library.register_autograd("embrope::apply_rope_backward", _rope_backward_b
                                 setup_context=_rope_setup_context)
 
 
+@torch.library.custom_op("embrope::apply_rope_quantized", mutates_args=())
+def _apply_rope_quantized_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
+                             cos_sin_cache: Tensor, layout: int, inverse: bool, rotary_dim: int,
+                             mrope: List[int], out_dtype: torch.dtype, q_out_scale: float,
+                             k_out_scale: float, q_out_head_scales: Optional[Tensor],
+                             k_out_head_scales: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    op = "apply_rope"
+    q_out = _empty(op, q.shape, out_dtype, q.device)
+    k_out = _empty(op, k.shape, out_dtype, k.device) if k is not None else q.new_empty(0)
+    settings = _native.RopeSettings(layout, inverse, rotary_dim, tuple(mrope), q_out_scale,
+                                    k_out_scale)
+    _call_native(_C.apply_rope, q, k, positions, **_table(op, cos_sin_cache),
+                 options=settings.options(op), q_out=q_out,
+                 k_out=k_out if k is not None else None, deferred=_deferred(op, q),
+                 stream=_stream(q), q_out_head_scales=q_out_head_scales,
+                 k_out_head_scales=k_out_head_scales)
+    return q_out, k_out
+
+
+@_apply_rope_quantized_op.register_fake
+def _(q, k, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope, out_dtype, *scales):
+    return (q.new_empty(q.shape, dtype=out_dtype),
+            k.new_empty(k.shape, dtype=out_dtype) if k is not None else q.new_empty(0))
+
+
 def _cos_sin_tensor(op: str, cache: Union[RopeCache, Tensor], device: torch.device) -> Tensor:
     if isinstance(cache, Tensor):
         if cache.requires_grad:
@@ -277,7 +302,10 @@ def apply_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
                inverse: bool = False, rotary_dim: int = 0,
                mrope_section: Optional[Sequence[int]] = None,
                mrope_interleaved: Optional[bool] = None,
-               inplace: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+               inplace: bool = False, out_dtype: Optional[torch.dtype] = None,
+               q_out_scale: float = 1.0, k_out_scale: float = 1.0,
+               q_out_head_scales: Optional[Tensor] = None,
+               k_out_head_scales: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """Rotary position embedding of q and k, differentiable and traceable.
 
     The arguments are those of :func:`embrope.apply_rope`; `cache` is a
@@ -289,6 +317,13 @@ def apply_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
         False (the PyTorch convention): returns new tensors, with autograd through
         ``embrope::apply_rope_backward``. True: rotates q and k in place (the serving path;
         no autograd) and returns them.
+    out_dtype : torch.float8_e4m3fn or torch.float8_e5m2, optional
+        Quantized outputs (``embrope::apply_rope_quantized``, one pass, no autograd): new
+        float8 tensors holding ``float8(value * scale)``, rounded once, saturated
+        (FlashInfer's ``rope_quantize_fp8`` semantics: the scale multiplies). None or q's
+        dtype: the outputs have q's dtype.
+    q_out_scale, k_out_scale, q_out_head_scales, k_out_head_scales
+        The float8 outputs' scales, as in :func:`embrope.apply_rope`.
 
     Returns
     -------
@@ -299,6 +334,27 @@ def apply_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
     table = _cos_sin_tensor(op, cache, q.device)
     arguments = _rope_arguments(op, cache, layout, inverse, rotary_dim, mrope_section,
                                 mrope_interleaved)
+    if out_dtype is not None and out_dtype != q.dtype:
+        if out_dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+            raise _C.InvalidArgumentError(
+                f"{op}: out_dtype is {out_dtype}; it is q's dtype ({q.dtype}), "
+                "torch.float8_e4m3fn or torch.float8_e5m2")
+        if inplace:
+            raise _C.InvalidArgumentError(
+                f"{op}: out_dtype {out_dtype} needs new outputs; inplace must be False")
+        if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
+            raise _C.InvalidArgumentError(
+                f"{op}: float8 outputs have no gradient, but q or k requires grad; call it "
+                "under torch.no_grad() or on detached tensors")
+        q_out, k_out = torch.ops.embrope.apply_rope_quantized(
+            q, k, positions, table, *arguments, out_dtype, float(q_out_scale),
+            float(k_out_scale), q_out_head_scales, k_out_head_scales)
+        return q_out, (k_out if k is not None else None)
+    if q_out_scale != 1.0 or k_out_scale != 1.0 or q_out_head_scales is not None or \
+            k_out_head_scales is not None:
+        raise _C.InvalidArgumentError(
+            f"{op}: q_out_scale, k_out_scale and the head scales apply to float8 outputs only "
+            "(out_dtype=torch.float8_e4m3fn or torch.float8_e5m2)")
     if inplace:
         torch.ops.embrope.apply_rope_(q, k, positions, table, *arguments)
         return q, k

@@ -305,7 +305,9 @@ void bind_options(nb::module_& m) {
       .def_rw("inverse", &RopeOptions::inverse)
       .def_rw("rotary_dim", &RopeOptions::rotary_dim)
       .def_rw("mrope_section", &RopeOptions::mrope_section)
-      .def_rw("mrope_interleaved", &RopeOptions::mrope_interleaved);
+      .def_rw("mrope_interleaved", &RopeOptions::mrope_interleaved)
+      .def_rw("q_out_scale", &RopeOptions::q_out_scale)
+      .def_rw("k_out_scale", &RopeOptions::k_out_scale);
   nb::class_<QkNorm>(m, "QkNorm")
       .def(nb::init<>())
       .def_rw("eps", &QkNorm::eps)
@@ -362,21 +364,28 @@ RopeTable rope_table(const char* op, const embrope::RopeCache* cache, const Opti
 // A call's RopeOptions: its settings, with its outputs, status and stream.
 embrope::RopeOptions rope_options(const char* op, embrope::RopeOptions options,
                                   const OptionalArray& q_out, const OptionalArray& k_out,
-                                  embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+                                  embrope::DeferredStatus* deferred, std::uintptr_t stream,
+                                  const OptionalArray& q_out_head_scales,
+                                  const OptionalArray& k_out_head_scales) {
   options.q_out = view(q_out, op, "q_out");
   options.k_out = view(k_out, op, "k_out");
+  options.q_out_head_scales = view(q_out_head_scales, op, "q_out_head_scales");
+  options.k_out_head_scales = view(k_out_head_scales, op, "k_out_head_scales");
   options.deferred = deferred;
   options.stream = stream_of(stream);
   return options;
 }
 
 // The keyword arguments every RoPE-family function ends with, in the order of its parameters
-// (const RopeCache*, cos, sin, const RopeOptions&, q_out, k_out, DeferredStatus*, stream).
+// (const RopeCache*, cos, sin, const RopeOptions&, q_out, k_out, DeferredStatus*, stream,
+// q_out_head_scales, k_out_head_scales).
 auto rope_arguments() {
   return std::make_tuple("cache"_a.none() = nb::none(), "cos"_a.none() = nb::none(),
                          "sin"_a.none() = nb::none(), "options"_a = embrope::RopeOptions{},
                          "q_out"_a.none() = nb::none(), "k_out"_a.none() = nb::none(),
-                         "deferred"_a.none() = nb::none(), "stream"_a = std::uintptr_t{0});
+                         "deferred"_a.none() = nb::none(), "stream"_a = std::uintptr_t{0},
+                         "q_out_head_scales"_a.none() = nb::none(),
+                         "k_out_head_scales"_a.none() = nb::none());
 }
 
 // m.def(name, f, leading..., rope_arguments()...).
@@ -398,12 +407,13 @@ void bind_rope_direction(nb::module_& m) {
       [](const Array& q, const OptionalArray& k, const Array& positions,
          const embrope::RopeCache* cache, const OptionalArray& cos, const OptionalArray& sin,
          const embrope::RopeOptions& settings, const OptionalArray& q_out,
-         const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+         const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream,
+         const OptionalArray& q_out_head_scales, const OptionalArray& k_out_head_scales) {
         const Tensor q_view = view(q, op, Backward ? "dq" : "q");
         const std::optional<Tensor> k_view = view(k, op, Backward ? "dk" : "k");
         const Tensor positions_view = view(positions, op, "positions");
-        const embrope::RopeOptions options =
-            rope_options(op, settings, q_out, k_out, deferred, stream);
+        const embrope::RopeOptions options = rope_options(
+            op, settings, q_out, k_out, deferred, stream, q_out_head_scales, k_out_head_scales);
         rope_table(op, cache, cos, sin).call([&](const auto&... table) {
           if constexpr (Backward) {
             embrope::apply_rope_backward(q_view, k_view, positions_view, table..., options);
@@ -434,14 +444,15 @@ void bind_apply_qk_norm_rope(nb::module_& m) {
          const embrope::QkNorm& norm_settings, const OptionalArray& q_weight,
          const OptionalArray& k_weight, const embrope::RopeCache* cache, const OptionalArray& cos,
          const OptionalArray& sin, const embrope::RopeOptions& settings, const OptionalArray& q_out,
-         const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+         const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream,
+         const OptionalArray& q_out_head_scales, const OptionalArray& k_out_head_scales) {
         const char* op = "apply_qk_norm_rope";
         const Tensor q_view = view(q, op, "q");
         const std::optional<Tensor> k_view = view(k, op, "k");
         const Tensor positions_view = view(positions, op, "positions");
         const embrope::QkNorm norm = qk_norm(op, norm_settings, q_weight, k_weight);
-        const embrope::RopeOptions options =
-            rope_options(op, settings, q_out, k_out, deferred, stream);
+        const embrope::RopeOptions options = rope_options(
+            op, settings, q_out, k_out, deferred, stream, q_out_head_scales, k_out_head_scales);
         rope_table(op, cache, cos, sin).call([&](const auto&... table) {
           embrope::apply_qk_norm_rope(q_view, k_view, positions_view, table..., norm, options);
         });
@@ -459,7 +470,8 @@ void bind_apply_qk_norm_rope(nb::module_& m) {
          const OptionalArray& q_weight_grad, const OptionalArray& k_weight_grad,
          const embrope::RopeCache* cache, const OptionalArray& cos, const OptionalArray& sin,
          const embrope::RopeOptions& settings, const OptionalArray& q_out,
-         const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+         const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream,
+         const OptionalArray& q_out_head_scales, const OptionalArray& k_out_head_scales) {
         const char* op = "apply_qk_norm_rope_backward";
         const Tensor dq_view = view(dq, op, "dq");
         const std::optional<Tensor> dk_view = view(dk, op, "dk");
@@ -470,8 +482,8 @@ void bind_apply_qk_norm_rope(nb::module_& m) {
         embrope::QkNormGradients grads;
         grads.q_weight = view(q_weight_grad, op, "q_weight_grad");
         grads.k_weight = view(k_weight_grad, op, "k_weight_grad");
-        const embrope::RopeOptions options =
-            rope_options(op, settings, q_out, k_out, deferred, stream);
+        const embrope::RopeOptions options = rope_options(
+            op, settings, q_out, k_out, deferred, stream, q_out_head_scales, k_out_head_scales);
         rope_table(op, cache, cos, sin).call([&](const auto&... table) {
           embrope::apply_qk_norm_rope_backward(dq_view, dk_view, q_view, k_view, positions_view,
                                                table..., norm, grads, options);
@@ -494,7 +506,8 @@ void bind_apply_rope_append_kv(nb::module_& m) {
          const OptionalArray& slot_mapping, const OptionalArray& cache_offsets,
          const OptionalArray& cu_seqlens, const embrope::RopeCache* cache, const OptionalArray& cos,
          const OptionalArray& sin, const embrope::RopeOptions& settings, const OptionalArray& q_out,
-         const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+         const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream,
+         const OptionalArray& q_out_head_scales, const OptionalArray& k_out_head_scales) {
         const char* op = "apply_rope_append_kv";
         embrope::KvCache kv;
         if (kv_cache) {
@@ -517,8 +530,8 @@ void bind_apply_rope_append_kv(nb::module_& m) {
         const Tensor q_view = view(q, op, "q"), k_view = view(k, op, "k"),
                      v_view = view(v, op, "v");
         const Tensor positions_view = view(positions, op, "positions");
-        const embrope::RopeOptions options =
-            rope_options(op, settings, q_out, k_out, deferred, stream);
+        const embrope::RopeOptions options = rope_options(
+            op, settings, q_out, k_out, deferred, stream, q_out_head_scales, k_out_head_scales);
         rope_table(op, cache, cos, sin).call([&](const auto&... table) {
           embrope::apply_rope_append_kv(q_view, k_view, v_view, positions_view, table..., kv, slots,
                                         options);

@@ -130,9 +130,15 @@ void rope_by_token(const detail::RopeParams& p, RotateToken<T> rotate_token) {
   const auto token = [&](std::int64_t t, float* widened) -> std::int64_t {
     const std::int64_t b = t / p.seq, s = t % p.seq;
     if (detail::rope_bad_stream(p, b, s) >= 0) {
+      // Zero is all zero bits in every output dtype; a float8 row is head_dim bytes.
       for (std::int64_t h = 0; h < heads; ++h) {
-        T* out = detail::rope_row<T>(p, b, s, h).out;
-        std::fill(out, out + p.head_dim, from_float<T>(0.0f));
+        if (detail::rope_quantized(p)) {
+          std::uint8_t* out = detail::rope_row<T, std::uint8_t>(p, b, s, h).out;
+          std::fill(out, out + p.head_dim, std::uint8_t{0});
+        } else {
+          T* out = detail::rope_row<T>(p, b, s, h).out;
+          std::fill(out, out + p.head_dim, from_float<T>(0.0f));
+        }
       }
       return detail::bad_index_key(t, detail::BadIndexArg::positions);
     }
@@ -177,6 +183,36 @@ void rotate_token_portable(const detail::RopeParams& p, float* widened) {
   }
 }
 
+// Float8 outputs (RoPE + quantization, FlashInfer's rope_quantize_fp8): token t's rows
+// rotated in float32 and stored as O(value * scale) with one rounding, the pass-through
+// elements scaled and rounded alike. cos_w and sin_w: rotary_dim / 2 floats each.
+template <typename T, typename C, typename O>
+void rotate_token_quantized(const detail::RopeParams& p, std::int64_t t, float* cos_w,
+                            float* sin_w) {
+  const std::int64_t b = t / p.seq, s = t % p.seq;
+  const std::int64_t half = p.rotary_dim / 2;
+  const float sin_sign = p.inverse ? -1.0f : 1.0f;
+  const detail::TokenPositions pos = detail::token_positions(p, b, s);
+  for (std::int64_t i = 0; i < half; ++i) {
+    detail::rope_pair_cos_sin<C>(p, pos, i, sin_sign, cos_w[i], sin_w[i]);
+  }
+  const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
+  for (std::int64_t h = 0; h < heads; ++h) {
+    const detail::RopeRow<T, O> row = detail::rope_row<T, O>(p, b, s, h);
+    const float scale = detail::rope_out_scale(p, h);
+    for (std::int64_t i = 0; i < half; ++i) {
+      const std::int64_t ia = detail::rope_pair_first(p, i), ib = detail::rope_pair_second(p, i);
+      float a = to_float(row.in[ia]), v = to_float(row.in[ib]);
+      detail::rotate_pair(a, v, cos_w[i], sin_w[i]);
+      row.out[ia] = detail::rope_output_value<T, O>(a, scale);
+      row.out[ib] = detail::rope_output_value<T, O>(v, scale);
+    }
+    for (std::int64_t j = p.rotary_dim; j < p.head_dim; ++j) {
+      row.out[j] = detail::rope_output_value<T, O>(to_float(row.in[j]), scale);
+    }
+  }
+}
+
 // One home for the choice of rotation: on_vector(t, rotate_token) with the active
 // instruction set's token rotation, or on_portable(t, c) on the portable path; t and c are
 // the value and table dtype tags.
@@ -212,6 +248,18 @@ void rotate_one_token(const detail::RopeParams& p, float* widened) {
 }
 
 void apply_rope(const detail::RopeParams& p) {
+  if (detail::rope_quantized(p)) {
+    detail::dispatch_value_dtype(p.dtype, [&](auto t) {
+      detail::dispatch_value_dtype(p.table_dtype, [&](auto c) {
+        detail::dispatch_float8_dtype(p.out_dtype, [&](auto o) {
+          using T = typename decltype(t)::type;
+          rope_by_token<T>(
+              p, rotate_token_quantized<T, typename decltype(c)::type, typename decltype(o)::type>);
+        });
+      });
+    });
+    return;
+  }
   dispatch_rotation(
       p, [&](auto t, auto rotate) { rope_by_token<typename decltype(t)::type>(p, rotate); },
       [&](auto t, auto c) {

@@ -409,3 +409,87 @@ TEST_CASE("GPU RoPE with no heads in q, in k, or in both", "[gpu][rope]") {
     compare_rows(x.download(), x.host, DType::float32, tokens * heads * dim, dim);
   }
 }
+
+TEST_CASE("GPU RoPE with float8 outputs equals the CPU, code for code", "[gpu][rope][float8]") {
+  // The vector path (float32 cache, whole chunks), the general one (a bfloat16 caller table),
+  // partial rotary, per-head scales and values past the float8 range (saturation).
+  for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+    for (DType out : {DType::float8_e4m3fn, DType::float8_e5m2}) {
+      for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
+        for (auto shape : {std::pair<std::int64_t, std::int64_t>{128, 128}, {96, 32}, {80, 80}}) {
+          for (bool caller_table : {false, true}) {
+            for (std::int64_t t : {1, 70}) {
+              const std::int64_t hq = 6, hk = 2, d = shape.first, r = shape.second, n = 512;
+              INFO(embrope::dtype_name(dtype)
+                   << " -> " << embrope::dtype_name(out)
+                   << (layout == embrope::RopeLayout::neox ? " neox" : " interleaved") << " d " << d
+                   << " r " << r << (caller_table ? " bfloat16 table" : " cache") << " T " << t);
+              const int es = embrope::dtype_size(dtype);
+              Buffer q(t * hq * d * es), k(t * hk * d * es), pos(t * 8);
+              Buffer q_out(t * hq * d), k_out(t * hk * d), scales(hq * 4);
+              Buffer cos(n * r / 2 * 2), sin(n * r / 2 * 2);
+              fill_random(q, dtype, t * hq * d, 31 + t);
+              fill_random(k, dtype, t * hk * d, 32 + t);
+              fill_random(cos, DType::bfloat16, n * r / 2, 33);
+              fill_random(sin, DType::bfloat16, n * r / 2, 34);
+              for (std::int64_t i = 0; i < t * hq * d; i += 5) {
+                store_value(q.host.data(), dtype, i, 200.0f * load_value(q.host.data(), dtype, i));
+              }
+              for (std::int64_t i = 0; i < hq; ++i) {
+                const float s = 0.25f * static_cast<float>(i + 1);
+                std::memcpy(scales.host.data() + 4 * i, &s, 4);
+              }
+              for (std::int64_t i = 0; i < t; ++i) {
+                const std::int64_t p = (i * 131 + 7) % n;
+                std::memcpy(pos.host.data() + 8 * i, &p, 8);
+              }
+              for (Buffer* x : {&q, &k, &pos, &scales, &cos, &sin}) x->upload();
+              q_out.poison_both(0x55);
+              k_out.poison_both(0x55);
+              embrope::RopeCache cpu_cache({r, 10000.0, n});
+              embrope::RopeCache gpu_cache({r, 10000.0, n}, Device::cuda(0));
+              auto run = [&](bool gpu) {
+                const Device dev = gpu ? Device::cuda(0) : Device::cpu();
+                auto ptr = [&](Buffer& x) -> void* { return gpu ? x.device : x.host.data(); };
+                embrope::RopeOptions o;
+                o.layout = layout;
+                o.q_out = Tensor(ptr(q_out), out, {t, hq, d}, dev);
+                o.k_out = Tensor(ptr(k_out), out, {t, hk, d}, dev);
+                o.q_out_scale = 2.0f;
+                o.k_out_scale = 0.5f;
+                o.q_out_head_scales = Tensor(ptr(scales), DType::float32, {hq}, dev);
+                const Tensor qt(ptr(q), dtype, {t, hq, d}, dev), kt(ptr(k), dtype, {t, hk, d}, dev);
+                const Tensor pt(ptr(pos), DType::int64, {t}, dev);
+                if (caller_table) {
+                  embrope::apply_rope(qt, kt, pt,
+                                      Tensor(ptr(cos), DType::bfloat16, {n, r / 2}, dev),
+                                      Tensor(ptr(sin), DType::bfloat16, {n, r / 2}, dev), o);
+                } else {
+                  embrope::apply_rope(qt, kt, pt, gpu ? gpu_cache : cpu_cache, o);
+                }
+              };
+              run(false);
+              run(true);
+              cuda_check(cudaDeviceSynchronize());
+              // float32 arithmetic may differ in its last bit between the backends: a code
+              // may then be its neighbour (same sign, one step), never further.
+              for (const Buffer* b : {&q_out, &k_out}) {
+                const std::vector<unsigned char> gpu = b->download();
+                Mismatches mm;
+                for (std::size_t i = 0; i < gpu.size(); ++i) {
+                  const int g = gpu[i], c = b->host[i];
+                  const bool ok = g == c || ((g ^ c) < 0x80 && (g - c == 1 || c - g == 1));
+                  mm.check(ok, [&] {
+                    return "element " + std::to_string(i) + ": gpu code " + std::to_string(g) +
+                           " cpu code " + std::to_string(c);
+                  });
+                }
+                mm.require();
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}

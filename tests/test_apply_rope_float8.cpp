@@ -1,0 +1,233 @@
+// apply_rope with float8 outputs (RoPE + quantization, docs/ops.md "Float8 outputs") against
+// the float64 reference rotation, scaled and rounded by the tests' own float8 encoder
+// (reference.hpp): every value dtype, both float8 formats and both layouts, partial rotary
+// (the pass-through part is scaled too), GQA, per-head scales, saturation, NaN and bad
+// positions; then the argument rules.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "embrope/embrope.hpp"
+#include "reference.hpp"
+#include "test_support.hpp"
+
+using embrope::DType;
+using embrope::ErrorCode;
+using embrope::RopeCache;
+using embrope::RopeConfig;
+using embrope::RopeLayout;
+using embrope::RopeOptions;
+using embrope::Tensor;
+
+namespace {
+
+constexpr std::initializer_list<ErrorCode> kInvalid = {ErrorCode::invalid_argument};
+
+struct Float8Case {
+  DType dtype, out;
+  bool interleaved;
+  std::int64_t head_dim, rotary_dim;
+  bool head_scales;
+};
+
+// The float8 code a float32 computation of `want` may give: the rounding of want, or of a
+// value within the float32 arithmetic's error `slack` of it (a rounding boundary in between).
+bool acceptable(DType out, std::uint8_t code, double want, double slack) {
+  return code == ref::encode_fp8(out, want) || code == ref::encode_fp8(out, want - slack) ||
+         code == ref::encode_fp8(out, want + slack);
+}
+
+void run_case(const Float8Case& c) {
+  INFO("dtype " << embrope::dtype_name(c.dtype) << " -> " << embrope::dtype_name(c.out)
+                << (c.interleaved ? ", interleaved" : ", neox") << ", head_dim " << c.head_dim
+                << ", rotary_dim " << c.rotary_dim << (c.head_scales ? ", head scales" : ""));
+  const std::int64_t t = 5, hq = 4, hk = 2, d = c.head_dim, r = c.rotary_dim, n = 64;
+  const double base = 10000.0;
+  ref::Buffer q(c.dtype, t * hq * d), k(c.dtype, t * hk * d), pos(DType::int64, t);
+  ref::Buffer q_out(c.out, t * hq * d), k_out(c.out, t * hk * d);
+  ref::Buffer scales(DType::float32, hq);
+  ref::fill_random(q, 11);
+  ref::fill_random(k, 12);
+  ref::fill_random_indices(pos, 13, 0, n - 1);
+  for (std::int64_t i = 0; i < t * hq * d; i += 7) q.set(i, q.get(i) * 300.0);  // saturates
+  q.set(3, std::numeric_limits<double>::quiet_NaN());
+  const float head[hq] = {0.5f, 1.0f, 3.0f, 0.125f};
+  for (std::int64_t h = 0; h < hq; ++h) scales.set(h, head[h]);
+  RopeCache cache(RopeConfig{r, base, n});
+  RopeOptions o;
+  o.layout = c.interleaved ? RopeLayout::interleaved : RopeLayout::neox;
+  o.q_out = ref::view(q_out, 0, {t, hq, d});
+  o.k_out = ref::view(k_out, 0, {t, hk, d});
+  o.q_out_scale = 4.0f;
+  o.k_out_scale = 0.75f;
+  if (c.head_scales) o.q_out_head_scales = ref::view(scales, 0, {hq});
+  embrope::apply_rope(ref::view(q, 0, {t, hq, d}), ref::view(k, 0, {t, hk, d}),
+                      ref::view(pos, 0, {t}), cache, o);
+
+  std::int64_t checked = 0;
+  const auto check_heads = [&](ref::Buffer& in, ref::Buffer& out, std::int64_t heads, bool is_q) {
+    for (std::int64_t tok = 0; tok < t; ++tok) {
+      for (std::int64_t h = 0; h < heads; ++h) {
+        const std::int64_t row = (tok * heads + h) * d;
+        std::vector<double> x(static_cast<std::size_t>(d));
+        for (std::int64_t j = 0; j < d; ++j) x[static_cast<std::size_t>(j)] = in.get(row + j);
+        std::vector<double> magnitude;
+        const std::vector<double> y =
+            ref::rope(x, pos.get_index(tok), r, base, c.interleaved, false, &magnitude);
+        // The scale as the library forms it: the per-tensor scale times the head's, in float32.
+        const double scale =
+            is_q ? (c.head_scales ? static_cast<double>(4.0f * head[h]) : 4.0) : 0.75;
+        for (std::int64_t j = 0; j < d; ++j) {
+          const auto u = static_cast<std::size_t>(j);
+          const auto code = static_cast<std::uint8_t>(out.bits(row + j));
+          if (std::isnan(y[u])) {
+            CHECK(ref::fp8_is_nan(c.out, code));
+            continue;
+          }
+          // float32 rotation error (table and arithmetic) is a few ulps of the terms' size.
+          const double slack = 8.0 * 6e-8 * magnitude[u] * scale;
+          INFO("token " << tok << (is_q ? " q" : " k") << " head " << h << " element " << j
+                        << ": want " << y[u] * scale << ", got code " << int(code) << " = "
+                        << ref::decode_fp8(c.out, code));
+          CHECK(acceptable(c.out, code, y[u] * scale, slack));
+          ++checked;
+        }
+      }
+    }
+  };
+  check_heads(q, q_out, hq, true);
+  check_heads(k, k_out, hk, false);
+  CHECK(checked > 0);
+}
+
+}  // namespace
+
+TEST_CASE("apply_rope float8 outputs equal the float64 rotation times the scale, rounded once",
+          "[rope][float8]") {
+  for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+    for (DType out : {DType::float8_e4m3fn, DType::float8_e5m2}) {
+      for (bool interleaved : {false, true}) {
+        run_case({dtype, out, interleaved, 64, 64, false});
+        run_case({dtype, out, interleaved, 96, 32, true});
+      }
+    }
+  }
+}
+
+TEST_CASE("apply_rope float8 outputs: a bad position zero-fills its rows and is reported",
+          "[rope][float8]") {
+  const std::int64_t t = 3, h = 2, d = 64;
+  ref::Buffer q(DType::bfloat16, t * h * d), pos(DType::int64, t);
+  ref::Buffer q_out(DType::float8_e4m3fn, t * h * d);
+  ref::fill_random(q, 1);
+  pos.set_index(0, 1);
+  pos.set_index(1, 99);  // outside the table of 16 rows
+  pos.set_index(2, 2);
+  ref::poison(q_out);
+  RopeCache cache(RopeConfig{d, 10000.0, 16});
+  RopeOptions o;
+  o.q_out = ref::view(q_out, 0, {t, h, d});
+  o.q_out_scale = 2.0f;
+  expect_error(
+      [&] {
+        embrope::apply_rope(ref::view(q, 0, {t, h, d}), std::nullopt, ref::view(pos, 0, {t}), cache,
+                            o);
+      },
+      {ErrorCode::index_out_of_range}, {"apply_rope", "positions", "99"});
+  for (std::int64_t i = 0; i < h * d; ++i) {
+    CHECK(q_out.bits(h * d + i) == 0);         // token 1: zero-filled
+    CHECK(q_out.bits(i) != 0x7f);              // token 0: written
+    CHECK(q_out.bits(2 * h * d + i) != 0x7f);  // token 2: written
+  }
+}
+
+TEST_CASE("apply_rope float8 outputs: argument rules", "[rope][float8][errors]") {
+  const std::int64_t t = 3, hq = 2, hk = 1, d = 64;
+  ref::Buffer q(DType::bfloat16, t * hq * d), k(DType::bfloat16, t * hk * d);
+  ref::Buffer pos(DType::int64, t), scales(DType::float32, hq), scales16(DType::float16, hq);
+  ref::Buffer q8(DType::float8_e4m3fn, t * hq * d), k8(DType::float8_e4m3fn, t * hk * d);
+  ref::Buffer k5(DType::float8_e5m2, t * hk * d), q16(DType::bfloat16, t * hq * d);
+  ref::fill_random(q, 1);
+  ref::fill_random(k, 2);
+  ref::fill_random_indices(pos, 3, 0, 7);
+  RopeCache cache(RopeConfig{d, 10000.0, 8});
+  const Tensor qt = ref::view(q, 0, {t, hq, d}), kt = ref::view(k, 0, {t, hk, d});
+  const Tensor pt = ref::view(pos, 0, {t});
+  RopeOptions o;
+  o.q_out = ref::view(q8, 0, {t, hq, d});
+  o.k_out = ref::view(k8, 0, {t, hk, d});
+  CHECK_NOTHROW(embrope::apply_rope(qt, kt, pt, cache, o));  // the valid call
+
+  SECTION("k without k_out") {
+    o.k_out.reset();
+    const auto k_before = k.snapshot();
+    expect_error([&] { embrope::apply_rope(qt, kt, pt, cache, o); }, kInvalid,
+                 {"apply_rope", "k_out", "float8_e4m3fn", "quantized"});
+    CHECK(k.snapshot() == k_before);
+  }
+  SECTION("float8 outputs of two formats") {
+    o.k_out = ref::view(k5, 0, {t, hk, d});
+    expect_error([&] { embrope::apply_rope(qt, kt, pt, cache, o); }, kInvalid,
+                 {"apply_rope", "k_out", "float8_e5m2", "one dtype"});
+  }
+  SECTION("a float8 k_out beside a bfloat16 q_out") {
+    o.q_out = ref::view(q16, 0, {t, hq, d});
+    expect_error([&] { embrope::apply_rope(qt, kt, pt, cache, o); }, kInvalid,
+                 {"apply_rope", "k_out", "both or neither"});
+  }
+  SECTION("scales that are not positive and finite") {
+    for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::infinity(),
+                      std::numeric_limits<float>::quiet_NaN()}) {
+      o.q_out_scale = bad;
+      expect_error([&] { embrope::apply_rope(qt, kt, pt, cache, o); }, kInvalid,
+                   {"apply_rope", "q_out_scale", "positive and finite"});
+    }
+    o.q_out_scale = 1.0f;
+    o.k_out_scale = 0.0f;
+    expect_error([&] { embrope::apply_rope(qt, kt, pt, cache, o); }, kInvalid,
+                 {"apply_rope", "k_out_scale"});
+  }
+  SECTION("a scale for an output that is not float8") {
+    RopeOptions plain;
+    plain.q_out_scale = 2.0f;
+    expect_error([&] { embrope::apply_rope(qt, kt, pt, cache, plain); }, kInvalid,
+                 {"apply_rope", "q_out_scale", "float8 outputs only", "bfloat16"});
+    plain.q_out_scale = 1.0f;
+    plain.k_out_head_scales = ref::view(scales, 0, {hk});
+    expect_error([&] { embrope::apply_rope(qt, kt, pt, cache, plain); }, kInvalid,
+                 {"apply_rope", "k_out_head_scales", "float8 outputs only"});
+    plain.k_out_head_scales.reset();
+    plain.k_out_scale = 3.0f;
+    expect_error([&] { embrope::apply_rope(qt, std::nullopt, pt, cache, plain); }, kInvalid,
+                 {"apply_rope", "k_out_scale", "k is not given"});
+  }
+  SECTION("head scales of the wrong shape or dtype") {
+    o.q_out_head_scales = ref::view(scales, 0, {1});
+    expect_error([&] { embrope::apply_rope(qt, kt, pt, cache, o); }, kInvalid,
+                 {"apply_rope", "q_out_head_scales"});
+    o.q_out_head_scales = ref::view(scales16, 0, {hq});
+    expect_error([&] { embrope::apply_rope(qt, kt, pt, cache, o); }, kInvalid,
+                 {"apply_rope", "q_out_head_scales", "float32"});
+    o.q_out_head_scales = ref::view(scales, 0, {1, hq});
+    expect_error([&] { embrope::apply_rope(qt, kt, pt, cache, o); }, kInvalid,
+                 {"apply_rope", "q_out_head_scales"});
+  }
+  SECTION("head scales inside an output") {
+    // The float32 head scales are the first 8 bytes of q_out.
+    o.q_out_head_scales = Tensor(q8.at(0), DType::float32, {hq});
+    expect_error([&] { embrope::apply_rope(qt, kt, pt, cache, o); }, kInvalid,
+                 {"apply_rope", "q_out", "q_out_head_scales"});
+  }
+  SECTION("float8 outputs of the other RoPE ops") {
+    RopeOptions back;
+    back.q_out = ref::view(q8, 0, {t, hq, d});
+    back.k_out = ref::view(k8, 0, {t, hk, d});
+    expect_error([&] { embrope::apply_rope_backward(qt, kt, pt, cache, back); }, kInvalid,
+                 {"apply_rope_backward", "dq_out", "float8 outputs are apply_rope's"});
+    expect_error([&] { embrope::apply_qk_norm_rope(qt, kt, pt, cache, {}, back); }, kInvalid,
+                 {"apply_qk_norm_rope", "q_out", "float8"});
+  }
+}
