@@ -375,6 +375,66 @@ void append_kv_case(benchmark::State& state, RopeShape s, DType dtype, DType cac
       bytes);
 }
 
+// RoPE with float8 outputs (FlashInfer's rope_quantize_fp8): q and k rotated out of place into
+// float8_e4m3fn, with a scale each. Unfused: apply_rope out of place into q's dtype, then a
+// quantize pass over both outputs (value * scale, rounded once by embrope's own conversion,
+// threaded like the op); on the CPU only (the GPU has no such pass here: the row is skipped).
+void rope_fp8_case(benchmark::State& state, RopeShape s, DType dtype, std::int64_t tokens,
+                   bool fused) {
+  const int es = embrope::dtype_size(dtype);
+  const std::int64_t q_elements = tokens * s.hq * s.head_dim;
+  const std::int64_t k_elements = tokens * s.hk * s.head_dim;
+  if (!fused && g_gpu) {
+    state.SkipWithError("the unfused quantize pass is CPU-only");
+    return;
+  }
+  Memory& q = shared_values("rope_q", q_elements * es, dtype);
+  Memory& k = shared_values("rope_k", k_elements * es, dtype);
+  Memory& q8 = shared("fp8_q", q_elements, [](Memory&) {});
+  Memory& k8 = shared("fp8_k", k_elements, [](Memory&) {});
+  Memory& pos = shared_indices("positions", tokens, 65536, true);
+  const embrope::RopeCache& cache = shared_cache(s.rotary_dim);
+  const Tensor tq(q.data(), dtype, {tokens, s.hq, s.head_dim}, device());
+  const Tensor tk(k.data(), dtype, {tokens, s.hk, s.head_dim}, device());
+  const Tensor tp(pos.data(), DType::int64, {tokens}, device());
+  constexpr float kQScale = 0.5f, kKScale = 2.0f;
+  embrope::RopeOptions options;
+  options.layout = s.layout;
+  std::function<void()> body;
+  if (fused) {
+    options.q_out = Tensor(q8.data(), DType::float8_e4m3fn, {tokens, s.hq, s.head_dim}, device());
+    options.k_out = Tensor(k8.data(), DType::float8_e4m3fn, {tokens, s.hk, s.head_dim}, device());
+    options.q_out_scale = kQScale;
+    options.k_out_scale = kKScale;
+    body = [&, options] { embrope::apply_rope(tq, tk, tp, cache, options); };
+  } else {
+    Memory& q_tmp = shared("fp8_q_tmp", q_elements * es, [](Memory&) {});
+    Memory& k_tmp = shared("fp8_k_tmp", k_elements * es, [](Memory&) {});
+    options.q_out = Tensor(q_tmp.data(), dtype, {tokens, s.hq, s.head_dim}, device());
+    options.k_out = Tensor(k_tmp.data(), dtype, {tokens, s.hk, s.head_dim}, device());
+    const auto quantize = [dtype](const void* src, void* dst, std::int64_t n, float scale) {
+      auto* out = static_cast<std::uint8_t*>(dst);
+      const auto at = [&](std::int64_t i) {
+        using namespace embrope::detail;
+        return dtype == DType::float32   ? static_cast<const float*>(src)[i]
+               : dtype == DType::float16 ? to_float(static_cast<const Half*>(src)[i])
+                                         : to_float(static_cast<const BFloat16*>(src)[i]);
+      };
+#pragma omp parallel for schedule(static) if (n >= (1 << 15))
+      for (std::int64_t i = 0; i < n; ++i) {
+        out[i] = embrope::detail::float_to_float8_e4m3(at(i) * scale);
+      }
+    };
+    body = [&, options, quantize] {
+      embrope::apply_rope(tq, tk, tp, cache, options);
+      quantize(options.q_out->data(), q8.data(), q_elements, kQScale);
+      quantize(options.k_out->data(), k8.data(), k_elements, kKScale);
+    };
+  }
+  // What the fused op must move: q and k read, their float8 outputs written.
+  run_timed(state, body, (q_elements + k_elements) * (es + 1));
+}
+
 void embed_case(benchmark::State& state, DType dtype, std::int64_t dim, std::int64_t tokens,
                 embrope::PositionEncoding positions, bool fused) {
   const std::int64_t vocab = g_full ? 128256 : 32000;
@@ -522,6 +582,18 @@ void register_all() {
           }
         }
       }
+    }
+  }
+  // RoPE with float8 outputs, Llama-3-8B bf16 -> e4m3: decode to prefill, against apply_rope
+  // out of place followed by a quantize pass.
+  for (std::int64_t t : {1, 64, 2048}) {
+    for (bool fused : {false, true}) {
+      const std::string name = std::string("rope_fp8/") + shapes[0].model +
+                               "/bf16->fp8e4m3/T=" + std::to_string(t) +
+                               (fused ? "" : "/unfused_rope_then_quantize");
+      register_case(name, [=](benchmark::State& st) {
+        rope_fp8_case(st, shapes[0], DType::bfloat16, t, fused);
+      });
     }
   }
   for (const char* dt : {"bf16", "f16", "f32"}) {

@@ -39,7 +39,7 @@ from typing import Any, Optional
 SMALL_BYTES = 256 * 1024
 
 NAME = re.compile(
-    r"^(?P<op>rope_append_kv|rope_backward|qk_norm_rope|rope|embed_backward|embed_layer_norm|embed)/(?P<rest>.*?)(?:/real_time|/manual_time)?$")
+    r"^(?P<op>rope_append_kv|rope_backward|rope_fp8|qk_norm_rope|rope|embed_backward|embed_layer_norm|embed)/(?P<rest>.*?)(?:/real_time|/manual_time)?$")
 
 
 def parse_case(name: str) -> Optional[dict]:
@@ -49,7 +49,7 @@ def parse_case(name: str) -> Optional[dict]:
         return None
     op, parts = match.group("op"), match.group("rest").split("/")
     case = {"op": op, "variant": ""}
-    if op in ("rope", "rope_backward", "rope_append_kv", "qk_norm_rope"):
+    if op in ("rope", "rope_backward", "rope_append_kv", "rope_fp8", "qk_norm_rope"):
         case.update(shape=parts[0], dtype=parts[1], tokens=int(parts[2][2:]))
         case["variant"] = "/".join(parts[3:])
     elif op in ("embed", "embed_layer_norm"):
@@ -131,13 +131,16 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
     RoPE: vLLM's RotaryEmbedding.forward_native (index_select the cos/sin cache, rotate
     in the tensor's dtype, out of place). Lookup: F.embedding; learned and sinusoidal
     positions: F.embedding plus a gathered position table (a sinusoid table precomputed, as a
-    torch model would hold it)."""
-    if case["dtype"] not in ("f32", "f16", "bf16"):
+    torch model would hold it). RoPE with float8 outputs: the same, then each output scaled,
+    clamped to the finite range and converted (``.to(torch.float8_e4m3fn)``)."""
+    quantized = case["op"] == "rope_fp8"
+    base = case["dtype"].split("->")[0] if quantized else case["dtype"]
+    if base not in ("f32", "f16", "bf16"):
         return None  # a float8 KV cache: no eager counterpart here
-    dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[case["dtype"]]
+    dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[base]
     tokens = case["tokens"]
     sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
-    if case["op"] == "rope":
+    if case["op"] in ("rope", "rope_fp8"):
         if case["shape"] not in ROPE_SHAPES:
             return None
         hq, hk, dim, rotary, interleaved = ROPE_SHAPES[case["shape"]]
@@ -156,10 +159,16 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
                 out = torch.cat((a * cos - b * sin, b * cos + a * sin), -1)
             return torch.cat((out, rest), -1)
 
+        def quantize(x, scale):  # as bench.cpp's rope_fp8 case: e4m3, q x 0.5, k x 2
+            return (x * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
         def run():
             cos, sin = cache.index_select(0, positions).chunk(2, dim=-1)
             cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-            return rotate(q, cos, sin), rotate(k, cos, sin)
+            q_out, k_out = rotate(q, cos, sin), rotate(k, cos, sin)
+            if quantized:
+                return quantize(q_out, 0.5), quantize(k_out, 2.0)
+            return q_out, k_out
 
         return time_median(run, sync)
     if case["op"] == "qk_norm_rope" and case["shape"] == "qwen3-8b":
@@ -257,9 +266,11 @@ NOTE = ("copy GB/s: a copy of the same bytes on the same threads (memcpy on the 
         "baseline's median time over the op's (RoPE: q then k in two calls; learned positions: "
         "lookup, positions, then an add pass; RoPE + KV append: RoPE, then a copy; embed + "
         "LayerNorm: the lookup with positions, then a LayerNorm pass; qk-norm + RoPE: an "
-        "RMSNorm pass over the head rows (embed with rms_norm), then RoPE). vs torch eager: "
+        "RMSNorm pass over the head rows (embed with rms_norm), then RoPE; RoPE with float8 "
+        "outputs: RoPE out of place, then a quantize pass). vs torch eager: "
         "PyTorch eager's median time over the op's, measured in the same run (qk-norm + RoPE: "
-        "HF Qwen3's RMSNorm, then vLLM's RoPE).")
+        "HF Qwen3's RMSNorm, then vLLM's RoPE; float8 outputs: vLLM's RoPE, then scale, clamp "
+        "and .to(float8_e4m3fn)).")
 
 
 MODELS_NOTE = ("model rows: a 2-layer model of the family's head sizes (hidden 2048, 16 query "
@@ -326,16 +337,21 @@ def plot(cases: list[dict], path: pathlib.Path, title: str) -> bool:
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
     colors = {"f32": "tab:blue", "f16": "tab:orange", "bf16": "tab:green"}
     for ax, key in zip(axes.flat, panels):
-        for dtype in ("f32", "f16", "bf16"):
+        # One line per dtype ("bf16", or "bf16->fp8e4m3" for a float8 output or cache), in
+        # the colour of its activations' dtype.
+        order = {"f32": 0, "f16": 1, "bf16": 2}
+        for dtype in sorted({c["dtype"] for c in groups[key]},
+                            key=lambda d: (order.get(d.split("->")[0], 3), d)):
             points = sorted((c["tokens"], c["gbps"], c["copy_gbps"]) for c in groups[key]
                             if c["dtype"] == dtype)
-            if not points:
-                continue
+            base = dtype.split("->")[0]
+            color = colors.get(base, "tab:gray")
+            style = "o-" if dtype == base else "s:"
             tokens = [p[0] for p in points]
-            ax.plot(tokens, [p[1] for p in points], "o-", color=colors[dtype], label=dtype)
+            ax.plot(tokens, [p[1] for p in points], style, color=color, label=dtype)
             ceiling = [p[2] for p in points]
             if all(v is not None for v in ceiling):
-                ax.plot(tokens, ceiling, "--x", color=colors[dtype], alpha=0.6,
+                ax.plot(tokens, ceiling, "--x", color=color, alpha=0.6,
                         label=f"copy, {dtype} bytes")
         ax.set_xscale("log")
         ax.set(title=f"{key[0]}, {key[1]}", xlabel="tokens", ylabel="GB/s")

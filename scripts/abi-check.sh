@@ -13,6 +13,7 @@
 #   - abidiff finds an incompatible change (a removed function, a struct or signature that
 #     changed) under the same SONAME: raise EMBROPE_ABI_VERSION in CMakeLists.txt and
 #     regenerate, or make the change compatible (docs/abi.md).
+# A field added inside a struct's old tail padding is incompatible (scripts/abi_tail_check.py).
 # A compatible change (an added function, a field appended to a struct) fails too until the
 # baseline is regenerated with it (--update, which refuses an incompatible change under the
 # same SONAME), so that each change is compared with the one before.
@@ -50,6 +51,11 @@ compare() {
     cat "$build/abidiff-$mode.txt"
     echo "abi-check: abidiff failed (status $status)"
     exit 1
+  fi
+  # abidiff takes a field placed in the old tail padding for an appended one.
+  if [ "$mode" = compatible ] &&
+    ! python3 scripts/abi_tail_check.py "$baseline" "$current" >>"$build/abidiff-$mode.txt"; then
+    return 1
   fi
   return $(( status == 0 ? 0 : 1 ))
 }

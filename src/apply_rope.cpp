@@ -54,6 +54,9 @@ void fill_out_scales(const RopeNames& names, const char* out_name, const Tensor*
   if (out == nullptr || !is_float8_dtype(out->dtype())) {
     if (scale != 1.0f || head_scales) {
       const char* what = scale != 1.0f ? scale_name : head_scales_name;
+      if (!names.float8_outputs) {
+        fail(names.op, "{} is set; float8 outputs and their scales are apply_rope's", what);
+      }
       if (out == nullptr) fail(names.op, "{} is set but {} is not given", what, in_name);
       fail(names.op, "{} applies to float8 outputs only; {} has dtype {}", what, out_name,
            dtype_name(out->dtype()));

@@ -165,8 +165,9 @@ embrope::RopeOptions rope_options(const char* function, const embrope_rope_optio
   for (int i = 0; i < 3; ++i) options.mrope_section[i] = o->mrope_section[i];
   options.mrope_interleaved = o->mrope_interleaved != 0;
   if (o->deferred != nullptr) options.deferred = &o->deferred->status;
-  options.q_out_scale = o->q_out_scale;
-  options.k_out_scale = o->k_out_scale;
+  // A zero scale (the init's, and an older header's) is the default 1 (docs/abi.md, rule 1).
+  options.q_out_scale = o->q_out_scale == 0.0f ? 1.0f : o->q_out_scale;
+  options.k_out_scale = o->k_out_scale == 0.0f ? 1.0f : o->k_out_scale;
   options.q_out_head_scales = to_optional(function, "q_out_head_scales", o->q_out_head_scales);
   options.k_out_head_scales = to_optional(function, "k_out_head_scales", o->k_out_head_scales);
   return options;
@@ -431,10 +432,10 @@ void embrope_rope_options_init_size(embrope_rope_options_t* out, size_t struct_s
   for (int64_t& s : options->mrope_section) s = 0;
   options->deferred = nullptr;
   options->mrope_interleaved = 0;
-  options->q_out_scale = 1.0f;
-  options->k_out_scale = 1.0f;
   options->q_out_head_scales = nullptr;
   options->k_out_head_scales = nullptr;
+  options->q_out_scale = 0.0f;  // 1
+  options->k_out_scale = 0.0f;
   write_defaults(out, struct_size, defaults);
 }
 

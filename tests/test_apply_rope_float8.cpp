@@ -48,14 +48,16 @@ void run_case(const Float8Case& c) {
   const double base = 10000.0;
   ref::Buffer q(c.dtype, t * hq * d), k(c.dtype, t * hk * d), pos(DType::int64, t);
   ref::Buffer q_out(c.out, t * hq * d), k_out(c.out, t * hk * d);
-  ref::Buffer scales(DType::float32, hq);
+  ref::Buffer scales(DType::float32, hq), k_scales(DType::float32, hk);
   ref::fill_random(q, 11);
   ref::fill_random(k, 12);
   ref::fill_random_indices(pos, 13, 0, n - 1);
   for (std::int64_t i = 0; i < t * hq * d; i += 7) q.set(i, q.get(i) * 300.0);  // saturates
   q.set(3, std::numeric_limits<double>::quiet_NaN());
   const float head[hq] = {0.5f, 1.0f, 3.0f, 0.125f};
+  const float k_head[hk] = {2.0f, 0.5f};  // [Hk], not [Hq]: GQA
   for (std::int64_t h = 0; h < hq; ++h) scales.set(h, head[h]);
+  for (std::int64_t h = 0; h < hk; ++h) k_scales.set(h, k_head[h]);
   RopeCache cache(RopeConfig{r, base, n});
   RopeOptions o;
   o.layout = c.interleaved ? RopeLayout::interleaved : RopeLayout::neox;
@@ -63,7 +65,10 @@ void run_case(const Float8Case& c) {
   o.k_out = ref::view(k_out, 0, {t, hk, d});
   o.q_out_scale = 4.0f;
   o.k_out_scale = 0.75f;
-  if (c.head_scales) o.q_out_head_scales = ref::view(scales, 0, {hq});
+  if (c.head_scales) {
+    o.q_out_head_scales = ref::view(scales, 0, {hq});
+    o.k_out_head_scales = ref::view(k_scales, 0, {hk});
+  }
   embrope::apply_rope(ref::view(q, 0, {t, hq, d}), ref::view(k, 0, {t, hk, d}),
                       ref::view(pos, 0, {t}), cache, o);
 
@@ -78,8 +83,8 @@ void run_case(const Float8Case& c) {
         const std::vector<double> y =
             ref::rope(x, pos.get_index(tok), r, base, c.interleaved, false, &magnitude);
         // The scale as the library forms it: the per-tensor scale times the head's, in float32.
-        const double scale =
-            is_q ? (c.head_scales ? static_cast<double>(4.0f * head[h]) : 4.0) : 0.75;
+        const float head_scale = !c.head_scales ? 1.0f : is_q ? head[h] : k_head[h];
+        const double scale = static_cast<double>((is_q ? 4.0f : 0.75f) * head_scale);
         for (std::int64_t j = 0; j < d; ++j) {
           const auto u = static_cast<std::size_t>(j);
           const auto code = static_cast<std::uint8_t>(out.bits(row + j));
@@ -229,5 +234,23 @@ TEST_CASE("apply_rope float8 outputs: argument rules", "[rope][float8][errors]")
                  {"apply_rope_backward", "dq_out", "float8 outputs are apply_rope's"});
     expect_error([&] { embrope::apply_qk_norm_rope(qt, kt, pt, cache, {}, back); }, kInvalid,
                  {"apply_qk_norm_rope", "q_out", "float8"});
+    ref::Buffer v(DType::bfloat16, t * hk * d), k_cache(DType::bfloat16, 4 * 4 * hk * d);
+    ref::Buffer v_cache(DType::bfloat16, 4 * 4 * hk * d), slots(DType::int64, t);
+    ref::fill_random_indices(slots, 4, 0, 15);
+    embrope::KvCache kv;
+    kv.k = ref::view(k_cache, 0, {4, 4, hk, d});
+    kv.v = ref::view(v_cache, 0, {4, 4, hk, d});
+    const auto cache_before = k_cache.snapshot();
+    expect_error(
+        [&] {
+          embrope::apply_rope_append_kv(qt, kt, ref::view(v, 0, {t, hk, d}), pt, cache, kv,
+                                        embrope::KvSlots::paged(ref::view(slots, 0, {t})), back);
+        },
+        kInvalid, {"apply_rope_append_kv", "q_out", "float8 outputs are apply_rope's"});
+    CHECK(k_cache.snapshot() == cache_before);
+    RopeOptions scaled;
+    scaled.q_out_scale = 2.0f;
+    expect_error([&] { embrope::apply_rope_backward(qt, kt, pt, cache, scaled); }, kInvalid,
+                 {"apply_rope_backward", "q_out_scale", "apply_rope's"});
   }
 }

@@ -1276,3 +1276,88 @@ TEST_CASE("C structs of a newer header: zeros past the known fields, else a clea
   CHECK(info->struct_size == older);
   for (std::size_t i = older; i < sizeof config_bytes; ++i) CHECK(config_bytes[i] == 0xCD);
 }
+
+TEST_CASE("embrope_rope_options_t of the header before float8 outputs: its padding is not read",
+          "[c_api][abi]") {
+  // That header's struct ended with mrope_interleaved and 4 bytes of tail padding; a C
+  // compiler need not keep padding, so bytes there may hold anything.
+  const std::size_t older = offsetof(embrope_rope_options_t, q_out_head_scales);
+  REQUIRE(older == offsetof(embrope_rope_options_t, mrope_interleaved) + 8);
+  alignas(embrope_rope_options_t) unsigned char bytes[sizeof(embrope_rope_options_t)];
+  std::memset(bytes, 0xAB, sizeof bytes);
+  auto* old_options = reinterpret_cast<embrope_rope_options_t*>(bytes);
+  embrope_rope_options_init_size(old_options, older);
+  std::memset(bytes + older - 4, 0xAB, 4);  // the old tail padding
+  old_options->mrope_section[0] = 4;
+  old_options->mrope_section[1] = 2;
+  old_options->mrope_section[2] = 2;
+  embrope_rope_options_t current;
+  embrope_rope_options_init(&current);
+  std::copy(old_options->mrope_section, old_options->mrope_section + 3, current.mrope_section);
+  embrope_status_t s1 = EMBROPE_OK, s2 = EMBROPE_OK;
+  const std::vector<float> from_old = mrope_rotated(old_options, &s1);
+  INFO(message);
+  REQUIRE(s1 == EMBROPE_OK);
+  CHECK(from_old == mrope_rotated(&current, &s2));
+  CHECK(s2 == EMBROPE_OK);
+}
+
+TEST_CASE("embrope_apply_rope with float8 outputs: scales and head scales through the C struct",
+          "[c_api][float8]") {
+  const std::int64_t t = 3, hq = 2, hk = 1, d = 16;
+  ref::Buffer q(DType::bfloat16, t * hq * d), k(DType::bfloat16, t * hk * d), pos(DType::int64, t);
+  ref::Buffer q8(DType::float8_e4m3fn, t * hq * d), k8(DType::float8_e4m3fn, t * hk * d);
+  ref::Buffer q8_cpp(DType::float8_e4m3fn, t * hq * d), k8_cpp(DType::float8_e4m3fn, t * hk * d);
+  ref::Buffer q_heads(DType::float32, hq), k_heads(DType::float32, hk);
+  ref::fill_random(q, 41);
+  ref::fill_random(k, 42);
+  ref::fill_random_indices(pos, 43, 0, 31);
+  q_heads.set(0, 3.0);
+  q_heads.set(1, 0.5);
+  k_heads.set(0, 8.0);
+  const CCache cache(d, 10000.0, 32);
+  DL qd(q, {t, hq, d}), kd(k, {t, hk, d}), pd(pos, {t}), q8d(q8, {t, hq, d}), k8d(k8, {t, hk, d});
+  DL qhd(q_heads, {hq}), khd(k_heads, {hk});
+  embrope_rope_options_t o;
+  embrope_rope_options_init(&o);
+  CHECK(o.q_out_scale == 0.0f);  // zero, the previous behaviour: scale 1
+  o.q_out = &q8d.t;
+  o.k_out = &k8d.t;
+  o.q_out_scale = 2.0f;
+  o.k_out_scale = 0.25f;
+  o.q_out_head_scales = &qhd.t;
+  o.k_out_head_scales = &khd.t;
+  REQUIRE(embrope_apply_rope(&qd.t, &kd.t, &pd.t, cache.handle, &o, nullptr) == EMBROPE_OK);
+
+  // The C++ API with the same settings gives the same codes.
+  embrope::RopeCache cpp_cache(embrope::RopeConfig{d, 10000.0, 32});
+  embrope::RopeOptions co;
+  co.q_out = ref::view(q8_cpp, 0, {t, hq, d});
+  co.k_out = ref::view(k8_cpp, 0, {t, hk, d});
+  co.q_out_scale = 2.0f;
+  co.k_out_scale = 0.25f;
+  co.q_out_head_scales = ref::view(q_heads, 0, {hq});
+  co.k_out_head_scales = ref::view(k_heads, 0, {hk});
+  embrope::apply_rope(ref::view(q, 0, {t, hq, d}), ref::view(k, 0, {t, hk, d}),
+                      ref::view(pos, 0, {t}), cpp_cache, co);
+  CHECK(q8.snapshot() == q8_cpp.snapshot());
+  CHECK(k8.snapshot() == k8_cpp.snapshot());
+
+  // A zero scale is 1; a negative one is refused by name.
+  o.q_out_head_scales = nullptr;
+  o.k_out_head_scales = nullptr;
+  o.q_out_scale = 0.0f;
+  o.k_out_scale = 0.0f;
+  REQUIRE(embrope_apply_rope(&qd.t, &kd.t, &pd.t, cache.handle, &o, nullptr) == EMBROPE_OK);
+  co.q_out_head_scales.reset();
+  co.k_out_head_scales.reset();
+  co.q_out_scale = co.k_out_scale = 1.0f;
+  embrope::apply_rope(ref::view(q, 0, {t, hq, d}), ref::view(k, 0, {t, hk, d}),
+                      ref::view(pos, 0, {t}), cpp_cache, co);
+  CHECK(q8.snapshot() == q8_cpp.snapshot());
+  o.q_out_scale = -1.0f;
+  CHECK(embrope_apply_rope(&qd.t, &kd.t, &pd.t, cache.handle, &o, nullptr) ==
+        EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("embrope_apply_rope") &&
+                               Catch::Contains("q_out_scale") && Catch::Contains("positive"));
+}

@@ -191,15 +191,16 @@ typedef struct embrope_rope_options_t {
   /* Nonzero, with mrope_section: the streams interleaved over the frequencies (Qwen3-VL,
    * mrope_interleaved) rather than in contiguous sections. Default 0. */
   int32_t mrope_interleaved;
-  /* Float8 outputs (embrope_apply_rope only): q_out of dtype float8_e4m3fn or float8_e5m2
-   * (DLPack codes 10 and 12), and k_out of the same dtype when k is given, store every element
-   * as float8(value * scale), rounded once to nearest even and saturated to the finite range
-   * (FlashInfer's rope_quantize_fp8: the scale multiplies). Default 1; other outputs need 1. */
-  float q_out_scale;
-  float k_out_scale;
-  /* NULL (default), or float32 [Hq] ([Hk]) per-head scales, multiplied with the scale above. */
+  /* Float8 outputs (embrope_apply_rope and embrope_apply_rope_cos_sin): q_out of dtype
+   * float8_e4m3fn or float8_e5m2 (DLPack codes 10 and 12), and k_out of the same dtype when k
+   * is given, store every element as float8(value * scale), rounded once to nearest even and
+   * saturated to the finite range (FlashInfer's rope_quantize_fp8: the scale multiplies).
+   * q's scale is q_out_scale times q_out_head_scales[h] when given (float32 [Hq]); k's alike
+   * ([Hk]). NULL (default): no head scales. A scale of 0 (default) is 1; other outputs take 1. */
   const DLTensor* q_out_head_scales;
   const DLTensor* k_out_head_scales;
+  float q_out_scale;
+  float k_out_scale;
 } embrope_rope_options_t;
 
 EMBROPE_API void embrope_rope_options_init_size(embrope_rope_options_t* options,

@@ -411,22 +411,27 @@ TEST_CASE("GPU RoPE with no heads in q, in k, or in both", "[gpu][rope]") {
 }
 
 TEST_CASE("GPU RoPE with float8 outputs equals the CPU, code for code", "[gpu][rope][float8]") {
-  // The vector path (float32 cache, whole chunks), the general one (a bfloat16 caller table),
-  // partial rotary, per-head scales and values past the float8 range (saturation).
+  // The vector path (float32 cache, whole chunks), the general one (a bfloat16 caller table,
+  // or outputs 4 bytes off the 8-byte alignment of a 16-bit input's chunk), partial rotary,
+  // q and k heads of their own per-head scales (GQA), values past the float8 range
+  // (saturation), and at 70 tokens a bad position (zero codes, reported by both).
   for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
     for (DType out : {DType::float8_e4m3fn, DType::float8_e5m2}) {
       for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
         for (auto shape : {std::pair<std::int64_t, std::int64_t>{128, 128}, {96, 32}, {80, 80}}) {
-          for (bool caller_table : {false, true}) {
+          for (int variant : {0, 1, 2}) {  // cache; bfloat16 caller table; outputs off by 4
             for (std::int64_t t : {1, 70}) {
+              const bool caller_table = variant == 1;
+              const std::int64_t off = variant == 2 ? 4 : 0;
               const std::int64_t hq = 6, hk = 2, d = shape.first, r = shape.second, n = 512;
               INFO(embrope::dtype_name(dtype)
                    << " -> " << embrope::dtype_name(out)
                    << (layout == embrope::RopeLayout::neox ? " neox" : " interleaved") << " d " << d
-                   << " r " << r << (caller_table ? " bfloat16 table" : " cache") << " T " << t);
+                   << " r " << r << " variant " << variant << " T " << t);
               const int es = embrope::dtype_size(dtype);
               Buffer q(t * hq * d * es), k(t * hk * d * es), pos(t * 8);
-              Buffer q_out(t * hq * d), k_out(t * hk * d), scales(hq * 4);
+              Buffer q_out(t * hq * d + off), k_out(t * hk * d + off);
+              Buffer q_scales(hq * 4), k_scales(hk * 4);
               Buffer cos(n * r / 2 * 2), sin(n * r / 2 * 2);
               fill_random(q, dtype, t * hq * d, 31 + t);
               fill_random(k, dtype, t * hk * d, 32 + t);
@@ -437,13 +442,17 @@ TEST_CASE("GPU RoPE with float8 outputs equals the CPU, code for code", "[gpu][r
               }
               for (std::int64_t i = 0; i < hq; ++i) {
                 const float s = 0.25f * static_cast<float>(i + 1);
-                std::memcpy(scales.host.data() + 4 * i, &s, 4);
+                std::memcpy(q_scales.host.data() + 4 * i, &s, 4);
+              }
+              for (std::int64_t i = 0; i < hk; ++i) {
+                const float s = 3.0f - static_cast<float>(i);
+                std::memcpy(k_scales.host.data() + 4 * i, &s, 4);
               }
               for (std::int64_t i = 0; i < t; ++i) {
-                const std::int64_t p = (i * 131 + 7) % n;
+                const std::int64_t p = i == 37 ? n + 5 : (i * 131 + 7) % n;
                 std::memcpy(pos.host.data() + 8 * i, &p, 8);
               }
-              for (Buffer* x : {&q, &k, &pos, &scales, &cos, &sin}) x->upload();
+              for (Buffer* x : {&q, &k, &pos, &q_scales, &k_scales, &cos, &sin}) x->upload();
               q_out.poison_both(0x55);
               k_out.poison_both(0x55);
               embrope::RopeCache cpu_cache({r, 10000.0, n});
@@ -451,21 +460,29 @@ TEST_CASE("GPU RoPE with float8 outputs equals the CPU, code for code", "[gpu][r
               auto run = [&](bool gpu) {
                 const Device dev = gpu ? Device::cuda(0) : Device::cpu();
                 auto ptr = [&](Buffer& x) -> void* { return gpu ? x.device : x.host.data(); };
+                auto at = [&](Buffer& x) { return static_cast<unsigned char*>(ptr(x)) + off; };
                 embrope::RopeOptions o;
                 o.layout = layout;
-                o.q_out = Tensor(ptr(q_out), out, {t, hq, d}, dev);
-                o.k_out = Tensor(ptr(k_out), out, {t, hk, d}, dev);
+                o.q_out = Tensor(at(q_out), out, {t, hq, d}, dev);
+                o.k_out = Tensor(at(k_out), out, {t, hk, d}, dev);
                 o.q_out_scale = 2.0f;
                 o.k_out_scale = 0.5f;
-                o.q_out_head_scales = Tensor(ptr(scales), DType::float32, {hq}, dev);
+                o.q_out_head_scales = Tensor(ptr(q_scales), DType::float32, {hq}, dev);
+                o.k_out_head_scales = Tensor(ptr(k_scales), DType::float32, {hk}, dev);
                 const Tensor qt(ptr(q), dtype, {t, hq, d}, dev), kt(ptr(k), dtype, {t, hk, d}, dev);
                 const Tensor pt(ptr(pos), DType::int64, {t}, dev);
-                if (caller_table) {
-                  embrope::apply_rope(qt, kt, pt,
-                                      Tensor(ptr(cos), DType::bfloat16, {n, r / 2}, dev),
-                                      Tensor(ptr(sin), DType::bfloat16, {n, r / 2}, dev), o);
-                } else {
-                  embrope::apply_rope(qt, kt, pt, gpu ? gpu_cache : cpu_cache, o);
+                try {
+                  if (caller_table) {
+                    embrope::apply_rope(qt, kt, pt,
+                                        Tensor(ptr(cos), DType::bfloat16, {n, r / 2}, dev),
+                                        Tensor(ptr(sin), DType::bfloat16, {n, r / 2}, dev), o);
+                  } else {
+                    embrope::apply_rope(qt, kt, pt, gpu ? gpu_cache : cpu_cache, o);
+                  }
+                  CHECK(t <= 37);
+                } catch (const embrope::Error& e) {
+                  CHECK(t > 37);
+                  CHECK(e.code() == embrope::ErrorCode::index_out_of_range);
                 }
               };
               run(false);
@@ -480,11 +497,17 @@ TEST_CASE("GPU RoPE with float8 outputs equals the CPU, code for code", "[gpu][r
                   const int g = gpu[i], c = b->host[i];
                   const bool ok = g == c || ((g ^ c) < 0x80 && (g - c == 1 || c - g == 1));
                   mm.check(ok, [&] {
-                    return "element " + std::to_string(i) + ": gpu code " + std::to_string(g) +
+                    return "byte " + std::to_string(i) + ": gpu code " + std::to_string(g) +
                            " cpu code " + std::to_string(c);
                   });
                 }
                 mm.require();
+              }
+              if (t > 37) {  // the bad token's rows: zero codes on both
+                const std::size_t row = static_cast<std::size_t>(37 * hq * d + off);
+                for (std::size_t i = row; i < row + static_cast<std::size_t>(hq * d); ++i) {
+                  REQUIRE(q_out.host[i] == 0);
+                }
               }
             }
           }

@@ -41,16 +41,17 @@ def test_codes_are_torch_conversion_of_the_scaled_rotation(fp8, dtype, layout, r
     k = torch.randn(T, Hk, D, generator=gen).to(tdt)
     positions = torch.randint(0, 256, (T,), generator=gen)
     head = torch.tensor([0.5, 1.0, 2.0, 0.25])
+    k_head = torch.tensor([2.0, 0.5])  # [Hk]: GQA
     q_out = torch.empty(T, Hq, D, dtype=getattr(torch, fp8))
     k_out = torch.empty(T, Hk, D, dtype=getattr(torch, fp8))
     got_q, got_k = embrope.apply_rope(q, k, positions, cache, layout=layout, q_out=q_out,
                                       k_out=k_out, q_out_scale=3.0, k_out_scale=0.5,
-                                      q_out_head_scales=head)
+                                      q_out_head_scales=head, k_out_head_scales=k_head)
     assert got_q is q_out and got_k is k_out
     q32, k32 = embrope.apply_rope(q.float(), k.float(), positions, cache, layout=layout,
                                   inplace=False)
     want_q = torch_float8(q32 * (torch.tensor(3.0) * head).view(1, Hq, 1), fp8)
-    want_k = torch_float8(k32 * 0.5, fp8)
+    want_k = torch_float8(k32 * (torch.tensor(0.5) * k_head).view(1, Hk, 1), fp8)
     assert torch.equal(codes(q_out), codes(want_q))
     assert torch.equal(codes(k_out), codes(want_k))
     # The float32 rotation itself against the float64 reference.
