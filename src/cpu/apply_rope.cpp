@@ -197,18 +197,34 @@ void rotate_token_quantized(const detail::RopeParams& p, std::int64_t t, float* 
     detail::rope_pair_cos_sin<C>(p, pos, i, sin_sign, cos_w[i], sin_w[i]);
   }
   const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
+  // One loop per layout (no per-element layout test), so that the loops vectorize: the
+  // float8 conversion is branch-free (detail::float_to_float8).
+  const bool neox = p.layout == RopeLayout::neox;
   for (std::int64_t h = 0; h < heads; ++h) {
     const detail::RopeRow<T, O> row = detail::rope_row<T, O>(p, b, s, h);
+    const T* in = row.in;
+    O* out = row.out;
     const float scale = detail::rope_out_scale(p, h);
-    for (std::int64_t i = 0; i < half; ++i) {
-      const std::int64_t ia = detail::rope_pair_first(p, i), ib = detail::rope_pair_second(p, i);
-      float a = to_float(row.in[ia]), v = to_float(row.in[ib]);
-      detail::rotate_pair(a, v, cos_w[i], sin_w[i]);
-      row.out[ia] = detail::rope_output_value<T, O>(a, scale);
-      row.out[ib] = detail::rope_output_value<T, O>(v, scale);
+    if (neox) {
+#pragma omp simd
+      for (std::int64_t i = 0; i < half; ++i) {
+        float a = to_float(in[i]), v = to_float(in[i + half]);
+        detail::rotate_pair(a, v, cos_w[i], sin_w[i]);
+        out[i] = detail::rope_output_value<T, O>(a, scale);
+        out[i + half] = detail::rope_output_value<T, O>(v, scale);
+      }
+    } else {
+#pragma omp simd
+      for (std::int64_t i = 0; i < half; ++i) {
+        float a = to_float(in[2 * i]), v = to_float(in[2 * i + 1]);
+        detail::rotate_pair(a, v, cos_w[i], sin_w[i]);
+        out[2 * i] = detail::rope_output_value<T, O>(a, scale);
+        out[2 * i + 1] = detail::rope_output_value<T, O>(v, scale);
+      }
     }
+#pragma omp simd
     for (std::int64_t j = p.rotary_dim; j < p.head_dim; ++j) {
-      row.out[j] = detail::rope_output_value<T, O>(to_float(row.in[j]), scale);
+      out[j] = detail::rope_output_value<T, O>(to_float(in[j]), scale);
     }
   }
 }
