@@ -375,6 +375,16 @@ void append_kv_case(benchmark::State& state, RopeShape s, DType dtype, DType cac
       bytes);
 }
 
+// The unfused chain's quantize pass: value * scale rounded once to float8_e4m3fn (embrope's
+// branch-free conversion, which the compiler vectorizes), threaded like the op.
+template <typename T>
+void quantize_e4m3(const T* src, std::uint8_t* dst, std::int64_t n, float scale) {
+#pragma omp parallel for simd schedule(static) if (n >= (1 << 15))
+  for (std::int64_t i = 0; i < n; ++i) {
+    dst[i] = embrope::detail::float_to_float8_e4m3(embrope::detail::to_float(src[i]) * scale);
+  }
+}
+
 // RoPE with float8 outputs (FlashInfer's rope_quantize_fp8): q and k rotated out of place into
 // float8_e4m3fn, with a scale each. Unfused: apply_rope out of place into q's dtype, then a
 // quantize pass over both outputs (value * scale, rounded once by embrope's own conversion,
@@ -414,15 +424,12 @@ void rope_fp8_case(benchmark::State& state, RopeShape s, DType dtype, std::int64
     options.k_out = Tensor(k_tmp.data(), dtype, {tokens, s.hk, s.head_dim}, device());
     const auto quantize = [dtype](const void* src, void* dst, std::int64_t n, float scale) {
       auto* out = static_cast<std::uint8_t*>(dst);
-      const auto at = [&](std::int64_t i) {
-        using namespace embrope::detail;
-        return dtype == DType::float32   ? static_cast<const float*>(src)[i]
-               : dtype == DType::float16 ? to_float(static_cast<const Half*>(src)[i])
-                                         : to_float(static_cast<const BFloat16*>(src)[i]);
-      };
-#pragma omp parallel for schedule(static) if (n >= (1 << 15))
-      for (std::int64_t i = 0; i < n; ++i) {
-        out[i] = embrope::detail::float_to_float8_e4m3(at(i) * scale);
+      if (dtype == DType::float32) {
+        quantize_e4m3(static_cast<const float*>(src), out, n, scale);
+      } else if (dtype == DType::float16) {
+        quantize_e4m3(static_cast<const embrope::detail::Half*>(src), out, n, scale);
+      } else {
+        quantize_e4m3(static_cast<const embrope::detail::BFloat16*>(src), out, n, scale);
       }
     };
     body = [&, options, quantize] {

@@ -153,6 +153,55 @@ void rope_case(embrope::RopeLayout layout, bool inverse, bool in_place, int role
           in_place ? q : out, want);
 }
 
+// apply_rope with float8 outputs: every byte is the portable arithmetic's, the rotation in
+// float32 then value * scale rounded once (specials included: NaN, infinities, saturation).
+template <typename T, typename O>
+void rope_float8_case(embrope::RopeLayout layout, DType out_dtype) {
+  const std::int64_t tokens = 700, heads = 3, dim = 76, rotary = 64, half = rotary / 2;
+  const std::int64_t positions_count = 97;
+  const std::size_t n = static_cast<std::size_t>(tokens * heads * dim);
+  const bool neox = layout == embrope::RopeLayout::neox;
+  std::vector<T> q = make_values<T>(n, false, 5);
+  std::vector<float> cos =
+      make_values<float>(static_cast<std::size_t>(positions_count * half), true, 6);
+  std::vector<float> sin =
+      make_values<float>(static_cast<std::size_t>(positions_count * half), true, 7);
+  std::vector<std::int64_t> positions(static_cast<std::size_t>(tokens));
+  for (std::int64_t t = 0; t < tokens; ++t) positions[t] = (t * 31 + 5) % positions_count;
+  const float scales[heads] = {0.75f, 3.0f, 40.0f};
+  std::vector<std::uint8_t> want(n);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const T* x = q.data() + (t * heads + h) * dim;
+      std::uint8_t* y = want.data() + (t * heads + h) * dim;
+      const float scale = 2.0f * scales[h];
+      for (std::int64_t i = 0; i < half; ++i) {
+        const std::int64_t ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+        float a = to_float(x[ia]), b = to_float(x[ib]);
+        embrope::detail::rotate_pair(a, b, cos[positions[t] * half + i],
+                                     sin[positions[t] * half + i]);
+        y[ia] = from_float<O>(a * scale).bits;
+        y[ib] = from_float<O>(b * scale).bits;
+      }
+      for (std::int64_t i = rotary; i < dim; ++i) y[i] = from_float<O>(to_float(x[i]) * scale).bits;
+    }
+  }
+  std::vector<std::uint8_t> out(n, 0x55);
+  std::vector<float> head_scales(scales, scales + heads);
+  embrope::RopeOptions options;
+  options.layout = layout;
+  options.q_out = Tensor(out.data(), out_dtype, {tokens, heads, dim});
+  options.q_out_scale = 2.0f;
+  options.q_out_head_scales = Tensor(head_scales.data(), DType::float32, {heads});
+  embrope::apply_rope(Tensor(q.data(), dtype_of<T>(), {tokens, heads, dim}), std::nullopt,
+                      Tensor(positions.data(), DType::int64, {tokens}),
+                      Tensor(cos.data(), DType::float32, {positions_count, half}),
+                      Tensor(sin.data(), DType::float32, {positions_count, half}), options);
+  compare(std::string("apply_rope ") + name_of<T>() + " -> " + embrope::dtype_name(out_dtype) +
+              (neox ? " neox" : " interleaved"),
+          out, want);
+}
+
 // embed with a scale, learned or sinusoidal positions and types (each optional), shard misses
 // included.
 enum class Positions { none, learned, sinusoidal, sinusoidal_split };
@@ -370,6 +419,8 @@ void all_cases_of() {
       rope_case<T, Half>(layout, false, false, role);
       rope_case<T, BFloat16>(layout, true, true, role);
     }
+    rope_float8_case<T, embrope::detail::Float8E4M3>(layout, DType::float8_e4m3fn);
+    rope_float8_case<T, embrope::detail::Float8E5M2>(layout, DType::float8_e5m2);
   }
   embed_case<T>(0.75f, Positions::none, false);
   // Sums across the float32 subnormals (which bfloat16 keeps and VCVTNEPS2BF16 would flush).

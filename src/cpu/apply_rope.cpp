@@ -118,6 +118,10 @@ void rope_kernel(const detail::RopeParams& p) {
   });
 }
 
+// Floats per rotary dim of a token's scratch: its cos and sin rows widened, and a float8
+// output's rotated row (rotate_token_quantized).
+constexpr std::int64_t kWidenedFloats = 3;
+
 // The vector path: tokens in parallel, each rotated by an instruction set's rotate_token.
 template <typename T>
 using RotateToken = void (*)(const detail::RopeParams&, std::int64_t, float*, float*);
@@ -150,13 +154,14 @@ void rope_by_token(const detail::RopeParams& p, RotateToken<T> rotate_token) {
     // Decode-sized calls: no thread team, and the widened row on the stack when it fits.
     constexpr std::int64_t kStackFloats = 1024;
     float stack[kStackFloats];
-    std::vector<float> heap(2 * p.rotary_dim > kStackFloats ? 2 * p.rotary_dim : 0);
+    std::vector<float> heap(
+        kWidenedFloats * p.rotary_dim > kStackFloats ? kWidenedFloats * p.rotary_dim : 0);
     float* widened = heap.empty() ? stack : heap.data();
     for (std::int64_t t = 0; t < tokens; ++t) first_bad = std::min(first_bad, token(t, widened));
   } else {
 #pragma omp parallel reduction(min : first_bad)
     {
-      std::vector<float> widened(static_cast<std::size_t>(2 * p.rotary_dim));
+      std::vector<float> widened(static_cast<std::size_t>(kWidenedFloats * p.rotary_dim));
       // Dynamic chunks: a thread that shares its core with other work takes fewer.
 #pragma omp for schedule(dynamic, 16)
       for (std::int64_t t = 0; t < tokens; ++t) {
@@ -183,9 +188,10 @@ void rotate_token_portable(const detail::RopeParams& p, float* widened) {
   }
 }
 
-// Float8 outputs (RoPE + quantization, FlashInfer's rope_quantize_fp8): token t's rows
-// rotated in float32 and stored as O(value * scale) with one rounding, the pass-through
-// elements scaled and rounded alike. cos_w and sin_w: rotary_dim / 2 floats each.
+// Float8 outputs (RoPE + quantization, FlashInfer's rope_quantize_fp8), the portable path:
+// token t's rows rotated in float32 and stored as O(value * scale) with one rounding, the
+// pass-through elements scaled and rounded alike (the x86 paths: apply_rope.inc). cos_w and
+// sin_w: rotary_dim / 2 floats each.
 template <typename T, typename C, typename O>
 void rotate_token_quantized(const detail::RopeParams& p, std::int64_t t, float* cos_w,
                             float* sin_w) {
@@ -265,12 +271,20 @@ void rotate_one_token(const detail::RopeParams& p, float* widened) {
 
 void apply_rope(const detail::RopeParams& p) {
   if (detail::rope_quantized(p)) {
+    const Isa isa = active_isa();
     detail::dispatch_value_dtype(p.dtype, [&](auto t) {
       detail::dispatch_value_dtype(p.table_dtype, [&](auto c) {
         detail::dispatch_float8_dtype(p.out_dtype, [&](auto o) {
           using T = typename decltype(t)::type;
-          rope_by_token<T>(
-              p, rotate_token_quantized<T, typename decltype(c)::type, typename decltype(o)::type>);
+          using C = typename decltype(c)::type;
+          using O = typename decltype(o)::type;
+#if EMBROPE_CPU_X86
+          if (isa >= Isa::avx512)
+            return rope_by_token<T>(p, avx512::rotate_token_quantized<T, C, O>);
+          if (isa == Isa::avx2) return rope_by_token<T>(p, avx2::rotate_token_quantized<T, C, O>);
+#endif
+          (void)isa;
+          rope_by_token<T>(p, rotate_token_quantized<T, C, O>);
         });
       });
     });
