@@ -99,6 +99,10 @@ class Memory {
     }
     if (g_gpu) upload(host);
   }
+  void fill_float32(float value) {
+    const std::vector<float> host(bytes_ / 4, value);
+    upload(host.data());
+  }
   void fill_indices(std::int64_t count, std::int64_t modulo, bool sequential) {
     std::vector<std::int64_t> host(static_cast<std::size_t>(count));
     std::mt19937_64 rng(42);
@@ -753,6 +757,70 @@ void qk_norm_rope_case(benchmark::State& state, DType dtype, std::int64_t tokens
   run_timed(state, body, bytes);
 }
 
+// qk-norm + RoPE + KV-cache append of Qwen3-8B (q [T, 32, 128], k and v [T, 8, 128], a paged
+// NHD cache of the activations' dtype, pages of 16, slots in order): q in place, k and v
+// only read. Unfused: apply_qk_norm_rope (q in place, k into a scratch k_out), then the cache
+// write vLLM's reshape_and_cache_flash does, a copy of each token's k and v rows to its slot.
+void qk_norm_append_kv_case(benchmark::State& state, DType dtype, std::int64_t tokens, bool fused) {
+  const std::int64_t hq = 32, hk = 8, dim = 128, page = 16;
+  const std::int64_t pages = (tokens + page - 1) / page;
+  const int es = embrope::dtype_size(dtype);
+  const std::int64_t kv_row = hk * dim;
+  Memory& q = shared_values("kv_q", tokens * hq * dim * es, dtype);
+  Memory& k = shared_values("kv_k", tokens * kv_row * es, dtype);
+  Memory& v = shared_values("kv_v", tokens * kv_row * es, dtype);
+  Memory& k_tmp = shared("qk_k_out", tokens * kv_row * es, [](Memory&) {});
+  Memory& k_cache = shared("kv_k_cache/" + std::string(embrope::dtype_name(dtype)),
+                           pages * page * kv_row * es, [](Memory&) {});
+  Memory& v_cache = shared("kv_v_cache/" + std::string(embrope::dtype_name(dtype)),
+                           pages * page * kv_row * es, [](Memory&) {});
+  // Weights of 1: q is normalised in place call after call, and weights w would scale its
+  // elements by w again each time, down into subnormals (whose arithmetic is slow).
+  Memory& ones = shared("qk_norm_unit_weight", dim * 4, [](Memory& m) { m.fill_float32(1.0f); });
+  Memory& pos = shared_indices("positions", tokens, 65536, true);
+  Memory& slots = shared_indices("kv_slots", tokens, pages * page, true);
+  const embrope::RopeCache& cache = shared_cache(dim);
+  const Tensor tq(q.data(), dtype, {tokens, hq, dim}, device());
+  const Tensor tk(k.data(), dtype, {tokens, hk, dim}, device());
+  const Tensor tv(v.data(), dtype, {tokens, hk, dim}, device());
+  const Tensor tp(pos.data(), DType::int64, {tokens}, device());
+  embrope::KvCache kv;
+  kv.k = Tensor(k_cache.data(), dtype, {pages, page, hk, dim}, device());
+  kv.v = Tensor(v_cache.data(), dtype, {pages, page, hk, dim}, device());
+  const embrope::KvSlots kv_slots =
+      embrope::KvSlots::paged(Tensor(slots.data(), DType::int64, {tokens}, device()));
+  embrope::QkNorm norm;
+  norm.q_weight = norm.k_weight = Tensor(ones.data(), DType::float32, {dim}, device());
+  embrope::RopeOptions unfused;
+  unfused.k_out = Tensor(k_tmp.data(), dtype, {tokens, hk, dim}, device());
+  // The unfused cache write (CPU only: the GPU run has no such pass and times the fused op).
+  const std::int64_t* slot_of = static_cast<const std::int64_t*>(slots.data());
+  auto scatter = [&] {
+    const std::size_t row = static_cast<std::size_t>(kv_row * es);
+#pragma omp parallel for schedule(static) if (tokens >= 64)
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const std::int64_t slot = slot_of[t];
+      std::memcpy(static_cast<char*>(k_cache.data()) + slot * row,
+                  static_cast<const char*>(k_tmp.data()) + t * row, row);
+      std::memcpy(static_cast<char*>(v_cache.data()) + slot * row,
+                  static_cast<const char*>(v.data()) + t * row, row);
+    }
+  };
+  // What the fused op must move: q read and written, k and v read, their cache rows written.
+  const std::int64_t bytes = 2 * tokens * hq * dim * es + 4 * tokens * kv_row * es;
+  run_timed(
+      state,
+      [&] {
+        if (fused) {
+          embrope::apply_qk_norm_rope_append_kv(tq, tk, tv, tp, cache, kv, kv_slots, norm);
+        } else {
+          embrope::apply_qk_norm_rope(tq, tk, tp, cache, norm, unfused);
+          scatter();
+        }
+      },
+      bytes);
+}
+
 void register_qk_norm_rope() {
   for (const char* dt : {"bf16", "f32"}) {
     if (!g_full && std::strcmp(dt, "bf16") != 0) continue;
@@ -762,6 +830,17 @@ void register_qk_norm_rope() {
       const std::string name = std::string("qk_norm_rope/qwen3-8b/") + dt +
                                "/T=" + std::to_string(t) + (fused ? "" : "/unfused_norm_then_rope");
       register_case(name, [=](benchmark::State& st) { qk_norm_rope_case(st, dtype, t, fused); });
+    }
+  }
+  // qk-norm + RoPE + KV-cache append, decode to prefill (the fused op against the pair).
+  for (std::int64_t t : {1, 64, 2048}) {
+    for (bool fused : {false, true}) {
+      if (!fused && g_gpu) continue;
+      const std::string name = std::string("qk_norm_rope_append_kv/qwen3-8b/bf16/T=") +
+                               std::to_string(t) + (fused ? "" : "/unfused_qk_norm_rope_then_copy");
+      register_case(name, [=](benchmark::State& st) {
+        qk_norm_append_kv_case(st, DType::bfloat16, t, fused);
+      });
     }
   }
 }

@@ -28,6 +28,7 @@
 #include "embrope/detail/norm_math.hpp"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
+#include "kv_cache.cuh"
 #include "norm_reduce.cuh"
 #include "vector.cuh"
 #include "workspace.cuh"
@@ -77,6 +78,49 @@ __device__ __forceinline__ void zero_row(T* out, std::int64_t dim, int lane) {
   for (std::int64_t j = lane; j < dim; j += kLanes) out[j] = from_float<T>(0.0f);
 }
 
+// Row n of a walk over `rows` rows, `heads` per token (kNormBlockRows rows per block, slot
+// threadIdx.y): its token t = (b, s) and head h, or an inactive slot past the end (token 0).
+struct BlockRow {
+  bool active;
+  std::int64_t t, h, b, s;
+};
+__device__ __forceinline__ BlockRow block_row(const detail::RopeParams& r, std::int64_t n,
+                                              std::int64_t rows, std::int64_t heads) {
+  const bool active = n < rows;
+  const std::int64_t t = active ? n / heads : 0;
+  const std::int64_t b = t / r.seq;
+  return {active, t, active ? n - t * heads : 0, b, t - b * r.seq};
+}
+
+// The writing pass of a row whose rstd is known: lane l normalises and rotates pairs l,
+// l + 32, ... (then the elements past rotary_dim), handing each element, rounded to T, to
+// store(j, value). A pair is read and written by one thread, so in place is race-free.
+template <typename T, typename C, typename Store>
+__device__ __forceinline__ void normalize_rotate_row(const detail::RopeParams& r,
+                                                     const detail::QkNormWeights& norm, bool is_q,
+                                                     const T* in, float rstd, std::int64_t b,
+                                                     std::int64_t s, int lane, Store&& store) {
+  const float sin_sign = r.inverse ? -1.0f : 1.0f;
+  const detail::TokenPositions pos = detail::token_positions(r, b, s);
+  auto normalized = [&](std::int64_t j) {
+    return detail::norm_product(detail::rms_normalized(to_float(in[j]), rstd),
+                                detail::qk_norm_weight(norm, is_q, j));
+  };
+  for (std::int64_t i = lane; i < r.rotary_dim / 2; i += kLanes) {
+    const std::int64_t ia = detail::rope_pair_first(r, i);
+    const std::int64_t ib = detail::rope_pair_second(r, i);
+    float c, sn;
+    detail::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, sn);
+    float a = normalized(ia), v = normalized(ib);
+    detail::rotate_pair(a, v, c, sn);
+    store(ia, from_float<T>(a));
+    store(ib, from_float<T>(v));
+  }
+  for (std::int64_t j = r.rotary_dim + lane; j < r.head_dim; j += kLanes) {
+    store(j, from_float<T>(normalized(j)));
+  }
+}
+
 template <typename T, typename C, bool kVector>
 __global__ void __launch_bounds__(kForwardThreads)
     qk_norm_rope_kernel(const __grid_constant__ QkNormRopeParams p) {
@@ -86,16 +130,12 @@ __global__ void __launch_bounds__(kForwardThreads)
   const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
   const std::int64_t rows = r.batch * r.seq * heads;
   const std::int64_t dim = r.head_dim;
-  const float sin_sign = r.inverse ? -1.0f : 1.0f;
   const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * kNormBlockRows;
   for (std::int64_t first = blockIdx.x * static_cast<std::int64_t>(kNormBlockRows); first < rows;
        first += row_stride) {
-    const std::int64_t n = first + slot;
-    const bool active = n < rows;
-    const std::int64_t t = active ? n / heads : 0;
-    const std::int64_t h = active ? n - t * heads : 0;
-    const std::int64_t b = t / r.seq;
-    const std::int64_t s = t - b * r.seq;
+    const BlockRow row_at = block_row(r, first + slot, rows, heads);
+    const bool active = row_at.active;
+    const std::int64_t t = row_at.t, h = row_at.h, b = row_at.b, s = row_at.s;
     const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, h);
     const bool bad = active && detail::rope_bad_stream(r, b, s) >= 0;
     if (bad) {
@@ -106,30 +146,82 @@ __global__ void __launch_bounds__(kForwardThreads)
     const bool good = active && !bad;
     float part[kWidth];
     square_partials<T, kVector>(row.in, dim, lane, good, part);
-    const float rstd = detail::norm_rstd(reduce_norm_partials(part, slot, lane), dim, p.eps);
+    const float rstd = detail::norm_rstd(reduce_norm_partials(part, slot, lane), dim, p.norm.eps);
     if (!good) continue;
 
-    const bool is_q = h < r.q.heads;
-    const detail::TokenPositions pos = detail::token_positions(r, b, s);
-    auto normalized = [&](std::int64_t j) {
-      return detail::norm_product(detail::rms_normalized(to_float(row.in[j]), rstd),
-                                  detail::qk_norm_weight(p, is_q, j));
-    };
-    for (std::int64_t i = lane; i < r.rotary_dim / 2; i += kLanes) {
-      const std::int64_t ia = detail::rope_pair_first(r, i);
-      const std::int64_t ib = detail::rope_pair_second(r, i);
-      float c, sn;
-      detail::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, sn);
-      float a = normalized(ia), v = normalized(ib);
-      detail::rotate_pair(a, v, c, sn);
-      row.out[ia] = from_float<T>(a);
-      row.out[ib] = from_float<T>(v);
-    }
-    for (std::int64_t j = r.rotary_dim + lane; j < dim; j += kLanes) {
-      row.out[j] = from_float<T>(normalized(j));
-    }
+    T* const out = row.out;
+    normalize_rotate_row<T, C>(r, p.norm, h < r.q.heads, row.in, rstd, b, s, lane,
+                               [&](std::int64_t j, T y) { out[j] = y; });
   }
   if (last_block_done(r.bad)) describe_bad_rope_position(r);
+}
+
+// qk-norm + RoPE + KV-cache append (Qwen3 serving), one launch: the rows of a token are its q
+// heads, its k heads and its v heads, kNormBlockRows rows per block as qk_norm_rope_kernel
+// walks them (a v row takes part in the barriers with zero partials). A q row is normalised
+// and rotated into q's output; a k row into k_out when asked and into the k cache at the
+// token's slot (rounded to the activations' dtype, then converted: apply_rope_append_kv's
+// bytes); a v row is copied into the v cache. Lane 0 of a token's first row reports its bad
+// position or slot.
+template <typename T, typename C, bool kVector>
+__global__ void __launch_bounds__(kForwardThreads)
+    qk_norm_rope_append_kv_kernel(const __grid_constant__ detail::RopeAppendKvParams p) {
+  const detail::RopeParams& r = p.rope;
+  const int lane = threadIdx.x;
+  const int slot = threadIdx.y;
+  const std::int64_t qk_heads = r.q.heads + r.k.heads;
+  const std::int64_t heads = qk_heads + r.k.heads;
+  const std::int64_t rows = r.batch * r.seq * heads;
+  const std::int64_t dim = r.head_dim;
+  const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * kNormBlockRows;
+  for (std::int64_t first = blockIdx.x * static_cast<std::int64_t>(kNormBlockRows); first < rows;
+       first += row_stride) {
+    const BlockRow row_at = block_row(r, first + slot, rows, heads);
+    const bool active = row_at.active;
+    const std::int64_t t = row_at.t, h = row_at.h, b = row_at.b, s = row_at.s;
+    const bool is_v = h >= qk_heads;
+    const bool bad_position = active && detail::rope_bad_stream(r, b, s) >= 0;
+    const detail::KvSlot cache_slot =
+        active ? detail::kv_slot(p, b, s) : detail::KvSlot{detail::KvSlot::skip, 0, 0, {}};
+    const bool write = !bad_position && cache_slot.state == detail::KvSlot::write;
+    if (active && h == 0 && lane == 0) {
+      if (bad_position) {
+        report_bad_row(r.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+      } else if (cache_slot.state == detail::KvSlot::bad) {
+        report_bad_row(r.bad, detail::bad_index_key(t, p.slot_mapping != nullptr
+                                                           ? detail::BadIndexArg::slot_mapping
+                                                           : detail::BadIndexArg::cache_offsets));
+      }
+    }
+    const bool is_q = h < r.q.heads;
+    const detail::RopeRow<T> row =
+        is_v ? detail::RopeRow<T>{nullptr, nullptr} : detail::rope_row<T>(r, b, s, h);
+    // q's output always; k's only into k_out.
+    T* const out = is_q || p.write_k_out ? row.out : nullptr;
+    if (active && !is_v && bad_position && out != nullptr) zero_row(out, dim, lane);
+    const bool good = active && !is_v && !bad_position;
+    float part[kWidth];
+    square_partials<T, kVector>(row.in, dim, lane, good, part);
+    const float rstd = detail::norm_rstd(reduce_norm_partials(part, slot, lane), dim, p.norm.eps);
+    if (active && is_v && write) {
+      const std::int64_t vh = h - qk_heads;
+      const T* in =
+          static_cast<const T*>(p.v) + b * p.v_stride_b + s * p.v_stride_s + vh * p.v_stride_h;
+      const std::int64_t at = cache_row(p.v_cache, cache_slot.page, cache_slot.offset, vh);
+      for (std::int64_t j = lane; j < p.v_cache.head_dim; j += kLanes) {
+        store_to_cache<false>(p.v_cache, at + j, Chunk<T, 1>{{in[j]}});
+      }
+    }
+    const bool to_cache = !is_q && write;
+    if (!good || (out == nullptr && !to_cache)) continue;
+    const std::int64_t at =
+        to_cache ? cache_row(p.k_cache, cache_slot.page, cache_slot.offset, h - r.q.heads) : 0;
+    normalize_rotate_row<T, C>(r, p.norm, is_q, row.in, rstd, b, s, lane, [&](std::int64_t j, T y) {
+      if (out != nullptr) out[j] = y;
+      if (to_cache) store_to_cache<false>(p.k_cache, at + j, Chunk<T, 1>{{y}});
+    });
+  }
+  if (last_block_done(r.bad)) describe_bad_token(p);
 }
 
 // g_j: the gradient of the normalised element j, the output's gradient dy rotated back (the
@@ -191,7 +283,7 @@ __global__ void __launch_bounds__(kLanes, 16)
       const detail::TokenPositions pos = detail::token_positions(r, b, s);
       float part[kWidth];
       square_partials<T, kVector>(x, dim, lane, true, part);
-      const float rstd = detail::norm_rstd(reduce_norm_partials(part, 0, lane), dim, p.eps);
+      const float rstd = detail::norm_rstd(reduce_norm_partials(part, 0, lane), dim, p.norm.eps);
 
       // The sum of u_j * xhat_j over this lane's elements; the weight gradient's terms.
 #pragma unroll
@@ -205,7 +297,7 @@ __global__ void __launch_bounds__(kLanes, 16)
             const float xhat = detail::rms_normalized(to_float(x[j]), rstd);
             if (partial != nullptr) partial[j] += detail::norm_product(g, xhat);
             part[w] += detail::norm_product(
-                detail::norm_product(detail::qk_norm_weight(p, is_q, j), g), xhat);
+                detail::norm_product(detail::qk_norm_weight(p.norm, is_q, j), g), xhat);
           }
         }
       }
@@ -214,7 +306,7 @@ __global__ void __launch_bounds__(kLanes, 16)
       // dx, pair by pair (then the pass-through elements): each element read and written by
       // one thread.
       auto gradient = [&](std::int64_t j, float g) {
-        const float u = detail::norm_product(detail::qk_norm_weight(p, is_q, j), g);
+        const float u = detail::norm_product(detail::qk_norm_weight(p.norm, is_q, j), g);
         const float xhat = detail::rms_normalized(to_float(x[j]), rstd);
         return from_float<T>(detail::rms_backward_value(u, xhat, rstd, c));
       };
@@ -296,6 +388,20 @@ void launch_forward(const QkNormRopeParams& p, cudaStream_t stream) {
 }
 
 template <typename T, typename C>
+void launch_append_kv(const detail::RopeAppendKvParams& p, cudaStream_t stream) {
+  const detail::RopeParams& r = p.rope;
+  const std::int64_t rows = r.batch * r.seq * (r.q.heads + 2 * r.k.heads);
+  const dim3 block(kLanes, kNormBlockRows);
+  const unsigned grid = grid_for(rows, kNormBlockRows);
+  if (fits_vector_path<T>(r.q, true, r.head_dim) && fits_vector_path<T>(r.k, true, r.head_dim)) {
+    qk_norm_rope_append_kv_kernel<T, C, true><<<grid, block, 0, stream>>>(p);
+  } else {
+    qk_norm_rope_append_kv_kernel<T, C, false><<<grid, block, 0, stream>>>(p);
+  }
+  check_launch("qk_norm_rope_append_kv_kernel");
+}
+
+template <typename T, typename C>
 void launch_backward(const QkNormRopeParams& p, cudaStream_t stream) {
   const detail::RopeParams& r = p.rope;
   const bool weight_grads = p.q_weight_grad != nullptr || p.k_weight_grad != nullptr;
@@ -334,9 +440,9 @@ void launch_backward(const QkNormRopeParams& p, cudaStream_t stream) {
 }
 
 template <typename Run>
-void dispatch(const QkNormRopeParams& p, Run&& run) {
-  detail::dispatch_value_dtype(p.rope.dtype, [&](auto t) {
-    detail::dispatch_value_dtype(p.rope.table_dtype, [&](auto c) { run(t, c); });
+void dispatch(const detail::RopeParams& r, Run&& run) {
+  detail::dispatch_value_dtype(r.dtype, [&](auto t) {
+    detail::dispatch_value_dtype(r.table_dtype, [&](auto c) { run(t, c); });
   });
 }
 
@@ -344,14 +450,22 @@ void dispatch(const QkNormRopeParams& p, Run&& run) {
 
 void apply_qk_norm_rope(const QkNormRopeParams& p, Device device, Stream stream) {
   DeviceGuard guard(device);
-  dispatch(p, [&](auto t, auto c) {
+  dispatch(p.rope, [&](auto t, auto c) {
     launch_forward<typename decltype(t)::type, typename decltype(c)::type>(p, to_cuda(stream));
+  });
+}
+
+void apply_qk_norm_rope_append_kv(const detail::RopeAppendKvParams& p, Device device,
+                                  Stream stream) {
+  DeviceGuard guard(device);
+  dispatch(p.rope, [&](auto t, auto c) {
+    launch_append_kv<typename decltype(t)::type, typename decltype(c)::type>(p, to_cuda(stream));
   });
 }
 
 void apply_qk_norm_rope_backward(const QkNormRopeParams& p, Device device, Stream stream) {
   DeviceGuard guard(device);
-  dispatch(p, [&](auto t, auto c) {
+  dispatch(p.rope, [&](auto t, auto c) {
     launch_backward<typename decltype(t)::type, typename decltype(c)::type>(p, to_cuda(stream));
   });
 }

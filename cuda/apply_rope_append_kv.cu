@@ -20,6 +20,7 @@
 #include "common.cuh"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
+#include "kv_cache.cuh"
 #include "rope.cuh"
 #include "vector.cuh"
 
@@ -28,65 +29,6 @@ namespace {
 
 using detail::from_float;
 using detail::to_float;
-
-// Run by one thread of the last block: describes the record's key if it names a token of
-// this call (a bad position, or a bad slot).
-__device__ void describe_bad_token(const detail::RopeAppendKvParams& p) {
-  const detail::RopeParams& r = p.rope;
-  const std::int64_t key = current_key(r.bad);
-  const std::int64_t t = detail::bad_index_row(key);
-  if (key == detail::kNoBadIndex || t >= r.batch * r.seq) return;
-  const std::int64_t b = t / r.seq, s = t - b * r.seq;
-  const detail::BadIndexArg arg = detail::bad_index_arg(key);
-  if (arg == detail::BadIndexArg::positions && detail::rope_bad_stream(r, b, s) >= 0) {
-    detail::describe_bad_index(r.bad, r.bad_op, detail::rope_bad_position(r, t));
-  } else if ((arg == detail::BadIndexArg::slot_mapping ||
-              arg == detail::BadIndexArg::cache_offsets) &&
-             detail::kv_slot(p, b, s).state == detail::KvSlot::bad) {
-    detail::describe_bad_index(r.bad, r.bad_op, detail::kv_slot(p, b, s).value);
-  }
-}
-
-// W activations into the cache at element `at` (from c.data), converted to its dtype C.
-template <bool kVector, typename C, typename T, int W>
-__device__ __forceinline__ void store_to_cache(void* data, std::int64_t at, const Chunk<T, W>& x,
-                                               float scale) {
-  Chunk<C, W> converted;
-#pragma unroll
-  for (int w = 0; w < W; ++w) {
-    if constexpr (std::is_same_v<C, T>) {
-      converted.v[w] = x.v[w];
-    } else if constexpr (std::is_same_v<C, detail::Float8E4M3> ||
-                         std::is_same_v<C, detail::Float8E5M2>) {
-      converted.v[w] = from_float<C>(to_float(x.v[w]) / scale);
-    } else {
-      converted.v[w] = from_float<C>(to_float(x.v[w]));
-    }
-  }
-  store_elements<kVector>(static_cast<C*>(data) + at, converted);
-}
-template <bool kVector, typename T, int W>
-__device__ __forceinline__ void store_to_cache(const detail::KvCacheSide& c, std::int64_t at,
-                                               const Chunk<T, W>& x) {
-  switch (c.dtype) {
-    case DType::float32:
-      return store_to_cache<kVector, float>(c.data, at, x, c.scale);
-    case DType::float16:
-      return store_to_cache<kVector, detail::Half>(c.data, at, x, c.scale);
-    case DType::bfloat16:
-      return store_to_cache<kVector, detail::BFloat16>(c.data, at, x, c.scale);
-    case DType::float8_e4m3fn:
-      return store_to_cache<kVector, detail::Float8E4M3>(c.data, at, x, c.scale);
-    default:
-      return store_to_cache<kVector, detail::Float8E5M2>(c.data, at, x, c.scale);
-  }
-}
-
-// The first element of cache row (page, offset, head), counted from c.data.
-__device__ __forceinline__ std::int64_t cache_row(const detail::KvCacheSide& c, std::int64_t page,
-                                                  std::int64_t offset, std::int64_t h) {
-  return page * c.stride_page + offset * c.stride_offset + h * c.stride_head;
-}
 
 // (256, 1): with the bound alone ptxas aimed at a tighter register budget and spilled around
 // the float8 path's IEEE division (a slow-path call) in four instantiations; with one block

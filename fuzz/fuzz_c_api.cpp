@@ -2,7 +2,8 @@
 // embrope_embed, embrope_apply_rope (multimodal sections included),
 // embrope_apply_rope_cos_sin, embrope_apply_rope_backward, embrope_packed_positions,
 // embrope_embed_backward, embrope_apply_qk_norm_rope (and its backward),
-// embrope_apply_rope_append_kv (paged and contiguous caches, float8) or the cos/sin cache
+// embrope_apply_rope_append_kv (paged and contiguous caches, float8; with the qk-norm first,
+// embrope_apply_qk_norm_rope_append_kv) or the cos/sin cache
 // functions (every scaling variant), with embed's norm options, and
 // arbitrary shapes, strides, dtypes, byte offsets, devices, options and contents (NaN,
 // infinity, ids and positions at the int32/int64 limits), tensors that may alias one another,
@@ -738,11 +739,34 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (in.chance(48)) o.q_out = call.tensor(rank, true, 0);
     if (in.chance(64)) o.k_out = in.chance(32) ? k : call.tensor(rank, true, 0);
     o.deferred = deferred;
+    const embrope_rope_cache_t* table = in.chance(4) ? nullptr : cache;
+    const embrope_kv_cache_t* kv_arg = in.chance(4) ? nullptr : &kv;
+    // qk-norm first (embrope_apply_qk_norm_rope_append_kv): decided by a byte read after all
+    // the others, 0 (an input that ends before it) meaning no norm, so that older inputs
+    // decode as they did.
+    embrope_qk_norm_t n;
+    embrope_qk_norm_init(&n);
+    const bool normed = in.u8() >= 160;
+    if (normed) {
+      if (in.u8() >= 64) n.q_weight = call.tensor(1, true, 0);
+      if (in.u8() >= 96) n.k_weight = call.tensor(1, true, 0);
+      if (in.u8() >= 224) {
+        std::uint32_t bits = static_cast<std::uint32_t>(in.u64());
+        std::memcpy(&n.eps, &bits, 4);
+      }
+      n.unit_offset = in.u8() >= 192 ? 1 : 0;
+    }
     const std::vector<unsigned char> before = call.snapshot();
-    check("embrope_apply_rope_append_kv",
-          embrope_apply_rope_append_kv(q, k, v, positions, in.chance(4) ? nullptr : cache,
-                                       in.chance(4) ? nullptr : &kv, &o, nullptr),
-          before, call);
+    if (normed) {
+      check("embrope_apply_qk_norm_rope_append_kv",
+            embrope_apply_qk_norm_rope_append_kv(q, k, v, positions, table, kv_arg,
+                                                 in.chance(16) ? nullptr : &n, &o, nullptr),
+            before, call);
+    } else {
+      check("embrope_apply_rope_append_kv",
+            embrope_apply_rope_append_kv(q, k, v, positions, table, kv_arg, &o, nullptr), before,
+            call);
+    }
     embrope_rope_cache_destroy(cache);
     return 0;
   }

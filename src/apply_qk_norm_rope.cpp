@@ -42,34 +42,6 @@ void check_norm_vector(const char* op, const char* name, const Tensor& t, const 
   validate::check_dim(op, name, t, 0, q.shape(q.ndim() - 1), "head_dim of q");
 }
 
-// The norm's options, checked against the call's q and k (forward names).
-void set_norm(const char* op, const Tensor& q, const std::optional<Tensor>& k, const QkNorm& norm,
-              QkNormRopeParams& p) {
-  if (!(std::isfinite(norm.eps) && norm.eps >= 0.0f)) {
-    fail(op, "eps {} must be finite and >= 0", norm.eps);
-  }
-  if (norm.k_weight && !k) fail(op, "k_weight is given but k is not");
-  if (norm.unit_offset && !norm.q_weight && !norm.k_weight) {
-    fail(op, "unit_offset is set without q_weight or k_weight (the weight applied is 1 + w)");
-  }
-  if (norm.unit_offset && (!norm.q_weight || (k && !norm.k_weight))) {
-    fail(op, "unit_offset is set but {} is absent (the weight applied is 1 + w for both)",
-         norm.q_weight ? "k_weight" : "q_weight");
-  }
-  if (norm.q_weight) {
-    check_norm_vector(op, "q_weight", *norm.q_weight, q, false);
-    p.q_weight = norm.q_weight->data();
-    p.q_weight_dtype = norm.q_weight->dtype();
-  }
-  if (norm.k_weight) {
-    check_norm_vector(op, "k_weight", *norm.k_weight, q, false);
-    p.k_weight = norm.k_weight->data();
-    p.k_weight_dtype = norm.k_weight->dtype();
-  }
-  p.eps = norm.eps;
-  p.unit_offset = norm.unit_offset;
-}
-
 // The outputs of the call (q's rows, then k's, as options place them).
 struct Outputs {
   const Tensor* tensors[2] = {nullptr, nullptr};
@@ -101,7 +73,7 @@ QkNormRopeParams prepare_forward(const Tensor& q, const std::optional<Tensor>& k
   const RopeNames& names = detail::kQkNormRopeNames;
   QkNormRopeParams p;
   p.rope = detail::prepare_rope(names, q, k, positions, table, options);
-  set_norm(names.op, q, k, norm, p);
+  p.norm = detail::prepare_qk_norm(names.op, q, k, norm);
   const Outputs outputs = outputs_of(names, q, k, options);
   if (norm.q_weight) check_outputs_apart(names.op, outputs, "q_weight", *norm.q_weight);
   if (norm.k_weight) check_outputs_apart(names.op, outputs, "k_weight", *norm.k_weight);
@@ -139,7 +111,7 @@ QkNormRopeParams prepare_backward(const Tensor& dq, const std::optional<Tensor>&
   if (dk && !k) fail(op, "dk is given but k (the forward's saved k) is not");
   if (k && !dk) fail(op, "k is given but dk is not");
   if (k) check_saved(op, "k", *k, "dk", *dk);
-  set_norm(op, q, k, norm, p);
+  p.norm = detail::prepare_qk_norm(op, q, k, norm);
   p.saved_q = saved_heads(q);
   if (k) p.saved_k = saved_heads(*k);
 
@@ -218,6 +190,39 @@ void backward(const Tensor& dq, const std::optional<Tensor>& dk, const Tensor& q
 }
 
 }  // namespace
+
+namespace detail {
+
+QkNormWeights prepare_qk_norm(const char* op, const Tensor& q, const std::optional<Tensor>& k,
+                              const QkNorm& norm) {
+  if (!(std::isfinite(norm.eps) && norm.eps >= 0.0f)) {
+    fail(op, "eps {} must be finite and >= 0", norm.eps);
+  }
+  if (norm.k_weight && !k) fail(op, "k_weight is given but k is not");
+  if (norm.unit_offset && !norm.q_weight && !norm.k_weight) {
+    fail(op, "unit_offset is set without q_weight or k_weight (the weight applied is 1 + w)");
+  }
+  if (norm.unit_offset && (!norm.q_weight || (k && !norm.k_weight))) {
+    fail(op, "unit_offset is set but {} is absent (the weight applied is 1 + w for both)",
+         norm.q_weight ? "k_weight" : "q_weight");
+  }
+  QkNormWeights w;
+  if (norm.q_weight) {
+    check_norm_vector(op, "q_weight", *norm.q_weight, q, false);
+    w.q_weight = norm.q_weight->data();
+    w.q_weight_dtype = norm.q_weight->dtype();
+  }
+  if (norm.k_weight) {
+    check_norm_vector(op, "k_weight", *norm.k_weight, q, false);
+    w.k_weight = norm.k_weight->data();
+    w.k_weight_dtype = norm.k_weight->dtype();
+  }
+  w.eps = norm.eps;
+  w.unit_offset = norm.unit_offset;
+  return w;
+}
+
+}  // namespace detail
 
 void apply_qk_norm_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
                         const RopeCache& cache, const QkNorm& norm, const RopeOptions& options) {

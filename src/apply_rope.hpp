@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "bad_index.hpp"
+#include "embrope/apply_qk_norm_rope.hpp"
 #include "embrope/apply_rope.hpp"
 #include "params.hpp"
 
@@ -33,6 +34,10 @@ inline constexpr RopeNames kRopeBackwardNames{
 inline constexpr RopeNames kRopeAppendKvNames{
     "apply_rope_append_kv", "q", "k", "q_out", "k_out",
     "the token dimensions of q", "head_dim of q", BadIndexOp::apply_rope_append_kv, false};
+inline constexpr RopeNames kQkNormRopeAppendKvNames{
+    "apply_qk_norm_rope_append_kv", "q", "k", "q_out", "k_out",
+    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_qk_norm_rope_append_kv,
+    false};
 inline constexpr RopeNames kQkNormRopeNames{
     "apply_qk_norm_rope", "q", "k", "q_out", "k_out",
     "the token dimensions of q", "head_dim of q", BadIndexOp::apply_qk_norm_rope, false};
@@ -64,6 +69,11 @@ RopeParams prepare_rope(const RopeNames& names, const Tensor& q, const std::opti
 
 void apply_rope_named(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
                       const Tensor& positions, const RopeCache& cache, const RopeOptions& options);
+
+// Checks the per-head norm against q and k (its eps, weights and unit offset; errors name
+// `op`) and gives its kernel parameters (apply_qk_norm_rope.cpp).
+QkNormWeights prepare_qk_norm(const char* op, const Tensor& q, const std::optional<Tensor>& k,
+                              const QkNorm& norm);
 void apply_rope_named(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
                       const Tensor& positions, const Tensor& cos, const Tensor& sin,
                       const RopeOptions& options);

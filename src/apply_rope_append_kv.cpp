@@ -1,5 +1,7 @@
-// apply_rope_append_kv: validate once and fill RopeAppendKvParams (prepare), then run the CPU
-// or CUDA kernel. The rotation's arguments are apply_rope's, checked by its prepare_rope.
+// apply_rope_append_kv and apply_qk_norm_rope_append_kv: validate once and fill
+// RopeAppendKvParams, then run the CPU or CUDA kernel. The rotation's arguments are
+// apply_rope's, checked by its prepare_rope; the norm's are apply_qk_norm_rope's
+// (prepare_qk_norm). Errors name the op called.
 #include "embrope/apply_rope_append_kv.hpp"
 
 #include "apply_rope.hpp"
@@ -11,8 +13,6 @@ namespace {
 
 using detail::CosSinTable;
 using validate::fail;
-
-constexpr const char* kOp = "apply_rope_append_kv";
 
 // A KV-cache view's dims by meaning: page, slot offset, head, element.
 struct CacheDims {
@@ -27,22 +27,22 @@ const char* layout_name(KvCacheLayout layout) {
                                       : "HND [pages, kv_heads, page_size, head_dim]";
 }
 
-void check_cache(const char* name, const Tensor& c, Device device, float scale,
+void check_cache(const char* op, const char* name, const Tensor& c, Device device, float scale,
                  const char* scale_name) {
-  validate::check_view(kOp, name, c, 4, 4);
-  validate::check_same_device(kOp, name, c, "q", device);
-  validate::check_last_contiguous(kOp, name, c);
+  validate::check_view(op, name, c, 4, 4);
+  validate::check_same_device(op, name, c, "q", device);
+  validate::check_last_contiguous(op, name, c);
   if (!is_value_dtype(c.dtype()) && !is_float8_dtype(c.dtype())) {
-    fail(kOp,
+    fail(op,
          "{} has dtype {}; a cache is float32, float16, bfloat16, float8_e4m3fn or "
          "float8_e5m2",
          name, dtype_name(c.dtype()));
   }
   if (!(scale > 0.0f) || scale == INFINITY) {
-    fail(kOp, "{} {} must be positive and finite", scale_name, scale);
+    fail(op, "{} {} must be positive and finite", scale_name, scale);
   }
   if (!is_float8_dtype(c.dtype()) && scale != 1.0f) {
-    fail(kOp, "{} {} applies to float8 caches only; {} is {} (pass 1)", scale_name, scale, name,
+    fail(op, "{} {} applies to float8 caches only; {} is {} (pass 1)", scale_name, scale, name,
          dtype_name(c.dtype()));
   }
 }
@@ -60,31 +60,37 @@ detail::KvCacheSide cache_side(const Tensor& c, KvCacheLayout layout, float scal
   return side;
 }
 
-void check_slot_tensor(const char* name, const Tensor& t, int ndim, Device device) {
-  validate::check_view(kOp, name, t, ndim, ndim);
-  validate::check_index_dtype(kOp, name, t);
-  validate::check_same_device(kOp, name, t, "q", device);
+void check_slot_tensor(const char* op, const char* name, const Tensor& t, int ndim, Device device) {
+  validate::check_view(op, name, t, ndim, ndim);
+  validate::check_index_dtype(op, name, t);
+  validate::check_same_device(op, name, t, "q", device);
 }
 
-void apply(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions,
-           const CosSinTable& table, const KvCache& kv, const KvSlots& slots,
-           const RopeOptions& options) {
+// norm: null for apply_rope_append_kv.
+void apply(const detail::RopeNames& names, const Tensor& q, const Tensor& k, const Tensor& v,
+           const Tensor& positions, const CosSinTable& table, const KvCache& kv,
+           const KvSlots& slots, const QkNorm* norm, const RopeOptions& options) {
+  const char* op = names.op;
   // The rotation: apply_rope's rules for q, k, positions, the table and the options. Without
   // k_out, k is only read (prepare_rope would treat it as rotated in place).
   detail::RopeAppendKvParams p;
-  p.rope = detail::prepare_rope(detail::kRopeAppendKvNames, q, k, positions, table, options);
+  p.rope = detail::prepare_rope(names, q, k, positions, table, options);
+  if (norm != nullptr) {
+    p.qk_norm = true;
+    p.norm = detail::prepare_qk_norm(op, q, k, *norm);
+  }
   p.write_k_out = options.k_out.has_value();
   const Device device = q.device();
   const int n = q.ndim();
   const std::int64_t kv_heads = k.shape(n - 2);
 
   // v: k's token and head dimensions, its own head dim, q's dtype.
-  validate::check_view(kOp, "v", v, n, n);
-  validate::check_same_device(kOp, "v", v, "q", device);
-  validate::check_same_dtype(kOp, "v", v, "q", q.dtype());
-  validate::check_last_contiguous(kOp, "v", v);
+  validate::check_view(op, "v", v, n, n);
+  validate::check_same_device(op, "v", v, "q", device);
+  validate::check_same_dtype(op, "v", v, "q", q.dtype());
+  validate::check_last_contiguous(op, "v", v);
   for (int d = 0; d < n - 1; ++d) {
-    validate::check_dim(kOp, "v", v, d, k.shape(d), d == n - 2 ? "kv_heads of k" : "those of k");
+    validate::check_dim(op, "v", v, d, k.shape(d), d == n - 2 ? "kv_heads of k" : "those of k");
   }
   p.v = v.data();
   p.v_stride_b = n == 4 ? v.stride(0) : 0;
@@ -92,19 +98,19 @@ void apply(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& posi
   p.v_stride_h = v.stride(n - 2);
 
   // The caches.
-  check_cache("k_cache", kv.k, device, kv.k_scale, "k_scale");
-  check_cache("v_cache", kv.v, device, kv.v_scale, "v_scale");
+  check_cache(op, "k_cache", kv.k, device, kv.k_scale, "k_scale");
+  check_cache(op, "v_cache", kv.v, device, kv.v_scale, "v_scale");
   const CacheDims d = cache_dims(kv.layout);
   for (int dim : {d.page, d.offset}) {
     if (kv.v.shape(dim) != kv.k.shape(dim)) {
-      fail(kOp, "v_cache has shape {} but k_cache has {}; pages and page_size must match ({})",
+      fail(op, "v_cache has shape {} but k_cache has {}; pages and page_size must match ({})",
            validate::shape_string(kv.v), validate::shape_string(kv.k), layout_name(kv.layout));
     }
   }
-  validate::check_dim(kOp, "k_cache", kv.k, d.head, kv_heads, "kv_heads of k");
-  validate::check_dim(kOp, "v_cache", kv.v, d.head, kv_heads, "kv_heads of k");
-  validate::check_dim(kOp, "k_cache", kv.k, 3, k.shape(n - 1), "head_dim of k");
-  validate::check_dim(kOp, "v_cache", kv.v, 3, v.shape(n - 1), "head_dim of v");
+  validate::check_dim(op, "k_cache", kv.k, d.head, kv_heads, "kv_heads of k");
+  validate::check_dim(op, "v_cache", kv.v, d.head, kv_heads, "kv_heads of k");
+  validate::check_dim(op, "k_cache", kv.k, 3, k.shape(n - 1), "head_dim of k");
+  validate::check_dim(op, "v_cache", kv.v, 3, v.shape(n - 1), "head_dim of v");
   p.k_cache = cache_side(kv.k, kv.layout, kv.k_scale);
   p.v_cache = cache_side(kv.v, kv.layout, kv.v_scale);
   p.pages = kv.k.shape(d.page);
@@ -113,7 +119,7 @@ void apply(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& posi
   // The slots.
   const bool batched = n == 4;
   if (slots.slot_mapping.has_value() == slots.cache_offsets.has_value()) {
-    fail(kOp,
+    fail(op,
          "slots must give exactly one of slot_mapping (a paged cache) and cache_offsets "
          "(a contiguous cache)");
   }
@@ -121,10 +127,10 @@ void apply(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& posi
   const char* slot_names[3] = {"slot_mapping", "cache_offsets", "cu_seqlens"};
   if (slots.slot_mapping) {
     const Tensor& s = *slots.slot_mapping;
-    if (slots.cu_seqlens) fail(kOp, "cu_seqlens goes with cache_offsets, not slot_mapping");
-    check_slot_tensor("slot_mapping", s, n - 2, device);
+    if (slots.cu_seqlens) fail(op, "cu_seqlens goes with cache_offsets, not slot_mapping");
+    check_slot_tensor(op, "slot_mapping", s, n - 2, device);
     for (int dim = 0; dim < n - 2; ++dim) {
-      validate::check_dim(kOp, "slot_mapping", s, dim, q.shape(dim), "the token dimensions of q");
+      validate::check_dim(op, "slot_mapping", s, dim, q.shape(dim), "the token dimensions of q");
     }
     p.slot_mapping = s.data();
     p.slot_dtype = s.dtype();
@@ -133,21 +139,21 @@ void apply(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& posi
     slot_inputs[0] = &s;
   } else {
     if (kv.layout != KvCacheLayout::nhd) {
-      fail(kOp,
+      fail(op,
            "cache_offsets needs a contiguous cache [B, max_len, kv_heads, head_dim] (layout "
            "NHD); use slot_mapping for an HND cache");
     }
     const Tensor& o = *slots.cache_offsets;
-    check_slot_tensor("cache_offsets", o, 1, device);
+    check_slot_tensor(op, "cache_offsets", o, 1, device);
     std::int64_t sequences = 0;
     if (slots.cu_seqlens) {
       if (batched) {
-        fail(kOp, "cu_seqlens is for packed inputs [T, H, D]; q has 4 dimensions [B, S, H, D]");
+        fail(op, "cu_seqlens is for packed inputs [T, H, D]; q has 4 dimensions [B, S, H, D]");
       }
       const Tensor& cu = *slots.cu_seqlens;
-      check_slot_tensor("cu_seqlens", cu, 1, device);
+      check_slot_tensor(op, "cu_seqlens", cu, 1, device);
       if (cu.shape(0) < 2) {
-        fail(kOp, "cu_seqlens has shape {}; it holds B + 1 >= 2 entries",
+        fail(op, "cu_seqlens has shape {}; it holds B + 1 >= 2 entries",
              validate::shape_string(cu));
       }
       sequences = cu.shape(0) - 1;
@@ -158,16 +164,16 @@ void apply(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& posi
       slot_inputs[2] = &cu;
     } else {
       if (!batched) {
-        fail(kOp,
+        fail(op,
              "cache_offsets with [T, H, D] inputs needs cu_seqlens (packed sequences); "
              "or give q as [B, S, H, D]");
       }
       sequences = q.shape(0);
     }
-    validate::check_dim(kOp, "cache_offsets", o, 0, sequences,
+    validate::check_dim(op, "cache_offsets", o, 0, sequences,
                         slots.cu_seqlens ? "B = cu_seqlens entries - 1" : "the batch of q");
     if (p.pages < sequences) {
-      fail(kOp, "k_cache has {} sequences (shape {}) but the call writes {}", p.pages,
+      fail(op, "k_cache has {} sequences (shape {}) but the call writes {}", p.pages,
            validate::shape_string(kv.k), sequences);
     }
     p.cache_offsets = o.data();
@@ -178,9 +184,9 @@ void apply(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& posi
 
   // Memory: the caches share no byte with each other, with themselves, with the other
   // outputs (q_out or q, k_out) or with any input.
-  validate::check_no_self_overlap(kOp, "k_cache", kv.k);
-  validate::check_no_self_overlap(kOp, "v_cache", kv.v);
-  validate::check_no_overlap(kOp, "v_cache", kv.v, "k_cache", kv.k);
+  validate::check_no_self_overlap(op, "k_cache", kv.k);
+  validate::check_no_self_overlap(op, "v_cache", kv.v);
+  validate::check_no_overlap(op, "v_cache", kv.v, "k_cache", kv.k);
   const Tensor& q_out = options.q_out ? *options.q_out : q;
   struct Named {
     const char* name;
@@ -196,29 +202,40 @@ void apply(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& posi
                           {"k_out", options.k_out ? &*options.k_out : nullptr},
                           {slot_names[0], slot_inputs[0]},
                           {slot_names[1], slot_inputs[1]},
-                          {slot_names[2], slot_inputs[2]}};
+                          {slot_names[2], slot_inputs[2]},
+                          {"q_weight", norm && norm->q_weight ? &*norm->q_weight : nullptr},
+                          {"k_weight", norm && norm->k_weight ? &*norm->k_weight : nullptr}};
   for (const Tensor* cache : {&kv.k, &kv.v}) {
     const char* cache_name = cache == &kv.k ? "k_cache" : "v_cache";
     for (const Named& other : others) {
       if (other.t != nullptr)
-        validate::check_no_overlap(kOp, cache_name, *cache, other.name, *other.t);
+        validate::check_no_overlap(op, cache_name, *cache, other.name, *other.t);
     }
   }
-  // v is read while q_out and k_out are written.
-  validate::check_no_overlap(kOp, options.q_out ? "q_out" : "q", q_out, "v", v);
-  if (options.k_out) validate::check_no_overlap(kOp, "k_out", *options.k_out, "v", v);
+  // v (and the norm's weights) are read while q_out and k_out are written.
+  for (const Named& in : {Named{"v", &v}, others[11], others[12]}) {
+    if (in.t == nullptr) continue;
+    validate::check_no_overlap(op, options.q_out ? "q_out" : "q", q_out, in.name, *in.t);
+    if (options.k_out) validate::check_no_overlap(op, "k_out", *options.k_out, in.name, *in.t);
+  }
 
   // Nothing to do: no tokens, or no heads at all.
   if (p.rope.batch * p.rope.seq == 0 || p.rope.q.heads + 2 * kv_heads == 0) return;
-  run_kernel(kOp, device, options.stream, options.deferred, p, p.rope.bad,
-             cpu::apply_rope_append_kv, gpu::apply_rope_append_kv);
+  if (p.qk_norm) {
+    run_kernel(op, device, options.stream, options.deferred, p, p.rope.bad,
+               cpu::apply_qk_norm_rope_append_kv, gpu::apply_qk_norm_rope_append_kv);
+  } else {
+    run_kernel(op, device, options.stream, options.deferred, p, p.rope.bad,
+               cpu::apply_rope_append_kv, gpu::apply_rope_append_kv);
+  }
 }
 
 }  // namespace
 
 KvCache KvCache::combined(const Tensor& kv, KvCacheLayout layout, float k_scale, float v_scale) {
-  validate::check_view(kOp, "kv_cache", kv, 5, 5);
-  validate::check_dim(kOp, "kv_cache", kv, 1, 2, "2 (k, then v)");
+  const char* op = detail::kRopeAppendKvNames.op;
+  validate::check_view(op, "kv_cache", kv, 5, 5);
+  validate::check_dim(op, "kv_cache", kv, 1, 2, "2 (k, then v)");
   const std::int64_t shape[4] = {kv.shape(0), kv.shape(2), kv.shape(3), kv.shape(4)};
   const std::int64_t strides[4] = {kv.stride(0), kv.stride(2), kv.stride(3), kv.stride(4)};
   const std::size_t half_bytes =
@@ -237,15 +254,36 @@ KvCache KvCache::combined(const Tensor& kv, KvCacheLayout layout, float k_scale,
 void apply_rope_append_kv(const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& positions, const RopeCache& cache, const KvCache& kv_cache,
                           const KvSlots& slots, const RopeOptions& options) {
-  apply(q, k, v, positions, detail::cos_sin_table(kOp, cache), kv_cache, slots, options);
+  apply(detail::kRopeAppendKvNames, q, k, v, positions,
+        detail::cos_sin_table(detail::kRopeAppendKvNames.op, cache), kv_cache, slots, nullptr,
+        options);
 }
 
 void apply_rope_append_kv(const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& positions, const Tensor& cos, const Tensor& sin,
                           const KvCache& kv_cache, const KvSlots& slots,
                           const RopeOptions& options) {
-  apply(q, k, v, positions, detail::cos_sin_table(detail::kRopeAppendKvNames, cos, sin), kv_cache,
-        slots, options);
+  apply(detail::kRopeAppendKvNames, q, k, v, positions,
+        detail::cos_sin_table(detail::kRopeAppendKvNames, cos, sin), kv_cache, slots, nullptr,
+        options);
+}
+
+void apply_qk_norm_rope_append_kv(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& positions, const RopeCache& cache,
+                                  const KvCache& kv_cache, const KvSlots& slots, const QkNorm& norm,
+                                  const RopeOptions& options) {
+  apply(detail::kQkNormRopeAppendKvNames, q, k, v, positions,
+        detail::cos_sin_table(detail::kQkNormRopeAppendKvNames.op, cache), kv_cache, slots, &norm,
+        options);
+}
+
+void apply_qk_norm_rope_append_kv(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& positions, const Tensor& cos, const Tensor& sin,
+                                  const KvCache& kv_cache, const KvSlots& slots, const QkNorm& norm,
+                                  const RopeOptions& options) {
+  apply(detail::kQkNormRopeAppendKvNames, q, k, v, positions,
+        detail::cos_sin_table(detail::kQkNormRopeAppendKvNames, cos, sin), kv_cache, slots, &norm,
+        options);
 }
 
 }  // namespace embrope

@@ -19,10 +19,15 @@ void embed_backward(const detail::EmbedBackwardParams& params);
 void apply_rope(const detail::RopeParams& params);
 void apply_rope_append_kv(const detail::RopeAppendKvParams& params);
 void apply_qk_norm_rope(const detail::QkNormRopeParams& params);
+void apply_qk_norm_rope_append_kv(const detail::RopeAppendKvParams& params);  // params.qk_norm
 void apply_qk_norm_rope_backward(const detail::QkNormRopeParams& params);
 // Rotates the q and k heads of the one token of `token` (batch = seq = 1, pointers at the
 // token) with the instruction set apply_rope uses. widened: 2 * rotary_dim floats.
 void rotate_one_token(const detail::RopeParams& token, float* widened);
+// apply_qk_norm_rope of one token (batch = seq = 1, its position valid) on the calling thread,
+// in the same instruction set and bits; scratch holds qk_norm_token_floats(token) floats.
+std::int64_t qk_norm_token_floats(const detail::QkNormRopeParams& token);
+void qk_norm_rope_one_token(const detail::QkNormRopeParams& token, float* scratch);
 void packed_positions(const detail::PackedPositionsParams& params);
 // Fills a [max_positions, R] table (layout in rope_cache.hpp) from inv_freq [R/2].
 void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rotary_dim,
@@ -53,6 +58,8 @@ std::size_t embed_backward_workspace_size(const detail::EmbedBackwardParams& par
 void apply_rope(const detail::RopeParams& params, Device device, Stream stream);
 void apply_rope_append_kv(const detail::RopeAppendKvParams& params, Device device, Stream stream);
 void apply_qk_norm_rope(const detail::QkNormRopeParams& params, Device device, Stream stream);
+void apply_qk_norm_rope_append_kv(const detail::RopeAppendKvParams& params, Device device,
+                                  Stream stream);
 void apply_qk_norm_rope_backward(const detail::QkNormRopeParams& params, Device device,
                                  Stream stream);
 // Bytes of workspace apply_qk_norm_rope_backward needs (0 without a weight gradient).

@@ -19,15 +19,16 @@ std::string describe_bad_index(const BadIndexRecord& record) {
   const std::int64_t row = detail::bad_index_row(record.key);
   const BadIndexArg arg = detail::bad_index_arg(record.key);
   const auto which = static_cast<BadIndexOp>(record.op);
-  const char* op = which == BadIndexOp::apply_rope             ? "apply_rope"
-                   : which == BadIndexOp::apply_rope_backward  ? "apply_rope_backward"
-                   : which == BadIndexOp::apply_rope_append_kv ? "apply_rope_append_kv"
-                   : which == BadIndexOp::apply_qk_norm_rope   ? "apply_qk_norm_rope"
-                   : which == BadIndexOp::apply_qk_norm_rope_backward
-                       ? "apply_qk_norm_rope_backward"
-                   : which == BadIndexOp::packed_positions ? "packed_positions"
-                   : which == BadIndexOp::embed_backward   ? "embed_backward"
-                                                           : "embed";
+  const char* op =
+      which == BadIndexOp::apply_rope                     ? "apply_rope"
+      : which == BadIndexOp::apply_rope_backward          ? "apply_rope_backward"
+      : which == BadIndexOp::apply_rope_append_kv         ? "apply_rope_append_kv"
+      : which == BadIndexOp::apply_qk_norm_rope           ? "apply_qk_norm_rope"
+      : which == BadIndexOp::apply_qk_norm_rope_backward  ? "apply_qk_norm_rope_backward"
+      : which == BadIndexOp::apply_qk_norm_rope_append_kv ? "apply_qk_norm_rope_append_kv"
+      : which == BadIndexOp::packed_positions             ? "packed_positions"
+      : which == BadIndexOp::embed_backward               ? "embed_backward"
+                                                          : "embed";
   std::string subject;
   const char* table = "";
   switch (arg) {

@@ -27,6 +27,7 @@ enum class BadIndexOp : std::int32_t {
   apply_rope_append_kv = 6,
   apply_qk_norm_rope = 7,
   apply_qk_norm_rope_backward = 8,
+  apply_qk_norm_rope_append_kv = 9,
 };
 
 // Which argument of the row was bad. A row may have several bad arguments; the lowest

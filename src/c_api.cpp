@@ -795,6 +795,35 @@ embrope_status_t embrope_apply_qk_norm_rope_cos_sin(const DLTensor* q, const DLT
   });
 }
 
+embrope_status_t embrope_apply_qk_norm_rope_append_kv(
+    const DLTensor* q, const DLTensor* k, const DLTensor* v, const DLTensor* positions,
+    const embrope_rope_cache_t* cache, const embrope_kv_cache_t* kv, const embrope_qk_norm_t* norm,
+    const embrope_rope_options_t* options, void* stream) {
+  constexpr const char* fn = "embrope_apply_qk_norm_rope_append_kv";
+  return guarded(fn, "apply_qk_norm_rope_append_kv", [&] {
+    if (cache == nullptr) fail(fn, "cache is null");
+    const auto [kv_cache, slots] = kv_cache_views(fn, kv);
+    embrope::apply_qk_norm_rope_append_kv(
+        to_tensor(fn, "q", q), to_tensor(fn, "k", k), to_tensor(fn, "v", v),
+        to_tensor(fn, "positions", positions), cache->cache, kv_cache, slots, qk_norm(fn, norm),
+        rope_options(fn, options, stream));
+  });
+}
+
+embrope_status_t embrope_apply_qk_norm_rope_append_kv_cos_sin(
+    const DLTensor* q, const DLTensor* k, const DLTensor* v, const DLTensor* positions,
+    const DLTensor* cos, const DLTensor* sin, const embrope_kv_cache_t* kv,
+    const embrope_qk_norm_t* norm, const embrope_rope_options_t* options, void* stream) {
+  constexpr const char* fn = "embrope_apply_qk_norm_rope_append_kv_cos_sin";
+  return guarded(fn, "apply_qk_norm_rope_append_kv", [&] {
+    const auto [kv_cache, slots] = kv_cache_views(fn, kv);
+    embrope::apply_qk_norm_rope_append_kv(
+        to_tensor(fn, "q", q), to_tensor(fn, "k", k), to_tensor(fn, "v", v),
+        to_tensor(fn, "positions", positions), to_tensor(fn, "cos", cos), to_tensor(fn, "sin", sin),
+        kv_cache, slots, qk_norm(fn, norm), rope_options(fn, options, stream));
+  });
+}
+
 embrope_status_t embrope_apply_qk_norm_rope_backward(
     const DLTensor* dq, const DLTensor* dk, const DLTensor* q, const DLTensor* k,
     const DLTensor* positions, const embrope_rope_cache_t* cache, const embrope_qk_norm_t* norm,

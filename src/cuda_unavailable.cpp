@@ -39,6 +39,9 @@ void apply_rope_append_kv(const detail::RopeAppendKvParams&, Device, Stream) {
 void apply_qk_norm_rope(const detail::QkNormRopeParams&, Device, Stream) {
   unavailable("apply_qk_norm_rope");
 }
+void apply_qk_norm_rope_append_kv(const detail::RopeAppendKvParams&, Device, Stream) {
+  unavailable("apply_qk_norm_rope_append_kv");
+}
 void apply_qk_norm_rope_backward(const detail::QkNormRopeParams&, Device, Stream) {
   unavailable("apply_qk_norm_rope_backward");
 }

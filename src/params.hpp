@@ -296,17 +296,22 @@ EMBROPE_HD std::int64_t rope_pair_second(const RopeParams& p, std::int64_t i) {
 
 // ------------------------------------------------------------- apply_qk_norm_rope ----
 
-struct QkNormRopeParams {
-  // The rotation and its rows. Forward: rope.q.in is q, rope.q.out the output. Backward:
-  // rope.q.in is dq (the output's gradient), rope.q.out the input's gradient, and rope.inverse
-  // already transposed (the rotation dq is turned by).
-  RopeParams rope;
+// The per-head RMSNorm of q and k rows (apply_qk_norm_rope, apply_qk_norm_rope_append_kv).
+struct QkNormWeights {
   // [D] weights, null when absent (1).
   const void* q_weight = nullptr;
   const void* k_weight = nullptr;
   DType q_weight_dtype = DType::float32, k_weight_dtype = DType::float32;
   float eps = 0.0f;
   bool unit_offset = false;
+};
+
+struct QkNormRopeParams {
+  // The rotation and its rows. Forward: rope.q.in is q, rope.q.out the output. Backward:
+  // rope.q.in is dq (the output's gradient), rope.q.out the input's gradient, and rope.inverse
+  // already transposed (the rotation dq is turned by).
+  RopeParams rope;
+  QkNormWeights norm;
   // Backward: the forward's inputs (in and the strides; out unused) and the weight gradients
   // ([D] float32, null when not requested).
   RopeHeads saved_q, saved_k;
@@ -317,11 +322,11 @@ struct QkNormRopeParams {
 };
 
 // The weight factor of element j of a q (is_q) or k row: 1, w_j, or 1 + w_j.
-EMBROPE_HD float qk_norm_weight(const QkNormRopeParams& p, bool is_q, std::int64_t j) {
-  const void* w = is_q ? p.q_weight : p.k_weight;
+EMBROPE_HD float qk_norm_weight(const QkNormWeights& n, bool is_q, std::int64_t j) {
+  const void* w = is_q ? n.q_weight : n.k_weight;
   if (w == nullptr) return 1.0f;
-  return norm_weight_factor(load_vector_value(w, is_q ? p.q_weight_dtype : p.k_weight_dtype, j),
-                            p.unit_offset);
+  return norm_weight_factor(load_vector_value(w, is_q ? n.q_weight_dtype : n.k_weight_dtype, j),
+                            n.unit_offset);
 }
 
 // Chunks of kWeightGradRows rows of q and of k (the weight gradient's order): q's chunks come
@@ -370,6 +375,9 @@ struct RopeAppendKvParams {
   const void* cu_seqlens = nullptr;
   DType cu_dtype = DType::int64;
   std::int64_t cu_stride = 0, sequences = 0;
+  // apply_qk_norm_rope_append_kv: q's and k's rows are normalised before the rotation.
+  bool qk_norm = false;
+  QkNormWeights norm;
 };
 
 // Where token (b, s)'s cache rows go. `value` is what a report names (the slot as given, or

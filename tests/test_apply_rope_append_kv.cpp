@@ -5,6 +5,8 @@
 // contiguous caches from [B, S] and packed inputs, every cache dtype, page sizes 1/16/64,
 // partial rotary, GQA, v's own head dim, skipped and bad slots, a cache filled over several
 // calls; float8 conversion over all 256 codes and at the rounding ties; argument errors.
+// apply_qk_norm_rope_append_kv runs the same cases with a per-head RMSNorm (float64 reference:
+// RMSNorm then rotation; unfused pair: apply_qk_norm_rope, then the copy).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -51,6 +53,10 @@ struct KvCase {
   std::vector<std::int64_t> offsets, cu;  // contiguous
   std::int64_t max_positions = 64;
   std::uint64_t seed = 1;
+  // apply_qk_norm_rope_append_kv: weights of norm_dtype (none: 1), Gemma's 1 + w.
+  bool norm = false, norm_weights = true, unit_offset = false;
+  DType norm_dtype = DType::float32;
+  double eps = 1e-6;
 };
 
 std::string describe(const KvCase& c) {
@@ -65,13 +71,17 @@ std::string describe(const KvCase& c) {
      << c.hk << ", B " << c.batch << " S " << c.seq << ", page_size " << c.page_size << ", pages "
      << c.pages << (c.q_out ? ", q_out" : "") << (c.k_out ? ", k_out" : "") << ", scales "
      << c.k_scale << "/" << c.v_scale;
+  if (c.norm) {
+    os << ", qk-norm " << (c.norm_weights ? embrope::dtype_name(c.norm_dtype) : "no") << " weights"
+       << (c.unit_offset ? " 1 + w" : "") << " eps " << c.eps;
+  }
   return os.str();
 }
 
 // The memory of one call: inputs, outputs and the cache, all host buffers.
 struct KvMemory {
   std::int64_t tokens = 0;
-  ref::Buffer q, k, v, q_out, k_out, positions, slots, offsets, cu;
+  ref::Buffer q, k, v, q_out, k_out, positions, slots, offsets, cu, q_weight, k_weight;
   ref::Buffer k_cache, v_cache;  // v_cache unused when combined (both in k_cache)
 };
 
@@ -146,7 +156,40 @@ KvMemory make_memory(KvCase& c) {
   }
   ref::poison(m.k_cache);
   ref::poison(m.v_cache);
+  if (c.norm && c.norm_weights) {
+    m.q_weight = ref::Buffer(c.norm_dtype, c.head_dim);
+    m.k_weight = ref::Buffer(c.norm_dtype, c.head_dim);
+    ref::fill_random(m.q_weight, ref::seed_of({static_cast<std::int64_t>(c.seed), 5}));
+    ref::fill_random(m.k_weight, ref::seed_of({static_cast<std::int64_t>(c.seed), 6}));
+  }
   return m;
+}
+
+// The norm of a qk-norm case.
+embrope::QkNorm qk_norm(const KvCase& c, KvMemory& m) {
+  embrope::QkNorm n;
+  if (c.norm_weights) {
+    n.q_weight = ref::view(m.q_weight, 0, {c.head_dim});
+    n.k_weight = ref::view(m.k_weight, 0, {c.head_dim});
+  }
+  n.eps = static_cast<float>(c.eps);
+  n.unit_offset = c.unit_offset;
+  return n;
+}
+
+// Row x normalised in float64 as a qk-norm case asks (x / sqrt(mean(x^2) + eps) * w), or x.
+std::vector<double> normalized(const KvCase& c, const KvMemory& m, bool is_k,
+                               std::vector<double> x) {
+  if (!c.norm) return x;
+  double sum = 0.0;
+  for (double v : x) sum += v * v;
+  const double rstd = 1.0 / std::sqrt(sum / static_cast<double>(x.size()) + c.eps);
+  for (std::size_t j = 0; j < x.size(); ++j) {
+    double w = 1.0;
+    if (c.norm_weights) w = (is_k ? m.k_weight : m.q_weight).get(static_cast<std::int64_t>(j));
+    x[j] *= rstd * (c.unit_offset ? 1.0 + w : w);
+  }
+  return x;
 }
 
 KvCache cache_views(const KvCase& c, KvMemory& m) {
@@ -188,13 +231,19 @@ void run_fused(const KvCase& c, KvMemory& m, const RopeCache& cache,
                DeferredStatus* deferred = nullptr) {
   RopeOptions o = rope_options(c, m);
   o.deferred = deferred;
-  embrope::apply_rope_append_kv(ref::view(m.q, 0, heads_shape(c, c.hq, c.head_dim)),
-                                ref::view(m.k, 0, heads_shape(c, c.hk, c.head_dim)),
-                                ref::view(m.v, 0, heads_shape(c, c.hk, c.v_dim)),
-                                ref::view(m.positions, 0,
-                                          c.batch == 0 ? std::vector<std::int64_t>{c.seq}
-                                                       : std::vector<std::int64_t>{c.batch, c.seq}),
-                                cache, cache_views(c, m), slot_views(c, m), o);
+  const Tensor q = ref::view(m.q, 0, heads_shape(c, c.hq, c.head_dim));
+  const Tensor k = ref::view(m.k, 0, heads_shape(c, c.hk, c.head_dim));
+  const Tensor v = ref::view(m.v, 0, heads_shape(c, c.hk, c.v_dim));
+  const Tensor positions = ref::view(
+      m.positions, 0,
+      c.batch == 0 ? std::vector<std::int64_t>{c.seq} : std::vector<std::int64_t>{c.batch, c.seq});
+  if (c.norm) {
+    embrope::apply_qk_norm_rope_append_kv(q, k, v, positions, cache, cache_views(c, m),
+                                          slot_views(c, m), qk_norm(c, m), o);
+  } else {
+    embrope::apply_rope_append_kv(q, k, v, positions, cache, cache_views(c, m), slot_views(c, m),
+                                  o);
+  }
 }
 
 // Where token t goes by the case's rules, computed here from the case's own numbers: page and
@@ -261,12 +310,21 @@ void check_case(KvCase c) {
       const std::int64_t base = (t * heads + hh) * d;
       const ref::Buffer& in = is_k ? before.k : before.q;
       for (std::int64_t e = 0; e < d; ++e) x[static_cast<std::size_t>(e)] = in.get(base + e);
-      const std::vector<double> y = ref::rope_rotate(x, r, c.interleaved, false, cv, sv, &mag);
+      const std::vector<double> y =
+          ref::rope_rotate(normalized(c, before, is_k, x), r, c.interleaved, false, cv, sv, &mag);
       const double n = ref::norm(y);
       const ref::Buffer* out = is_k ? (c.k_out ? &m.k_out : nullptr) : (c.q_out ? &m.q_out : &m.q);
       for (std::int64_t e = 0; e < d; ++e) {
         const auto ue = static_cast<std::size_t>(e);
-        const double tol = e < r ? ref::tolerance(c.dtype, y[ue], n, mag[ue]) : 0.0;
+        // With the norm: its sum of squares and rstd carry a few float32 ulps (4e-6 of the
+        // row's norm in float32; 16-bit: one ulp of the output and the float32 error of the
+        // terms before the one rounding), pass-through elements too.
+        const double tol = c.norm  ? (c.dtype == DType::float32
+                                          ? 4e-6 * n
+                                          : ref::ulp(c.dtype, y[ue]) +
+                                               std::ldexp(std::max(mag[ue], std::fabs(y[ue])), -19))
+                           : e < r ? ref::tolerance(c.dtype, y[ue], n, mag[ue])
+                                   : 0.0;
         auto loc = [&] { return ref::where(is_k ? "k" : "q", {t, hh, e}); };
         if (out != nullptr) mm.expect_close(loc, out->get(base + e), y[ue], tol);
         if (!is_k || page < 0) continue;
@@ -318,17 +376,24 @@ void check_case(KvCase c) {
   CHECK(mm.count == 0);
   CHECK(mm.checked > 0);
 
-  // The unfused pair: apply_rope (q in place or out, k out of place), then the reference copy
-  // of rotated k and of v into a second cache. Same bytes everywhere.
+  // The unfused pair: apply_rope (q in place or out, k out of place), or apply_qk_norm_rope
+  // for a qk-norm case, then the reference copy of rotated k and of v into a second cache.
+  // Same bytes everywhere.
   KvMemory u = before;
   ref::Buffer k_rot(c.dtype, u.k.size());
   RopeOptions o = rope_options(c, u);
   o.k_out = ref::view(k_rot, 0, heads_shape(c, c.hk, c.head_dim));
   const auto token_shape =
       c.batch == 0 ? std::vector<std::int64_t>{c.seq} : std::vector<std::int64_t>{c.batch, c.seq};
-  embrope::apply_rope(ref::view(u.q, 0, heads_shape(c, c.hq, c.head_dim)),
-                      ref::view(u.k, 0, heads_shape(c, c.hk, c.head_dim)),
-                      ref::view(u.positions, 0, token_shape), cache, o);
+  if (c.norm) {
+    embrope::apply_qk_norm_rope(ref::view(u.q, 0, heads_shape(c, c.hq, c.head_dim)),
+                                ref::view(u.k, 0, heads_shape(c, c.hk, c.head_dim)),
+                                ref::view(u.positions, 0, token_shape), cache, qk_norm(c, u), o);
+  } else {
+    embrope::apply_rope(ref::view(u.q, 0, heads_shape(c, c.hq, c.head_dim)),
+                        ref::view(u.k, 0, heads_shape(c, c.hk, c.head_dim)),
+                        ref::view(u.positions, 0, token_shape), cache, o);
+  }
   for (std::int64_t t = 0; t < m.tokens; ++t) {
     const auto [page, off] = expected_slot(c, t);
     if (page < 0) continue;
@@ -736,4 +801,149 @@ TEST_CASE("apply_rope_append_kv argument errors", "[apply_rope_append_kv][errors
         KvCache::combined(ref::view(m.k_cache, 0, {4, 3, 16, 2, 8}));
       },
       {ErrorCode::invalid_argument}, {"kv_cache", "2 (k, then v)"});
+}
+
+// ---------------------------------------------------------- apply_qk_norm_rope_append_kv ----
+
+TEST_CASE("apply_qk_norm_rope_append_kv: layouts, dtypes, caches, norms (Qwen3 serving)",
+          "[apply_qk_norm_rope_append_kv]") {
+  for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+    for (KvCacheLayout layout : {KvCacheLayout::nhd, KvCacheLayout::hnd}) {
+      KvCase c;  // Qwen3's shape in small: head_dim 128, GQA 4:2
+      c.norm = true;
+      c.dtype = c.cache_dtype = dtype;
+      c.head_dim = c.rotary_dim = c.v_dim = 128;
+      c.layout = layout;
+      c.seq = 20;
+      c.pages = 3;
+      c.norm_dtype = layout == KvCacheLayout::nhd ? DType::float32 : dtype;
+      c.seed = static_cast<std::uint64_t>(40 + static_cast<int>(dtype));
+      check_case(c);
+    }
+    for (DType cache : {DType::float8_e4m3fn, DType::float8_e5m2}) {
+      KvCase c;  // float8 caches with scales
+      c.norm = true;
+      c.dtype = dtype;
+      c.cache_dtype = cache;
+      c.k_scale = 0.0125f;
+      c.v_scale = 0.75f;
+      c.interleaved = cache == DType::float8_e5m2;
+      check_case(c);
+    }
+  }
+  KvCase gemma;  // Gemma 3: 1 + w, bfloat16 weights, k_out and q_out, combined cache
+  gemma.norm = true;
+  gemma.unit_offset = true;
+  gemma.dtype = gemma.cache_dtype = gemma.norm_dtype = DType::bfloat16;
+  gemma.q_out = gemma.k_out = true;
+  gemma.combined = true;
+  check_case(gemma);
+  KvCase partial;  // partial rotary: the norm covers the whole head, odd sizes, MQA
+  partial.norm = true;
+  partial.head_dim = partial.v_dim = 80;
+  partial.rotary_dim = 20;
+  partial.hq = 3;
+  partial.hk = 1;
+  partial.v_dim = 7;
+  partial.eps = 1e-2;
+  partial.cache_dtype = DType::float16;
+  check_case(partial);
+  KvCase unweighted;  // no weights (1), [B, S] inputs, int32 indices
+  unweighted.norm = true;
+  unweighted.norm_weights = false;
+  unweighted.batch = 3;
+  unweighted.seq = 5;
+  unweighted.index_dtype = DType::int32;
+  check_case(unweighted);
+  KvCase contiguous;  // contiguous caches from packed inputs
+  contiguous.norm = true;
+  contiguous.slots = SlotKind::packed_offsets;
+  contiguous.seq = 11;
+  contiguous.cu = {0, 4, 4, 11};
+  contiguous.offsets = {2, 9, 5};
+  contiguous.pages = 3;
+  contiguous.page_size = 16;
+  contiguous.dtype = contiguous.cache_dtype = DType::bfloat16;
+  check_case(contiguous);
+  KvCase decode;  // one token per sequence, [B, 1] inputs
+  decode.norm = true;
+  decode.slots = SlotKind::batched_offsets;
+  decode.batch = 3;
+  decode.seq = 1;
+  decode.pages = 4;
+  decode.offsets = {15, 3, 0};
+  check_case(decode);
+}
+
+TEST_CASE("apply_qk_norm_rope_append_kv bad slots and positions, argument errors",
+          "[apply_qk_norm_rope_append_kv][errors]") {
+  KvCase c;
+  c.norm = true;
+  c.seq = 6;
+  c.pages = 2;
+  c.page_size = 4;
+  c.slot_values = {0, 1, 9, -1, 2, 3};
+  KvMemory m = make_memory(c);
+  KvMemory before = m;
+  const RopeCache cache({c.rotary_dim, 10000.0, c.max_positions});
+  m.positions.set_index(4, c.max_positions);  // token 4: a bad position, slot 2 not written
+  DeferredStatus status;
+  run_fused(c, m, cache, &status);
+  try {
+    status.check();
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(ref::mentions(e.what(), "apply_qk_norm_rope_append_kv"));
+    CHECK(ref::mentions(e.what(), "slot_mapping[2] = 9"));  // the first bad token
+  }
+  for (std::int64_t slot = 0; slot < 8; ++slot) {
+    const bool written = slot == 0 || slot == 1 || slot == 3;  // tokens 0, 1, 5
+    const std::int64_t i = cache_index(c, 0, slot / 4, slot % 4, 0, 0);
+    CHECK((m.k_cache.bits(i) != before.k_cache.bits(i)) == written);
+    const std::int64_t vi = cache_index(c, 1, slot / 4, slot % 4, 0, 0);
+    CHECK((m.v_cache.bits(vi) != before.v_cache.bits(vi)) == written);
+  }
+  for (std::int64_t e = 0; e < c.hq * c.head_dim; ++e) CHECK(m.q.get(4 * c.hq * 64 + e) == 0.0);
+  CHECK(m.q.bits(2 * c.hq * 64) != before.q.bits(2 * c.hq * 64));  // a bad slot: q normalised
+
+  // The norm's rules, named for this op; weights may not overlap an output or the cache.
+  KvCase a;
+  a.norm = true;
+  KvMemory am = make_memory(a);
+  const Tensor q = ref::view(am.q, 0, {12, 4, 64});
+  const Tensor k = ref::view(am.k, 0, {12, 2, 64});
+  const Tensor v = ref::view(am.v, 0, {12, 2, 64});
+  const Tensor pos = ref::view(am.positions, 0, {12});
+  const KvSlots slots = KvSlots::paged(ref::view(am.slots, 0, {12}));
+  const KvCache kv = cache_views(a, am);
+  auto expect = [&](const embrope::QkNorm& n, std::initializer_list<const char*> parts,
+                    const KvCache& kvc) {
+    expect_error([&] { embrope::apply_qk_norm_rope_append_kv(q, k, v, pos, cache, kvc, slots, n); },
+                 {ErrorCode::invalid_argument}, parts);
+  };
+  embrope::QkNorm n = qk_norm(a, am);
+  n.eps = -1.0f;
+  expect(n, {"apply_qk_norm_rope_append_kv", "eps -1", "finite and >= 0"}, kv);
+  n = qk_norm(a, am);
+  n.q_weight = ref::view(am.q_weight, 0, {32});
+  expect(n, {"apply_qk_norm_rope_append_kv", "q_weight", "head_dim of q"}, kv);
+  n = qk_norm(a, am);
+  n.k_weight.reset();
+  n.unit_offset = true;
+  expect(n, {"unit_offset", "k_weight is absent"}, kv);
+  n = qk_norm(a, am);
+  n.k_weight = ref::view(am.k_cache, 0, {64});  // the cache would overwrite the weight
+  expect(n, {"k_cache", "overlaps", "k_weight"}, kv);
+  n = qk_norm(a, am);
+  n.q_weight = ref::view(am.q, 64, {64});  // q (written in place) would overwrite it
+  expect(n, {"q", "overlaps", "q_weight"}, kv);
+  // float8 q outputs are apply_rope's.
+  ref::Buffer q8(DType::float8_e4m3fn, am.q.size());
+  RopeOptions o;
+  o.q_out = ref::view(q8, 0, {12, 4, 64});
+  expect_error(
+      [&] {
+        embrope::apply_qk_norm_rope_append_kv(q, k, v, pos, cache, kv, slots, qk_norm(a, am), o);
+      },
+      {ErrorCode::invalid_argument}, {"apply_qk_norm_rope_append_kv", "float8"});
 }

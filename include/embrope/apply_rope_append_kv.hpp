@@ -1,9 +1,11 @@
 // apply_rope_append_kv: RoPE of q and k fused with the write of k and v into a KV cache
-// (docs/ops.md, "apply_rope_append_kv"), in one launch on a GPU and one pass on the CPU.
+// (docs/ops.md, "apply_rope_append_kv"), in one launch on a GPU and one pass on the CPU; and
+// apply_qk_norm_rope_append_kv, the same with the per-head RMSNorm of apply_qk_norm_rope first.
 #pragma once
 
 #include <optional>
 
+#include "embrope/apply_qk_norm_rope.hpp"
 #include "embrope/apply_rope.hpp"
 #include "embrope/export.hpp"
 #include "embrope/rope_cache.hpp"
@@ -80,5 +82,29 @@ EMBROPE_EXPORT void apply_rope_append_kv(const Tensor& q, const Tensor& k, const
                                          const Tensor& positions, const Tensor& cos,
                                          const Tensor& sin, const KvCache& kv_cache,
                                          const KvSlots& slots, const RopeOptions& options = {});
+
+// ------------------------------------------------------- apply_qk_norm_rope_append_kv ----
+
+// Qwen3-style serving in one pass: every head row of q and k is normalised and rotated exactly
+// as apply_qk_norm_rope does it (QkNorm: q_weight / k_weight, eps, unit_offset; every
+// RopeOptions field), then the normalised, rotated k and the v rows are written into the cache
+// exactly as apply_rope_append_kv writes them (every KvCache layout and dtype, paged or
+// contiguous slots, -1 skips, bad slots and positions reported the same way).
+// - q is written in place or into options.q_out (q's dtype; float8 outputs are apply_rope's).
+// - k is only read unless options.k_out is given; the cache gets the bytes
+//   apply_qk_norm_rope followed by a copy (converted to the cache dtype) would give.
+// - v is copied, not normalised.
+EMBROPE_EXPORT void apply_qk_norm_rope_append_kv(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const Tensor& positions, const RopeCache& cache,
+                                                 const KvCache& kv_cache, const KvSlots& slots,
+                                                 const QkNorm& norm,
+                                                 const RopeOptions& options = {});
+
+// The same with a caller-supplied table: cos and sin [max_positions, rotary_dim / 2].
+EMBROPE_EXPORT void apply_qk_norm_rope_append_kv(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const Tensor& positions, const Tensor& cos,
+                                                 const Tensor& sin, const KvCache& kv_cache,
+                                                 const KvSlots& slots, const QkNorm& norm,
+                                                 const RopeOptions& options = {});
 
 }  // namespace embrope

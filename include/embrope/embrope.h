@@ -442,6 +442,23 @@ EMBROPE_API embrope_status_t embrope_apply_qk_norm_rope_cos_sin(
     const DLTensor* sin, const embrope_qk_norm_t* norm, const embrope_rope_options_t* options,
     void* stream);
 
+/* qk-norm + RoPE + KV-cache append (Qwen3 serving) in one launch: every head row of q and k is
+ * normalised with norm (NULL: no weights, eps 1e-6) and rotated as embrope_apply_qk_norm_rope
+ * does it, q in place or into options->q_out; the normalised, rotated k (also into
+ * options->k_out when given) and v are written into the KV cache as
+ * embrope_apply_rope_append_kv writes them (the same slots, layouts, dtypes and bad-index
+ * policy). */
+EMBROPE_API embrope_status_t embrope_apply_qk_norm_rope_append_kv(
+    const DLTensor* q, const DLTensor* k, const DLTensor* v, const DLTensor* positions,
+    const embrope_rope_cache_t* cache, const embrope_kv_cache_t* kv, const embrope_qk_norm_t* norm,
+    const embrope_rope_options_t* options, void* stream);
+
+/* The same with caller-supplied cos and sin tables [max_positions, rotary_dim / 2]. */
+EMBROPE_API embrope_status_t embrope_apply_qk_norm_rope_append_kv_cos_sin(
+    const DLTensor* q, const DLTensor* k, const DLTensor* v, const DLTensor* positions,
+    const DLTensor* cos, const DLTensor* sin, const embrope_kv_cache_t* kv,
+    const embrope_qk_norm_t* norm, const embrope_rope_options_t* options, void* stream);
+
 /* Where the backward's weight gradients go ([head_dim] float32, overwritten), or NULL. */
 typedef struct embrope_qk_norm_gradients_t {
   size_t struct_size; /* sizeof the struct the caller was compiled with: set by the init */

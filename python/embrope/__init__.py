@@ -34,6 +34,7 @@ from ._embrope import (
 from ._models import model_config_from_hf, model_preset, model_presets
 from ._rope import (
     apply_qk_norm_rope,
+    apply_qk_norm_rope_append_kv,
     apply_qk_norm_rope_backward,
     apply_rope,
     apply_rope_append_kv,
@@ -60,7 +61,7 @@ def cuda_device_count() -> int:
 __all__ = [
     "BadIndexError", "CudaError", "DeferredStatus", "Error", "InternalError",
     "InvalidArgumentError", "ModelConfig", "NotAvailableError", "OutOfMemoryError",
-    "RopeCache", "RopeConfig", "apply_qk_norm_rope", "apply_qk_norm_rope_backward", "apply_rope", "apply_rope_append_kv", "apply_rope_backward",
+    "RopeCache", "RopeConfig", "apply_qk_norm_rope", "apply_qk_norm_rope_append_kv", "apply_qk_norm_rope_backward", "apply_rope", "apply_rope_append_kv", "apply_rope_backward",
     "cpu_isa",
     "cuda_device_count",
     "embed", "embed_backward", "embed_backward_workspace_size", "model_config_from_hf",

@@ -1,5 +1,5 @@
 """apply_rope, apply_rope_backward, apply_qk_norm_rope (and its backward),
-apply_rope_append_kv and packed_positions on any DLPack arrays."""
+apply_rope_append_kv, apply_qk_norm_rope_append_kv and packed_positions on any DLPack arrays."""
 
 from __future__ import annotations
 
@@ -336,7 +336,76 @@ def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
         outside the table: that token's cache rows are not written (a bad position also
         zero-fills its q rows), every other token is, and the first bad token is named.
     """
-    op = "apply_rope_append_kv"
+    return _append_kv("apply_rope_append_kv", None, q, k, v, positions, cache, k_cache=k_cache,
+                      v_cache=v_cache, kv_cache=kv_cache, slot_mapping=slot_mapping,
+                      cache_offsets=cache_offsets, cu_seqlens=cu_seqlens, kv_layout=kv_layout,
+                      k_scale=k_scale, v_scale=v_scale, layout=layout, rotary_dim=rotary_dim,
+                      mrope_section=mrope_section, mrope_interleaved=mrope_interleaved,
+                      q_out=q_out, k_out=k_out, deferred=deferred, stream=stream)
+
+
+def apply_qk_norm_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
+                                 q_weight: Any = None, k_weight: Any = None, eps: float = 1e-6,
+                                 unit_offset: bool = False, k_cache: Any = None,
+                                 v_cache: Any = None, kv_cache: Any = None,
+                                 slot_mapping: Any = None, cache_offsets: Any = None,
+                                 cu_seqlens: Any = None, kv_layout: str = "nhd",
+                                 k_scale: float = 1.0, v_scale: float = 1.0,
+                                 layout: Optional[str] = None, rotary_dim: int = 0,
+                                 mrope_section: Optional[Sequence[int]] = None,
+                                 mrope_interleaved: Optional[bool] = None, q_out: Any = None,
+                                 k_out: Any = None, deferred: Any = None,
+                                 stream: Any = None) -> tuple[Any, Any]:
+    """Per-head RMSNorm of q and k, RoPE, and the write of k and v into a KV cache, in one pass.
+
+    What a Qwen3 (or Gemma 3) layer does before attention when served: ``q_norm`` /
+    ``k_norm``, the rotation, and vLLM's ``reshape_and_cache_flash`` (FlashInfer's
+    ``append_paged_kv_cache``), fused. q and k are normalised and rotated exactly as
+    :func:`apply_qk_norm_rope` does it; the cache receives the normalised, rotated k and v
+    exactly as :func:`apply_rope_append_kv` writes them (the bytes of
+    :func:`apply_qk_norm_rope` followed by a copy). v is copied, not normalised.
+
+    Parameters
+    ----------
+    q, k, v, positions, cache
+        As in :func:`apply_rope_append_kv`.
+    q_weight, k_weight, eps, unit_offset
+        As in :func:`apply_qk_norm_rope`.
+    k_cache, v_cache, kv_cache, slot_mapping, cache_offsets, cu_seqlens, kv_layout, k_scale, v_scale
+        As in :func:`apply_rope_append_kv`.
+    layout, rotary_dim, mrope_section, mrope_interleaved, q_out, k_out, deferred, stream
+        As in :func:`apply_rope_append_kv`.
+
+    Returns
+    -------
+    (q, k)
+        The normalised, rotated q (q itself, or q_out) and k_out (None when not given).
+
+    Raises
+    ------
+    InvalidArgumentError (ValueError)
+        A shape, stride, dtype, device or option breaks a rule; nothing was written.
+    BadIndexError (IndexError)
+        As in :func:`apply_rope_append_kv`.
+    """
+    return _append_kv("apply_qk_norm_rope_append_kv",
+                      dict(q_weight=q_weight, k_weight=k_weight, eps=eps,
+                           unit_offset=unit_offset),
+                      q, k, v, positions, cache, k_cache=k_cache, v_cache=v_cache,
+                      kv_cache=kv_cache, slot_mapping=slot_mapping, cache_offsets=cache_offsets,
+                      cu_seqlens=cu_seqlens, kv_layout=kv_layout, k_scale=k_scale,
+                      v_scale=v_scale, layout=layout, rotary_dim=rotary_dim,
+                      mrope_section=mrope_section, mrope_interleaved=mrope_interleaved,
+                      q_out=q_out, k_out=k_out, deferred=deferred, stream=stream)
+
+
+def _append_kv(op: str, norm: Optional[dict], q: Any, k: Any, v: Any, positions: Any, cache: Any,
+               *, k_cache: Any, v_cache: Any, kv_cache: Any, slot_mapping: Any,
+               cache_offsets: Any, cu_seqlens: Any, kv_layout: str, k_scale: float,
+               v_scale: float, layout: Optional[str], rotary_dim: int,
+               mrope_section: Optional[Sequence[int]], mrope_interleaved: Optional[bool],
+               q_out: Any, k_out: Any, deferred: Any, stream: Any) -> tuple[Any, Any]:
+    """apply_rope_append_kv, or with `norm` (the qk-norm's arguments) its qk-norm form."""
     # q is written in place or read, k read or written as k_out: checked below
     _arrays.check_array(op, "q", q, autograd=False)
     _arrays.check_array(op, "k", k, autograd=False)
@@ -362,18 +431,24 @@ def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
         _arrays.check_writable(op, "k_out", k_out)
     if k_out is not k:
         _arrays.check_array(op, "k", k)
-    table = _native.rope_table(op, cache)
-    options = _native.rope_settings(op, cache, layout=layout, rotary_dim=rotary_dim,
-                                    mrope_section=mrope_section,
-                                    mrope_interleaved=mrope_interleaved).options(op)
+    if norm is None:
+        native, call = _C.apply_rope_append_kv, dict(
+            **_native.rope_table(op, cache),
+            options=_native.rope_settings(op, cache, layout=layout, rotary_dim=rotary_dim,
+                                          mrope_section=mrope_section,
+                                          mrope_interleaved=mrope_interleaved).options(op),
+            deferred=_status.native(deferred), stream=_arrays.stream_handle(stream, q))
+    else:
+        native, call = _C.apply_qk_norm_rope_append_kv, _qk_arguments(
+            op, q, cache, norm["q_weight"], norm["k_weight"], norm["eps"], norm["unit_offset"],
+            deferred, stream, layout=layout, rotary_dim=rotary_dim,
+            mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
     with _arrays.writes(q if q_out is None else q_out, k_out, k_cache, v_cache, kv_cache):
         _native.call(
-            _C.apply_rope_append_kv, q, k, v, positions, k_cache=k_cache, v_cache=v_cache, kv_cache=kv_cache,
+            native, q, k, v, positions, k_cache=k_cache, v_cache=v_cache, kv_cache=kv_cache,
             kv_layout=_arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout),
             k_scale=float(k_scale), v_scale=float(v_scale), slot_mapping=slot_mapping,
-            cache_offsets=cache_offsets, cu_seqlens=cu_seqlens, **table, options=options,
-            q_out=q_out, k_out=k_out, deferred=_status.native(deferred),
-            stream=_arrays.stream_handle(stream, q))
+            cache_offsets=cache_offsets, cu_seqlens=cu_seqlens, **call, q_out=q_out, k_out=k_out)
     return (q if q_out is None else q_out), k_out
 
 

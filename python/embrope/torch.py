@@ -13,7 +13,8 @@ graph break, and with autograd where it has a gradient:
   type tables come from ``embrope::embed_backward``, the deterministic backward (sorted,
   summed in a fixed order: the same bits from run to run, on CPU and GPU alike).
 - :func:`apply_rope_append_kv` (``embrope::apply_rope_append_kv_``): RoPE fused with the
-  KV-cache write, in place (serving; no autograd).
+  KV-cache write, in place (serving; no autograd); :func:`apply_qk_norm_rope_append_kv`
+  (``embrope::apply_qk_norm_rope_append_kv_``), the same with the per-head RMSNorm first.
 - :func:`packed_positions` (``embrope::packed_positions``).
 
 Kernels run on PyTorch's current CUDA stream. By default a bad id or position raises
@@ -39,7 +40,7 @@ from ._rope_cache import RopeCache
 from ._status import DeferredStatus
 
 __all__ = [
-    "RotaryEmbedding", "apply_qk_norm_rope", "apply_rope", "apply_rope_append_kv", "apply_rope_backward", "deferred_errors", "embed",
+    "RotaryEmbedding", "apply_qk_norm_rope", "apply_qk_norm_rope_append_kv", "apply_rope", "apply_rope_append_kv", "apply_rope_backward", "deferred_errors", "embed",
     "embed_backward", "packed_positions", "DeferredStatus",
 ]
 
@@ -530,6 +531,76 @@ def apply_rope_append_kv(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
     torch.ops.embrope.apply_rope_append_kv_(
         q, k, v, positions, table, k_cache, v_cache, slot_mapping, cache_offsets, cu_seqlens,
         kv_value, float(k_scale), float(v_scale), layout_value, rotary_dim, mrope)
+    return q
+
+
+@torch.library.custom_op("embrope::apply_qk_norm_rope_append_kv_",
+                         mutates_args=("q", "k_cache", "v_cache"))
+def _apply_qk_norm_rope_append_kv_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
+                                     cos_sin_cache: Tensor, k_cache: Tensor, v_cache: Tensor,
+                                     slot_mapping: Optional[Tensor],
+                                     cache_offsets: Optional[Tensor],
+                                     cu_seqlens: Optional[Tensor], kv_layout: int,
+                                     k_scale: float, v_scale: float, q_weight: Optional[Tensor],
+                                     k_weight: Optional[Tensor], eps: float, unit_offset: bool,
+                                     layout: int, rotary_dim: int, mrope: List[int]) -> None:
+    op = "apply_qk_norm_rope_append_kv"
+    _call_native(
+        _C.apply_qk_norm_rope_append_kv,
+        q.detach(), k.detach(), v.detach(), positions, k_cache=k_cache.detach(),
+        v_cache=v_cache.detach(), kv_layout=_C.KvCacheLayout(kv_layout), k_scale=k_scale,
+        v_scale=v_scale, slot_mapping=slot_mapping, cache_offsets=cache_offsets,
+        cu_seqlens=cu_seqlens,
+        **_qk_arguments(op, q, cos_sin_cache, q_weight, k_weight, eps, unit_offset, layout,
+                        False, rotary_dim, mrope))
+
+
+@_apply_qk_norm_rope_append_kv_op.register_fake
+def _(*args):
+    return None
+
+
+def apply_qk_norm_rope_append_kv(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
+                                 cache: Union[RopeCache, Tensor], k_cache: Tensor,
+                                 v_cache: Tensor, *, q_weight: Optional[Tensor] = None,
+                                 k_weight: Optional[Tensor] = None, eps: float = 1e-6,
+                                 unit_offset: bool = False,
+                                 slot_mapping: Optional[Tensor] = None,
+                                 cache_offsets: Optional[Tensor] = None,
+                                 cu_seqlens: Optional[Tensor] = None, kv_layout: str = "nhd",
+                                 k_scale: float = 1.0, v_scale: float = 1.0,
+                                 layout: Optional[str] = None, rotary_dim: int = 0,
+                                 mrope_section: Optional[Sequence[int]] = None,
+                                 mrope_interleaved: Optional[bool] = None) -> Tensor:
+    """Per-head RMSNorm of q and k, RoPE, and the KV-cache write, in one pass (Qwen3 serving).
+
+    ``embrope::apply_qk_norm_rope_append_kv_`` mutates q, k_cache and v_cache (no autograd:
+    a q, k, v or weight that requires grad is refused while grad mode is on); k and v are only
+    read. The arguments are those of :func:`embrope.apply_qk_norm_rope_append_kv` (separate k
+    and v caches; pass ``kv[:, 0]`` and ``kv[:, 1]`` of a combined one). Traceable by
+    ``torch.compile``.
+
+    Returns
+    -------
+    q
+    """
+    op = "apply_qk_norm_rope_append_kv"
+    if torch.is_grad_enabled():
+        for name, t in (("q", q), ("k", k), ("v", v), ("q_weight", q_weight),
+                        ("k_weight", k_weight)):
+            if t is not None and t.requires_grad:
+                raise _C.InvalidArgumentError(
+                    f"{op}: {name} requires grad, but this serving op has no autograd (its "
+                    "cache writes are not differentiable); call it under torch.no_grad(), or "
+                    "use apply_qk_norm_rope for training")
+    table = _cos_sin_tensor(op, cache, q.device)
+    layout_value, _, rotary_dim, mrope = _rope_arguments(
+        op, cache, layout, False, rotary_dim, mrope_section, mrope_interleaved)
+    kv_value = _arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout).value
+    torch.ops.embrope.apply_qk_norm_rope_append_kv_(
+        q, k, v, positions, table, k_cache, v_cache, slot_mapping, cache_offsets, cu_seqlens,
+        kv_value, float(k_scale), float(v_scale), q_weight, k_weight, float(eps),
+        bool(unit_offset), layout_value, rotary_dim, mrope)
     return q
 
 

@@ -495,53 +495,110 @@ void bind_apply_qk_norm_rope(nb::module_& m) {
       "k_weight_grad"_a.none() = nb::none());
 }
 
-void bind_apply_rope_append_kv(nb::module_& m) {
-  // The cache is k_cache and v_cache, or kv_cache [pages, 2, ...]; slots are slot_mapping, or
-  // cache_offsets (with cu_seqlens for packed inputs).
-  def_rope_op(
-      m, "apply_rope_append_kv",
-      [](const Array& q, const Array& k, const Array& v, const Array& positions,
-         const OptionalArray& k_cache, const OptionalArray& v_cache, const OptionalArray& kv_cache,
-         embrope::KvCacheLayout kv_layout, float k_scale, float v_scale,
-         const OptionalArray& slot_mapping, const OptionalArray& cache_offsets,
-         const OptionalArray& cu_seqlens, const embrope::RopeCache* cache, const OptionalArray& cos,
-         const OptionalArray& sin, const embrope::RopeOptions& settings, const OptionalArray& q_out,
-         const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream,
-         const OptionalArray& q_out_head_scales, const OptionalArray& k_out_head_scales) {
-        const char* op = "apply_rope_append_kv";
-        embrope::KvCache kv;
-        if (kv_cache) {
-          kv = embrope::KvCache::combined(view(*kv_cache, op, "kv_cache"), kv_layout, k_scale,
-                                          v_scale);
-        } else if (k_cache && v_cache) {
-          kv.k = view(*k_cache, op, "k_cache");
-          kv.v = view(*v_cache, op, "v_cache");
-          kv.layout = kv_layout;
-          kv.k_scale = k_scale;
-          kv.v_scale = v_scale;
-        } else {
-          throw embrope::Error(embrope::ErrorCode::invalid_argument,
-                               std::string(op) + ": give k_cache and v_cache, or kv_cache");
-        }
-        embrope::KvSlots slots;
-        slots.slot_mapping = view(slot_mapping, op, "slot_mapping");
-        slots.cache_offsets = view(cache_offsets, op, "cache_offsets");
-        slots.cu_seqlens = view(cu_seqlens, op, "cu_seqlens");
-        const Tensor q_view = view(q, op, "q"), k_view = view(k, op, "k"),
-                     v_view = view(v, op, "v");
-        const Tensor positions_view = view(positions, op, "positions");
-        const embrope::RopeOptions options = rope_options(
-            op, settings, q_out, k_out, deferred, stream, q_out_head_scales, k_out_head_scales);
-        rope_table(op, cache, cos, sin).call([&](const auto&... table) {
-          embrope::apply_rope_append_kv(q_view, k_view, v_view, positions_view, table..., kv, slots,
-                                        options);
-        });
-      },
-      "q"_a, "k"_a, "v"_a, "positions"_a, nb::kw_only(), "k_cache"_a.none() = nb::none(),
-      "v_cache"_a.none() = nb::none(), "kv_cache"_a.none() = nb::none(),
-      "kv_layout"_a = embrope::KvCacheLayout::nhd, "k_scale"_a = 1.0f, "v_scale"_a = 1.0f,
-      "slot_mapping"_a.none() = nb::none(), "cache_offsets"_a.none() = nb::none(),
-      "cu_seqlens"_a.none() = nb::none());
+// The cache a RoPE + append call writes: k_cache and v_cache, or kv_cache [pages, 2, ...].
+embrope::KvCache kv_cache_of(const char* op, const OptionalArray& k_cache,
+                             const OptionalArray& v_cache, const OptionalArray& kv_cache,
+                             embrope::KvCacheLayout kv_layout, float k_scale, float v_scale) {
+  embrope::KvCache kv;
+  if (kv_cache) {
+    kv = embrope::KvCache::combined(view(*kv_cache, op, "kv_cache"), kv_layout, k_scale, v_scale);
+  } else if (k_cache && v_cache) {
+    kv.k = view(*k_cache, op, "k_cache");
+    kv.v = view(*v_cache, op, "v_cache");
+    kv.layout = kv_layout;
+    kv.k_scale = k_scale;
+    kv.v_scale = v_scale;
+  } else {
+    throw embrope::Error(embrope::ErrorCode::invalid_argument,
+                         std::string(op) + ": give k_cache and v_cache, or kv_cache");
+  }
+  return kv;
+}
+
+// Where each token goes: slot_mapping, or cache_offsets (with cu_seqlens for packed inputs).
+embrope::KvSlots kv_slots_of(const char* op, const OptionalArray& slot_mapping,
+                             const OptionalArray& cache_offsets, const OptionalArray& cu_seqlens) {
+  embrope::KvSlots slots;
+  slots.slot_mapping = view(slot_mapping, op, "slot_mapping");
+  slots.cache_offsets = view(cache_offsets, op, "cache_offsets");
+  slots.cu_seqlens = view(cu_seqlens, op, "cu_seqlens");
+  return slots;
+}
+
+// apply_rope_append_kv and apply_qk_norm_rope_append_kv (Norm: the norm's three arguments
+// after the slots).
+template <bool Norm>
+void bind_append_kv_op(nb::module_& m) {
+  static constexpr const char* op = Norm ? "apply_qk_norm_rope_append_kv" : "apply_rope_append_kv";
+  auto body = [](const Array& q, const Array& k, const Array& v, const Array& positions,
+                 const embrope::KvCache& kv, const embrope::KvSlots& slots,
+                 const embrope::QkNorm* norm, const embrope::RopeCache* cache,
+                 const OptionalArray& cos, const OptionalArray& sin,
+                 const embrope::RopeOptions& settings, const OptionalArray& q_out,
+                 const OptionalArray& k_out, embrope::DeferredStatus* deferred,
+                 std::uintptr_t stream, const OptionalArray& q_out_head_scales,
+                 const OptionalArray& k_out_head_scales) {
+    const Tensor q_view = view(q, op, "q"), k_view = view(k, op, "k"), v_view = view(v, op, "v");
+    const Tensor positions_view = view(positions, op, "positions");
+    const embrope::RopeOptions options = rope_options(op, settings, q_out, k_out, deferred, stream,
+                                                      q_out_head_scales, k_out_head_scales);
+    rope_table(op, cache, cos, sin).call([&](const auto&... table) {
+      if (norm != nullptr) {
+        embrope::apply_qk_norm_rope_append_kv(q_view, k_view, v_view, positions_view, table..., kv,
+                                              slots, *norm, options);
+      } else {
+        embrope::apply_rope_append_kv(q_view, k_view, v_view, positions_view, table..., kv, slots,
+                                      options);
+      }
+    });
+  };
+  auto cache_arguments =
+      std::make_tuple("q"_a, "k"_a, "v"_a, "positions"_a, nb::kw_only(),
+                      "k_cache"_a.none() = nb::none(), "v_cache"_a.none() = nb::none(),
+                      "kv_cache"_a.none() = nb::none(), "kv_layout"_a = embrope::KvCacheLayout::nhd,
+                      "k_scale"_a = 1.0f, "v_scale"_a = 1.0f, "slot_mapping"_a.none() = nb::none(),
+                      "cache_offsets"_a.none() = nb::none(), "cu_seqlens"_a.none() = nb::none());
+  auto define = [&](auto&& f, auto&&... norm_arguments) {
+    std::apply([&](auto&&... leading) { def_rope_op(m, op, f, leading..., norm_arguments...); },
+               cache_arguments);
+  };
+  if constexpr (Norm) {
+    define(
+        [body](const Array& q, const Array& k, const Array& v, const Array& positions,
+               const OptionalArray& k_cache, const OptionalArray& v_cache,
+               const OptionalArray& kv_cache, embrope::KvCacheLayout kv_layout, float k_scale,
+               float v_scale, const OptionalArray& slot_mapping, const OptionalArray& cache_offsets,
+               const OptionalArray& cu_seqlens, const embrope::QkNorm& norm_settings,
+               const OptionalArray& q_weight, const OptionalArray& k_weight,
+               const embrope::RopeCache* cache, const OptionalArray& cos, const OptionalArray& sin,
+               const embrope::RopeOptions& settings, const OptionalArray& q_out,
+               const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream,
+               const OptionalArray& q_out_head_scales, const OptionalArray& k_out_head_scales) {
+          const embrope::QkNorm norm = qk_norm(op, norm_settings, q_weight, k_weight);
+          body(q, k, v, positions,
+               kv_cache_of(op, k_cache, v_cache, kv_cache, kv_layout, k_scale, v_scale),
+               kv_slots_of(op, slot_mapping, cache_offsets, cu_seqlens), &norm, cache, cos, sin,
+               settings, q_out, k_out, deferred, stream, q_out_head_scales, k_out_head_scales);
+        },
+        "norm"_a = embrope::QkNorm{}, "q_weight"_a.none() = nb::none(),
+        "k_weight"_a.none() = nb::none());
+  } else {
+    define([body](const Array& q, const Array& k, const Array& v, const Array& positions,
+                  const OptionalArray& k_cache, const OptionalArray& v_cache,
+                  const OptionalArray& kv_cache, embrope::KvCacheLayout kv_layout, float k_scale,
+                  float v_scale, const OptionalArray& slot_mapping,
+                  const OptionalArray& cache_offsets, const OptionalArray& cu_seqlens,
+                  const embrope::RopeCache* cache, const OptionalArray& cos,
+                  const OptionalArray& sin, const embrope::RopeOptions& settings,
+                  const OptionalArray& q_out, const OptionalArray& k_out,
+                  embrope::DeferredStatus* deferred, std::uintptr_t stream,
+                  const OptionalArray& q_out_head_scales, const OptionalArray& k_out_head_scales) {
+      body(q, k, v, positions,
+           kv_cache_of(op, k_cache, v_cache, kv_cache, kv_layout, k_scale, v_scale),
+           kv_slots_of(op, slot_mapping, cache_offsets, cu_seqlens), nullptr, cache, cos, sin,
+           settings, q_out, k_out, deferred, stream, q_out_head_scales, k_out_head_scales);
+    });
+  }
 }
 
 // --------------------------------------------------------------------- embed family ----
@@ -707,7 +764,8 @@ NB_MODULE(_embrope, m) {
   bind_model_config(m);
   bind_apply_rope(m);
   bind_apply_qk_norm_rope(m);
-  bind_apply_rope_append_kv(m);
+  bind_append_kv_op<false>(m);
+  bind_append_kv_op<true>(m);
   bind_embed(m);
   bind_embed_backward(m);
   bind_packed_positions(m);

@@ -45,10 +45,10 @@ template <typename T, typename C>
 void forward_row(const QkNormRopeParams& p, bool is_q, const T* in, T* out,
                  detail::TokenPositions pos, float sin_sign) {
   const detail::RopeParams& r = p.rope;
-  const float rstd = row_rstd(in, r.head_dim, p.eps);
+  const float rstd = row_rstd(in, r.head_dim, p.norm.eps);
   const auto normalized = [&](std::int64_t j) {
     return detail::norm_product(detail::rms_normalized(to_float(in[j]), rstd),
-                                detail::qk_norm_weight(p, is_q, j));
+                                detail::qk_norm_weight(p.norm, is_q, j));
   };
   for (std::int64_t i = 0; i < r.rotary_dim / 2; ++i) {
     const std::int64_t ia = detail::rope_pair_first(r, i), ib = detail::rope_pair_second(r, i);
@@ -95,29 +95,68 @@ template <typename T>
 using QkRow = void (*)(const T*, T*, std::int64_t, std::int64_t, RopeLayout, const float*,
                        const float*, const float*, float, float*);
 
+// Floats of a token's scratch: cos, sin (rotary_dim each), then the row scratch (256 partials
+// + head_dim).
+std::int64_t token_floats(const detail::RopeParams& r) {
+  return 2 * r.rotary_dim + detail::kNormPartials + r.head_dim;
+}
+
+// The weight factors of q's rows (head_dim floats), then of k's.
+void weight_factors(const QkNormRopeParams& p, float* weights) {
+  const std::int64_t dim = p.rope.head_dim;
+  for (std::int64_t j = 0; j < dim; ++j) {
+    weights[j] = detail::qk_norm_weight(p.norm, true, j);
+    weights[dim + j] = p.rope.has_k ? detail::qk_norm_weight(p.norm, false, j) : 1.0f;
+  }
+}
+
+// Token t (its position valid): the cos/sin row widened once (as apply_rope.inc widens it)
+// into buffer, then each head row by row_fn.
+template <typename T, typename C>
+void forward_token(const QkNormRopeParams& p, std::int64_t t, QkRow<T> row_fn, const float* weights,
+                   float* buffer) {
+  const detail::RopeParams& r = p.rope;
+  const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
+  const std::int64_t dim = r.head_dim, half = r.rotary_dim / 2;
+  const float sin_sign = r.inverse ? -1.0f : 1.0f;
+  const bool neox = r.layout == RopeLayout::neox;
+  float* const cos_w = buffer;
+  float* const sin_w = cos_w + r.rotary_dim;
+  float* const scratch = sin_w + r.rotary_dim;
+  const std::int64_t b = t / r.seq, s = t % r.seq;
+  const detail::TokenPositions pos = detail::token_positions(r, b, s);
+  for (std::int64_t i = 0; i < half; ++i) {
+    float c, sn;
+    detail::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, sn);
+    if (neox) {
+      cos_w[i] = c;
+      sin_w[i] = sn;
+    } else {
+      cos_w[2 * i] = cos_w[2 * i + 1] = c;
+      sin_w[2 * i] = -sn;
+      sin_w[2 * i + 1] = sn;
+    }
+  }
+  for (std::int64_t h = 0; h < heads; ++h) {
+    const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, h);
+    row_fn(row.in, row.out, dim, r.rotary_dim, r.layout, weights + (h < r.q.heads ? 0 : dim), cos_w,
+           sin_w, p.norm.eps, scratch);
+  }
+}
+
 template <typename T, typename C>
 void forward_by_token(const QkNormRopeParams& p, QkRow<T> row_fn) {
   const detail::RopeParams& r = p.rope;
   const std::int64_t tokens = r.batch * r.seq;
   const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
-  const std::int64_t dim = r.head_dim, half = r.rotary_dim / 2;
-  const float sin_sign = r.inverse ? -1.0f : 1.0f;
-  const bool neox = r.layout == RopeLayout::neox;
+  const std::int64_t dim = r.head_dim;
   std::vector<float> weights(static_cast<std::size_t>(2 * dim));
-  for (std::int64_t j = 0; j < dim; ++j) {
-    weights[j] = detail::qk_norm_weight(p, true, j);
-    if (r.has_k) weights[dim + j] = detail::qk_norm_weight(p, false, j);
-  }
+  weight_factors(p, weights.data());
   std::int64_t first_bad = detail::kNoBadIndex;
   const bool threaded = tokens > 1 && tokens * heads * dim >= (1 << 15);
 #pragma omp parallel if (threaded) reduction(min : first_bad)
   {
-    // cos, sin (rotary_dim each), then the row scratch (256 partials + dim).
-    std::vector<float> buffer(
-        static_cast<std::size_t>(2 * r.rotary_dim + detail::kNormPartials + dim));
-    float* const cos_w = buffer.data();
-    float* const sin_w = cos_w + r.rotary_dim;
-    float* const scratch = sin_w + r.rotary_dim;
+    std::vector<float> buffer(static_cast<std::size_t>(token_floats(r)));
 #pragma omp for schedule(dynamic, 16)
     for (std::int64_t t = 0; t < tokens; ++t) {
       const std::int64_t b = t / r.seq, s = t % r.seq;
@@ -129,29 +168,26 @@ void forward_by_token(const QkNormRopeParams& p, QkRow<T> row_fn) {
         first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
         continue;
       }
-      const detail::TokenPositions pos = detail::token_positions(r, b, s);
-      for (std::int64_t i = 0; i < half; ++i) {
-        float c, sn;
-        detail::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, sn);
-        if (neox) {
-          cos_w[i] = c;
-          sin_w[i] = sn;
-        } else {
-          cos_w[2 * i] = cos_w[2 * i + 1] = c;
-          sin_w[2 * i] = -sn;
-          sin_w[2 * i + 1] = sn;
-        }
-      }
-      for (std::int64_t h = 0; h < heads; ++h) {
-        const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, h);
-        row_fn(row.in, row.out, dim, r.rotary_dim, r.layout,
-               weights.data() + (h < r.q.heads ? 0 : dim), cos_w, sin_w, p.eps, scratch);
-      }
+      forward_token<T, C>(p, t, row_fn, weights.data(), buffer.data());
     }
   }
   detail::lower_bad_index(r.bad, first_bad, r.bad_op, [&](std::int64_t key) {
     return detail::rope_bad_position(r, detail::bad_index_row(key));
   });
+}
+
+// The instruction set's row function, or null for the portable path.
+template <typename T>
+QkRow<T> vector_row(Isa isa) {
+#if EMBROPE_CPU_X86
+  if constexpr (std::is_same_v<T, detail::BFloat16>) {
+    if (isa == Isa::avx512_bf16) return avx512_bf16::qk_norm_rope_row<T>;
+  }
+  if (isa >= Isa::avx512) return avx512::qk_norm_rope_row<T>;
+  if (isa == Isa::avx2) return avx2::qk_norm_rope_row<T>;
+#endif
+  (void)isa;
+  return nullptr;
 }
 
 // The gradient of one head row: dy (the output's gradient) in, dx out (may be dy's row), x
@@ -163,7 +199,7 @@ void backward_row(const QkNormRopeParams& p, bool is_q, const T* dy, T* dx, cons
                   float* partial) {
   const detail::RopeParams& r = p.rope;
   const std::int64_t dim = r.head_dim;
-  const float rstd = row_rstd(x, dim, p.eps);
+  const float rstd = row_rstd(x, dim, p.norm.eps);
   // g: the gradient of the normalised row, the output's gradient rotated back.
   for (std::int64_t i = 0; i < r.rotary_dim / 2; ++i) {
     const std::int64_t ia = detail::rope_pair_first(r, i), ib = detail::rope_pair_second(r, i);
@@ -178,7 +214,7 @@ void backward_row(const QkNormRopeParams& p, bool is_q, const T* dy, T* dx, cons
   for (std::int64_t j = 0; j < dim; ++j) {
     xhat[j] = detail::rms_normalized(to_float(x[j]), rstd);
     if (partial != nullptr) partial[j] += detail::norm_product(g[j], xhat[j]);
-    g[j] = detail::norm_product(detail::qk_norm_weight(p, is_q, j), g[j]);  // now u
+    g[j] = detail::norm_product(detail::qk_norm_weight(p.norm, is_q, j), g[j]);  // now u
   }
   const float sum = detail::canonical_row_sum(
       dim, [&](std::int64_t j) { return detail::norm_product(g[j], xhat[j]); });
@@ -259,17 +295,32 @@ void apply_qk_norm_rope(const QkNormRopeParams& p) {
   dispatch(p, [&](auto t, auto c) {
     using T = typename decltype(t)::type;
     using C = typename decltype(c)::type;
-#if EMBROPE_CPU_X86
-    if constexpr (std::is_same_v<T, detail::BFloat16>) {
-      if (isa == Isa::avx512_bf16) {
-        return forward_by_token<T, C>(p, avx512_bf16::qk_norm_rope_row<T>);
-      }
-    }
-    if (isa >= Isa::avx512) return forward_by_token<T, C>(p, avx512::qk_norm_rope_row<T>);
-    if (isa == Isa::avx2) return forward_by_token<T, C>(p, avx2::qk_norm_rope_row<T>);
-#endif
-    (void)isa;
+    if (const QkRow<T> row_fn = vector_row<T>(isa)) return forward_by_token<T, C>(p, row_fn);
     forward<T, C>(p);
+  });
+}
+
+std::int64_t qk_norm_token_floats(const detail::QkNormRopeParams& p) {
+  return 2 * p.rope.head_dim + token_floats(p.rope);
+}
+
+void qk_norm_rope_one_token(const detail::QkNormRopeParams& token, float* scratch) {
+  const Isa isa = active_isa();
+  const detail::RopeParams& r = token.rope;
+  float* const weights = scratch;
+  weight_factors(token, weights);
+  dispatch(token, [&](auto t, auto c) {
+    using T = typename decltype(t)::type;
+    using C = typename decltype(c)::type;
+    if (const QkRow<T> row_fn = vector_row<T>(isa)) {
+      return forward_token<T, C>(token, 0, row_fn, weights, weights + 2 * r.head_dim);
+    }
+    const float sin_sign = r.inverse ? -1.0f : 1.0f;
+    const detail::TokenPositions pos = detail::token_positions(r, 0, 0);
+    for (std::int64_t h = 0; h < r.q.heads + (r.has_k ? r.k.heads : 0); ++h) {
+      const detail::RopeRow<T> row = detail::rope_row<T>(r, 0, 0, h);
+      forward_row<T, C>(token, h < r.q.heads, row.in, row.out, pos, sin_sign);
+    }
   });
 }
 

@@ -1,8 +1,9 @@
 // RoPE + KV-cache append on the CPU: one pass over the tokens (OpenMP), each token rotated
 // by apply_rope's own per-token rotation (rotate_one_token: the same instruction set and
-// bits), its rotated k rows written straight into the cache when the cache has the
-// activations' dtype (else through a per-thread row converted to the cache dtype), and its
-// v rows copied or converted. Conversions: detail/numeric_types.hpp.
+// bits), or normalised and rotated by apply_qk_norm_rope's per-token kernel
+// (qk_norm_rope_one_token, apply_qk_norm_rope_append_kv), its rotated k rows written straight into
+// the cache when the cache has the activations' dtype (else through a per-thread row converted to
+// the cache dtype), and its v rows copied or converted. Conversions: detail/numeric_types.hpp.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -109,7 +110,14 @@ void append_kv(const detail::RopeAppendKvParams& p) {
     } else {
       one.has_k = false;
     }
-    rotate_one_token(one, widened);
+    if (p.qk_norm) {
+      detail::QkNormRopeParams normalized;
+      normalized.rope = one;
+      normalized.norm = p.norm;
+      qk_norm_rope_one_token(normalized, widened);
+    } else {
+      rotate_one_token(one, widened);
+    }
     if (!write) return slot.state == detail::KvSlot::bad ? slot_key : detail::kNoBadIndex;
     if (rotated_k != nullptr) {
       store_rows<T>(rotated_k, rotated_stride, p.k_cache, slot.page, slot.offset, kv_heads);
@@ -119,7 +127,12 @@ void append_kv(const detail::RopeAppendKvParams& p) {
     return detail::kNoBadIndex;
   };
 
-  const std::size_t widened_floats = static_cast<std::size_t>(2 * r.rotary_dim);
+  // Per thread: the rotation's widened cos/sin row, or the qk-norm's weights and scratch.
+  detail::QkNormRopeParams normalized;
+  normalized.rope = r;
+  normalized.norm = p.norm;
+  const std::size_t widened_floats =
+      static_cast<std::size_t>(p.qk_norm ? qk_norm_token_floats(normalized) : 2 * r.rotary_dim);
   const std::size_t scratch_elements = static_cast<std::size_t>(kv_heads * r.head_dim);
   std::int64_t first_bad = detail::kNoBadIndex;
   const std::int64_t elements =
@@ -155,6 +168,10 @@ void append_kv(const detail::RopeAppendKvParams& p) {
 void apply_rope_append_kv(const detail::RopeAppendKvParams& p) {
   detail::dispatch_value_dtype(p.rope.dtype,
                                [&](auto t) { append_kv<typename decltype(t)::type>(p); });
+}
+
+void apply_qk_norm_rope_append_kv(const detail::RopeAppendKvParams& p) {
+  apply_rope_append_kv(p);
 }
 
 }  // namespace embrope::cpu

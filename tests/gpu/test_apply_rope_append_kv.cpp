@@ -3,7 +3,8 @@
 // CPU path is itself checked against float64 references and the unfused pair). Paged NHD/HND
 // and combined caches, contiguous caches from packed inputs, every cache dtype, page sizes
 // 1/16/64, partial rotary and odd sizes (the general path), mrope, decode and prefill launch
-// shapes, skipped and bad slots with deferred reporting.
+// shapes, skipped and bad slots with deferred reporting. apply_qk_norm_rope_append_kv (norm)
+// alike: weights in float32 or the activations' dtype, Gemma's 1 + w, the same caches.
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
@@ -36,7 +37,11 @@ struct AppendCase {
   std::int64_t tokens = 64, hq = 8, hk = 2, head_dim = 128, rotary_dim = 128, v_dim = 128;
   std::int64_t page_size = 16;
   float k_scale = 1.0f, v_scale = 1.0f;
-  std::int64_t bad_slot_token = -1;  // a slot past the cache at this token
+  std::int64_t bad_slot_token = -1;      // a slot past the cache at this token
+  std::int64_t bad_position_token = -1;  // a position past the table at this token
+  // apply_qk_norm_rope_append_kv: weights of norm_dtype, or 1 + w.
+  bool norm = false, unit_offset = false;
+  DType norm_dtype = DType::float32;
 };
 
 std::string describe(const AppendCase& c) {
@@ -47,7 +52,10 @@ std::string describe(const AppendCase& c) {
      << (c.packed_offsets ? " contiguous-packed" : " paged") << " T " << c.tokens << " Hq " << c.hq
      << " Hk " << c.hk << " D " << c.head_dim << " R " << c.rotary_dim << " Dv " << c.v_dim
      << " page " << c.page_size << (c.k_out ? " k_out" : "") << (c.q_out ? " q_out" : "")
-     << " bad slot at " << c.bad_slot_token;
+     << " bad slot at " << c.bad_slot_token << " bad position at " << c.bad_position_token;
+  if (c.norm) {
+    os << " qk-norm " << embrope::dtype_name(c.norm_dtype) << (c.unit_offset ? " 1 + w" : "");
+  }
   return os.str();
 }
 
@@ -78,11 +86,16 @@ void run_case(const AppendCase& c) {
   fill_random(q, c.dtype, t * c.hq * c.head_dim, 11 + t);
   fill_random(k, c.dtype, t * c.hk * c.head_dim, 12 + t);
   fill_random(v, c.dtype, t * c.hk * c.v_dim, 13 + t);
+  const int ws = embrope::dtype_size(c.norm_dtype);
+  Buffer q_weight(c.head_dim * ws), k_weight(c.head_dim * ws);
+  fill_random(q_weight, c.norm_dtype, c.head_dim, 14 + t);
+  fill_random(k_weight, c.norm_dtype, c.head_dim, 15 + t);
   // Positions (three streams for mrope), slots: a shuffled set with every seventh token
   // skipped; contiguous: three sequences of a packed batch at offsets of their own.
   std::mt19937_64 rng(static_cast<std::uint64_t>(t * 31 + c.head_dim));
   for (std::int64_t i = 0; i < 3 * t; ++i) {
-    const std::int64_t p = static_cast<std::int64_t>(rng() % 256);
+    std::int64_t p = static_cast<std::int64_t>(rng() % 256);
+    if (i % t == c.bad_position_token) p = 256;
     std::memcpy(positions.host.data() + 8 * i, &p, 8);
   }
   std::vector<std::int64_t> all(static_cast<std::size_t>(pages * c.page_size));
@@ -97,7 +110,9 @@ void run_case(const AppendCase& c) {
   const std::int64_t offset_values[3] = {1, 0, c.page_size - (t - t / 3)};
   for (int i = 0; i < 4; ++i) std::memcpy(cu.host.data() + 8 * i, &cu_values[i], 8);
   for (int i = 0; i < 3; ++i) std::memcpy(offsets.host.data() + 8 * i, &offset_values[i], 8);
-  for (Buffer* b : {&q, &k, &v, &positions, &slots, &offsets, &cu}) b->upload();
+  for (Buffer* b : {&q, &k, &v, &positions, &slots, &offsets, &cu, &q_weight, &k_weight}) {
+    b->upload();
+  }
 
   const embrope::RopeConfig config{c.rotary_dim, 10000.0, 256};
   embrope::RopeCache cpu_cache(config), gpu_cache(config, Device::cuda(0));
@@ -137,11 +152,21 @@ void run_case(const AppendCase& c) {
     if (c.k_out) o.k_out = tensor(k_out, c.dtype, {t, c.hk, c.head_dim});
     embrope::DeferredStatus status(dev);
     o.deferred = &status;
-    embrope::apply_rope_append_kv(
-        tensor(q, c.dtype, {t, c.hq, c.head_dim}), tensor(k, c.dtype, {t, c.hk, c.head_dim}),
-        tensor(v, c.dtype, {t, c.hk, c.v_dim}),
-        c.mrope ? tensor(positions, DType::int64, {3, t}) : tensor(positions, DType::int64, {t}),
-        gpu ? gpu_cache : cpu_cache, kv, s, o);
+    const Tensor q_t = tensor(q, c.dtype, {t, c.hq, c.head_dim});
+    const Tensor k_t = tensor(k, c.dtype, {t, c.hk, c.head_dim});
+    const Tensor v_t = tensor(v, c.dtype, {t, c.hk, c.v_dim});
+    const Tensor p_t =
+        c.mrope ? tensor(positions, DType::int64, {3, t}) : tensor(positions, DType::int64, {t});
+    if (c.norm) {
+      embrope::QkNorm n;
+      n.q_weight = tensor(q_weight, c.norm_dtype, {c.head_dim});
+      n.k_weight = tensor(k_weight, c.norm_dtype, {c.head_dim});
+      n.unit_offset = c.unit_offset;
+      embrope::apply_qk_norm_rope_append_kv(q_t, k_t, v_t, p_t, gpu ? gpu_cache : cpu_cache, kv, s,
+                                            n, o);
+    } else {
+      embrope::apply_rope_append_kv(q_t, k_t, v_t, p_t, gpu ? gpu_cache : cpu_cache, kv, s, o);
+    }
     Result r;
     try {
       status.check();
@@ -158,7 +183,7 @@ void run_case(const AppendCase& c) {
   const Result cpu = run(false);
   const Result gpu = run(true);
   CHECK(gpu.error == cpu.error);
-  if (c.bad_slot_token >= 0) CHECK(!cpu.error.empty());
+  if (c.bad_slot_token >= 0 || c.bad_position_token >= 0) CHECK(!cpu.error.empty());
   CHECK(gpu.q == cpu.q);
   CHECK(gpu.k_out == cpu.k_out);
   CHECK(gpu.k_cache == cpu.k_cache);
@@ -244,4 +269,132 @@ TEST_CASE("GPU apply_rope_append_kv: general path, partial rotary, mrope, output
   bad.bad_slot_token = 6;
   bad.head_dim = bad.rotary_dim = bad.v_dim = 64;
   run_case(bad);
+}
+
+TEST_CASE("GPU apply_qk_norm_rope_append_kv: dtypes, caches, norms, bad slots and positions",
+          "[gpu]") {
+  const bool reduced = reduced_sweep();
+  for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+    for (DType cache : {dtype, DType::float8_e4m3fn}) {
+      for (KvCacheLayout layout : {KvCacheLayout::nhd, KvCacheLayout::hnd}) {
+        for (std::int64_t tokens : {1, 20}) {  // decode and prefill
+          if (reduced && layout == KvCacheLayout::hnd && tokens == 20) continue;
+          AppendCase c;  // Qwen3: head_dim 128, GQA
+          c.norm = true;
+          c.dtype = dtype;
+          c.cache_dtype = cache;
+          c.layout = layout;
+          c.tokens = tokens;
+          c.hq = 4;
+          c.hk = 2;
+          c.norm_dtype = layout == KvCacheLayout::nhd ? DType::float32 : dtype;
+          if (embrope::is_float8_dtype(cache)) {
+            c.k_scale = 0.03125f;
+            c.v_scale = 1.5f;
+          }
+          run_case(c);
+        }
+      }
+    }
+  }
+  AppendCase gemma;  // Gemma 3: 1 + w, q_out and k_out, combined cache, interleaved pairs
+  gemma.norm = gemma.unit_offset = true;
+  gemma.norm_dtype = DType::bfloat16;
+  gemma.q_out = gemma.k_out = true;
+  gemma.combined = true;
+  gemma.interleaved = true;
+  gemma.tokens = 9;
+  run_case(gemma);
+  AppendCase odd;  // odd sizes (the scalar sum pass), partial rotary, MQA, Dv 7
+  odd.norm = true;
+  odd.dtype = DType::float16;
+  odd.cache_dtype = DType::float8_e5m2;
+  odd.head_dim = 34;
+  odd.rotary_dim = 18;
+  odd.v_dim = 7;
+  odd.hq = 3;
+  odd.hk = 1;
+  odd.tokens = 10;
+  run_case(odd);
+  AppendCase mrope;  // Qwen3-VL's text model: mrope
+  mrope.norm = true;
+  mrope.mrope = true;
+  mrope.tokens = 12;
+  run_case(mrope);
+  AppendCase packed;  // contiguous cache from a packed batch
+  packed.norm = true;
+  packed.packed_offsets = true;
+  packed.tokens = 15;
+  packed.page_size = 32;
+  run_case(packed);
+  AppendCase bad;  // a bad slot, then a bad position before it: the first bad token reported
+  bad.norm = true;
+  bad.tokens = 16;
+  bad.bad_slot_token = 6;
+  run_case(bad);
+  bad.bad_position_token = 3;
+  run_case(bad);
+}
+
+TEST_CASE("GPU apply_rope_append_kv: DeepSeek MLA through views (q's rope slice, latent cache)",
+          "[gpu]") {
+  // q [T, H, 128 + 64] rotated in its last 64 elements; k_pe and kv_c the two parts of
+  // kv_a_proj's [T, 512 + 64] output, one kv head each; the latent cache [blocks, 16, 512 + 64]
+  // as its kv_c part (v_cache) and k_pe part (k_cache). Interleaved pairs, bfloat16, and a
+  // float8 cache with a scale.
+  for (DType cache_dtype : {DType::bfloat16, DType::float8_e4m3fn}) {
+    INFO(embrope::dtype_name(cache_dtype));
+    const std::int64_t t = 12, h = 4, nope = 128, rope = 64, rank = 512, blocks = 2, bs = 16;
+    const DType dt = DType::bfloat16;
+    const int es = 2, cs = embrope::dtype_size(cache_dtype);
+    Buffer q(t * h * (nope + rope) * es), kv_a(t * (rank + rope) * es), positions(t * 8),
+        slots(t * 8), cache(blocks * bs * (rank + rope) * cs);
+    fill_random(q, dt, t * h * (nope + rope), 71);
+    fill_random(kv_a, dt, t * (rank + rope), 72);
+    for (std::int64_t i = 0; i < t; ++i) {
+      const std::int64_t p = (i * 37) % 256, s = i == 4 ? -1 : (i * 5) % (blocks * bs);
+      std::memcpy(positions.host.data() + 8 * i, &p, 8);
+      std::memcpy(slots.host.data() + 8 * i, &s, 8);
+    }
+    for (Buffer* b : {&kv_a, &positions, &slots}) b->upload();
+    const embrope::RopeConfig config{rope, 10000.0, 256};
+    embrope::RopeCache cpu_cache(config), gpu_cache(config, Device::cuda(0));
+    auto run = [&](bool gpu) {
+      const Device dev = gpu ? Device::cuda(0) : Device::cpu();
+      cache.poison_both(0x7f);
+      q.upload();
+      const std::vector<unsigned char> q_host = q.host;
+      auto at = [&](Buffer& b, std::int64_t byte_offset) {
+        return static_cast<unsigned char*>(gpu ? b.device : static_cast<void*>(b.host.data())) +
+               byte_offset;
+      };
+      auto view = [&](void* p, DType d, std::vector<std::int64_t> shape,
+                      std::vector<std::int64_t> strides) {
+        return Tensor(p, d, static_cast<int>(shape.size()), shape.data(), strides.data(), dev);
+      };
+      KvCache kv;
+      kv.k = view(at(cache, rank * cs), cache_dtype, {blocks, bs, 1, rope},
+                  {bs * (rank + rope), rank + rope, rope, 1});
+      kv.v = view(at(cache, 0), cache_dtype, {blocks, bs, 1, rank},
+                  {bs * (rank + rope), rank + rope, rank, 1});
+      if (embrope::is_float8_dtype(cache_dtype)) kv.k_scale = kv.v_scale = 0.25f;
+      embrope::RopeOptions o;
+      o.layout = embrope::RopeLayout::interleaved;
+      embrope::apply_rope_append_kv(
+          view(at(q, nope * es), dt, {t, h, rope}, {h * (nope + rope), nope + rope, 1}),
+          view(at(kv_a, rank * es), dt, {t, 1, rope}, {rank + rope, rope, 1}),
+          view(at(kv_a, 0), dt, {t, 1, rank}, {rank + rope, rank, 1}),
+          view(at(positions, 0), DType::int64, {t}, {1}), gpu ? gpu_cache : cpu_cache, kv,
+          KvSlots::paged(view(at(slots, 0), DType::int64, {t}, {1})), o);
+      std::pair<std::vector<unsigned char>, std::vector<unsigned char>> r{
+          gpu ? q.download() : q.host, gpu ? cache.download() : cache.host};
+      q.host = q_host;
+      return r;
+    };
+    const auto cpu = run(false);
+    const auto gpu = run(true);
+    CHECK(gpu.first == cpu.first);
+    CHECK(gpu.second == cpu.second);
+    CHECK(cpu.first != q.host);  // rotated
+  }
 }

@@ -200,3 +200,79 @@ def test_errors(rng):
                                      slot_mapping=np.arange(T))
     with pytest.raises(embrope.InvalidArgumentError, match="exactly one of slot_mapping"):
         embrope.apply_rope_append_kv(q, k, v, np.arange(T), cache, k_cache=kc, v_cache=vc)
+
+
+def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, scale=1.0):
+    """vLLM's concat_and_cache_mla (csrc/cache_kernels.cu) as its kernel defines it: for token
+    t with slot_mapping[t] >= 0, block = slot // block_size, offset = slot % block_size,
+    kv_cache[block, offset, :kv_lora_rank] = kv_c[t] and kv_cache[block, offset,
+    kv_lora_rank:] = k_pe[t] ([num_blocks, block_size, kv_lora_rank + pe_dim]); a float8 cache
+    stores value / scale."""
+    block_size, rank = kv_cache.shape[1], kv_c.shape[-1]
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        block, offset = divmod(slot, block_size)
+        row = torch.cat([kv_c[t], k_pe[t]])
+        if kv_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            kv_cache[block, offset] = (row.float() / torch.tensor(scale)).to(kv_cache.dtype)
+        else:
+            kv_cache[block, offset] = row.to(kv_cache.dtype)
+
+
+@pytest.mark.parametrize("cache_dtype", ["bfloat16", "float8_e4m3fn"])
+def test_deepseek_mla_rope_and_latent_cache_through_views(cache_dtype):
+    """DeepSeek-V3 MLA (q [T, H, 128 + 64], k_pe [T, 64] shared by the heads, kv_c [T, 512]):
+    q's rope slice and k_pe rotated (interleaved pairs, YaRN with mscale) and the latent cache
+    [blocks, block_size, 512 + 64] written in one apply_rope_append_kv, through views: q's
+    rope slice as q, k_pe as one kv head, kv_c as v, the cache's two parts as k_cache and
+    v_cache. Oracles: HF's DeepseekV3RotaryEmbedding + apply_rotary_pos_emb_interleave (which
+    returns the rotated pairs in rotate_half order) and vLLM's concat_and_cache_mla."""
+    ds = pytest.importorskip("transformers.models.deepseek_v3.modeling_deepseek_v3")
+    import transformers
+    T, H, nope, rope, rank, blocks, block = 9, 4, 128, 64, 512, 2, 8
+    config = transformers.DeepseekV3Config(
+        hidden_size=256, num_attention_heads=H, num_key_value_heads=H, kv_lora_rank=rank,
+        q_lora_rank=None, qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=128,
+        max_position_embeddings=16384, rope_interleave=True,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                             original_max_position_embeddings=4096, beta_fast=32, beta_slow=1,
+                             mscale=1.0, mscale_all_dim=0.8))
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(T, H, nope + rope, generator=g).to(torch.bfloat16)
+    kv_a = torch.randn(T, rank + rope, generator=g).to(torch.bfloat16)  # kv_a_proj_with_mqa's
+    kv_c, k_pe = kv_a[:, :rank], kv_a[:, rank:]
+    positions = torch.randint(0, 1000, (T,), generator=g)
+    slots = torch.tensor([3, 12, -1, 0, 9, 15, 4, 7, 1])
+    cdt = getattr(torch, cache_dtype)
+    scale = 0.25 if cache_dtype.startswith("float8") else 1.0
+
+    with torch.no_grad():
+        cos, sin = ds.DeepseekV3RotaryEmbedding(config)(q.float(), positions[None])
+        hq, hk = ds.apply_rotary_pos_emb_interleave(q[None, :, :, nope:].float().transpose(1, 2),
+                                                    k_pe[None, None].float(), cos, sin)
+    hq = hq.transpose(1, 2)[0]  # [T, H, rope] in rotate_half order
+    hk = hk[0, 0]
+
+    cache = embrope.RopeCache.from_hf_config(config)
+    kv_cache = torch.full((blocks, block, rank + rope), float("nan")).to(cdt)
+    q_fused = q.clone()
+    embrope.apply_rope_append_kv(
+        q_fused[..., nope:], k_pe[:, None], kv_c[:, None], positions, cache,
+        k_cache=kv_cache[..., rank:].unsqueeze(2), v_cache=kv_cache[..., :rank].unsqueeze(2),
+        k_scale=scale, v_scale=scale, slot_mapping=slots, layout="interleaved")
+    assert torch.equal(q_fused[..., :nope], q[..., :nope])  # the nope slice passes through
+    q_rot = q_fused[..., nope:].float()
+    # embrope keeps DeepSeek's interleaved pairs; HF returns them as (evens, odds).
+    as_hf = torch.cat([q_rot[..., 0::2], q_rot[..., 1::2]], -1)
+    torch.testing.assert_close(as_hf, hq, rtol=2**-8, atol=1e-3)  # one bfloat16 rounding
+
+    # The latent cache: vLLM's write of kv_c and of the rotated k_pe embrope's rotation gives
+    # (apply_rope of k_pe alone; its values are checked against HF's just below).
+    k_rot = embrope.apply_rope(k_pe[:, None].clone(), None, positions, cache,
+                               layout="interleaved")[0][:, 0]
+    torch.testing.assert_close(torch.cat([k_rot.float()[:, 0::2], k_rot.float()[:, 1::2]], -1),
+                               hk, rtol=2**-8, atol=1e-3)
+    want = torch.full((blocks, block, rank + rope), float("nan")).to(cdt)
+    concat_and_cache_mla(kv_c, k_rot, want, slots, scale)
+    assert torch.equal(kv_cache.view(torch.uint8), want.view(torch.uint8))
