@@ -821,6 +821,124 @@ void qk_norm_append_kv_case(benchmark::State& state, DType dtype, std::int64_t t
       bytes);
 }
 
+// DeepSeek-V3 MLA into float8 (FlashInfer's mla_rope_quantize_fp8): q [T, 128, 128 | 64]
+// and kv_a [T, 512 | 64] bfloat16, the rope slices rotated (interleaved) and every part
+// stored as float8_e4m3fn. Fused: one apply_rope with q_nope / k_nope. Unfused: apply_rope's
+// float8 outputs of the rope slices, then a quantize pass over q_nope and kv_c (strided rows).
+void mla_fp8_case(benchmark::State& state, std::int64_t tokens, bool fused) {
+  const std::int64_t h = 128, nope = 128, rope = 64, rank = 512;
+  const std::int64_t qd = nope + rope, kd = rank + rope;
+  if (!fused && g_gpu) {
+    state.SkipWithError("the unfused quantize pass is CPU-only");
+    return;
+  }
+  Memory& q = shared_values("mla_q", tokens * h * qd * 2, DType::bfloat16);
+  Memory& kv = shared_values("mla_kv", tokens * kd * 2, DType::bfloat16);
+  Memory& q_pe8 = shared("mla_q_pe8", tokens * h * rope, [](Memory&) {});
+  Memory& k_pe8 = shared("mla_k_pe8", tokens * rope, [](Memory&) {});
+  Memory& q_nope8 = shared("mla_q_nope8", tokens * h * nope, [](Memory&) {});
+  Memory& kv_c8 = shared("mla_kv_c8", tokens * rank, [](Memory&) {});
+  Memory& pos = shared_indices("positions", tokens, 65536, true);
+  const embrope::RopeCache& cache = shared_cache(rope);
+  auto* q_base = static_cast<embrope::detail::BFloat16*>(q.data());
+  auto* kv_base = static_cast<embrope::detail::BFloat16*>(kv.data());
+  const std::int64_t q_strides[3] = {h * qd, qd, 1}, k_strides[3] = {kd, kd, 1};
+  const std::int64_t q_pe_shape[3] = {tokens, h, rope}, k_pe_shape[3] = {tokens, 1, rope};
+  const std::int64_t q_nope_shape[3] = {tokens, h, nope}, kv_c_shape[3] = {tokens, 1, rank};
+  const Tensor q_pe(q_base + nope, DType::bfloat16, 3, q_pe_shape, q_strides, device());
+  const Tensor k_pe(kv_base + rank, DType::bfloat16, 3, k_pe_shape, k_strides, device());
+  const Tensor tp(pos.data(), DType::int64, {tokens}, device());
+  embrope::RopeOptions options;
+  options.layout = embrope::RopeLayout::interleaved;
+  options.q_out = Tensor(q_pe8.data(), DType::float8_e4m3fn, {tokens, h, rope}, device());
+  options.k_out = Tensor(k_pe8.data(), DType::float8_e4m3fn, {tokens, 1, rope}, device());
+  options.q_out_scale = 0.5f;
+  options.k_out_scale = 2.0f;
+  if (fused) {
+    options.q_nope = Tensor(q_base, DType::bfloat16, 3, q_nope_shape, q_strides, device());
+    options.q_nope_out = Tensor(q_nope8.data(), DType::float8_e4m3fn, {tokens, h, nope}, device());
+    options.k_nope = Tensor(kv_base, DType::bfloat16, 3, kv_c_shape, k_strides, device());
+    options.k_nope_out = Tensor(kv_c8.data(), DType::float8_e4m3fn, {tokens, 1, rank}, device());
+  }
+  const auto quantize_rows = [&](const embrope::detail::BFloat16* src, std::int64_t rows,
+                                 std::int64_t row_stride, std::int64_t dim, void* dst,
+                                 float scale) {
+    auto* out = static_cast<std::uint8_t*>(dst);
+#pragma omp parallel for schedule(static) if (rows * dim >= (1 << 15))
+    for (std::int64_t r = 0; r < rows; ++r) {
+#pragma omp simd
+      for (std::int64_t j = 0; j < dim; ++j) {
+        out[r * dim + j] = embrope::detail::float_to_float8_e4m3(
+            embrope::detail::to_float(src[r * row_stride + j]) * scale);
+      }
+    }
+  };
+  run_timed(
+      state,
+      [&] {
+        embrope::apply_rope(q_pe, k_pe, tp, cache, options);
+        if (!fused) {
+          quantize_rows(q_base, tokens * h, qd, nope, q_nope8.data(), 0.5f);
+          quantize_rows(kv_base, tokens, kd, rank, kv_c8.data(), 2.0f);
+        }
+      },
+      tokens * (h * qd + kd) * 3);  // bfloat16 read, float8 written
+}
+
+// DeepSeek-V3 MLA's rotation and latent cache write (vLLM's rotary_emb + concat_and_cache_mla):
+// q [T, 128, 128 | 64] and kv_a [T, 512 | 64] bfloat16, the rope slices rotated in place
+// (interleaved), kv_c and the rotated k_pe written to the bfloat16 cache [blocks, 16, 576] at
+// slots in order. Fused: one apply_rope_append_kv through views. Unfused: apply_rope of the
+// slices (k_pe in place), then the copy of each token's kv_a row into its cache row.
+void mla_append_case(benchmark::State& state, std::int64_t tokens, bool fused) {
+  const std::int64_t h = 128, nope = 128, rope = 64, rank = 512, page = 16;
+  const std::int64_t qd = nope + rope, kd = rank + rope, pages = (tokens + page - 1) / page;
+  if (!fused && g_gpu) {
+    state.SkipWithError("the unfused cache copy is CPU-only");
+    return;
+  }
+  Memory& q = shared_values("mla_q", tokens * h * qd * 2, DType::bfloat16);
+  Memory& kv = shared_values("mla_kv", tokens * kd * 2, DType::bfloat16);
+  Memory& cache_mem = shared("mla_cache", pages * page * kd * 2, [](Memory&) {});
+  Memory& pos = shared_indices("positions", tokens, 65536, true);
+  Memory& slots = shared_indices("kv_slots", tokens, pages * page, true);
+  const embrope::RopeCache& cache = shared_cache(rope);
+  auto* q_base = static_cast<embrope::detail::BFloat16*>(q.data());
+  auto* kv_base = static_cast<embrope::detail::BFloat16*>(kv.data());
+  auto* c_base = static_cast<embrope::detail::BFloat16*>(cache_mem.data());
+  const auto view = [](void* p, std::vector<std::int64_t> shape,
+                       std::vector<std::int64_t> strides) {
+    return Tensor(p, DType::bfloat16, static_cast<int>(shape.size()), shape.data(), strides.data(),
+                  device());
+  };
+  const Tensor q_pe = view(q_base + nope, {tokens, h, rope}, {h * qd, qd, 1});
+  const Tensor k_pe = view(kv_base + rank, {tokens, 1, rope}, {kd, rope, 1});
+  const Tensor kv_c = view(kv_base, {tokens, 1, rank}, {kd, rank, 1});
+  const Tensor tp(pos.data(), DType::int64, {tokens}, device());
+  embrope::KvCache kv_cache;
+  kv_cache.k = view(c_base + rank, {pages, page, 1, rope}, {page * kd, kd, rope, 1});
+  kv_cache.v = view(c_base, {pages, page, 1, rank}, {page * kd, kd, rank, 1});
+  const embrope::KvSlots kv_slots =
+      embrope::KvSlots::paged(Tensor(slots.data(), DType::int64, {tokens}, device()));
+  embrope::RopeOptions options;
+  options.layout = embrope::RopeLayout::interleaved;
+  const std::int64_t* slot_of = static_cast<const std::int64_t*>(slots.data());
+  run_timed(
+      state,
+      [&] {
+        if (fused) {
+          embrope::apply_rope_append_kv(q_pe, k_pe, kv_c, tp, cache, kv_cache, kv_slots, options);
+          return;
+        }
+        embrope::apply_rope(q_pe, k_pe, tp, cache, options);
+#pragma omp parallel for schedule(static) if (tokens >= 64)
+        for (std::int64_t t = 0; t < tokens; ++t) {
+          std::memcpy(c_base + slot_of[t] * kd, kv_base + t * kd, static_cast<std::size_t>(kd * 2));
+        }
+      },
+      tokens * (2 * h * rope + 2 * kd) * 2);  // q's rope slices read and written, kv_a to the cache
+}
+
 void register_qk_norm_rope() {
   for (const char* dt : {"bf16", "f32"}) {
     if (!g_full && std::strcmp(dt, "bf16") != 0) continue;
@@ -830,6 +948,22 @@ void register_qk_norm_rope() {
       const std::string name = std::string("qk_norm_rope/qwen3-8b/") + dt +
                                "/T=" + std::to_string(t) + (fused ? "" : "/unfused_norm_then_rope");
       register_case(name, [=](benchmark::State& st) { qk_norm_rope_case(st, dtype, t, fused); });
+    }
+  }
+  // DeepSeek-V3 MLA into float8, decode to prefill (one apply_rope against two passes).
+  for (std::int64_t t : {1, 64, 2048}) {
+    for (bool fused : {false, true}) {
+      const std::string name = std::string("mla_rope_fp8/deepseek-v3/bf16->fp8e4m3/T=") +
+                               std::to_string(t) + (fused ? "" : "/unfused_rope_fp8_then_quantize");
+      register_case(name, [=](benchmark::State& st) { mla_fp8_case(st, t, fused); });
+    }
+  }
+  // DeepSeek-V3 MLA rotation + latent cache write, decode to prefill.
+  for (std::int64_t t : {1, 64, 2048}) {
+    for (bool fused : {false, true}) {
+      const std::string name = std::string("mla_rope_append_kv/deepseek-v3/bf16/T=") +
+                               std::to_string(t) + (fused ? "" : "/unfused_rope_then_copy");
+      register_case(name, [=](benchmark::State& st) { mla_append_case(st, t, fused); });
     }
   }
   // qk-norm + RoPE + KV-cache append, decode to prefill (the fused op against the pair).

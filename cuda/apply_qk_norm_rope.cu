@@ -163,8 +163,11 @@ __global__ void __launch_bounds__(kForwardThreads)
 // token's slot (rounded to the activations' dtype, then converted: apply_rope_append_kv's
 // bytes); a v row is copied into the v cache. Lane 0 of a token's first row reports its bad
 // position or slot.
+// (kForwardThreads, 8): with the bound alone ptxas aimed at the register budget of 32 blocks
+// per multiprocessor and spilled 8-24 bytes around the float8 cache stores' division in the
+// 16-bit instantiations; 8 blocks (16 warps) leave it 128 registers.
 template <typename T, typename C, bool kVector>
-__global__ void __launch_bounds__(kForwardThreads)
+__global__ void __launch_bounds__(kForwardThreads, 8)
     qk_norm_rope_append_kv_kernel(const __grid_constant__ detail::RopeAppendKvParams p) {
   const detail::RopeParams& r = p.rope;
   const int lane = threadIdx.x;

@@ -13,8 +13,9 @@
 //   float16/bfloat16 cos/sin table): one warp per (token, head) row, scalar accesses.
 // Each thread owns whole rotation pairs, so in place is race-free in both. Both are templated
 // on the output element type O: T, or a float8 type for quantized outputs (RoPE + FP8 as
-// FlashInfer's rope_quantize_fp8: value * scale rounded once; the vector path then takes the
-// generic rotary dim only, to keep the instantiations few).
+// FlashInfer's rope_quantize_fp8: value * scale rounded once, the non-rotary tensors q_nope and
+// k_nope as rows after a token's rotated ones; the vector path then takes the generic rotary
+// dim only, to keep the instantiations few).
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -41,18 +42,30 @@ constexpr int kWarpsPerBlock = 8;
 template <typename T, typename C, typename O>
 __device__ __forceinline__ void rope_rows(const detail::RopeParams& p) {
   constexpr bool kQuantized = !std::is_same_v<O, T>;
-  const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
-  const std::int64_t rows = p.batch * p.seq * heads;
+  const std::int64_t heads = detail::rope_rotated_heads(p);
+  // Float8 outputs' non-rotary rows (q_nope's, k_nope's) follow a token's rotated rows.
+  const std::int64_t all_heads = heads + (kQuantized ? detail::rope_nope_heads(p) : 0);
+  const std::int64_t rows = p.batch * p.seq * all_heads;
   const std::int64_t half = p.rotary_dim / 2;
   const float sin_sign = p.inverse ? -1.0f : 1.0f;
   const int lane = threadIdx.x;
   const std::int64_t warp_stride = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock;
   for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(kWarpsPerBlock) + threadIdx.y;
        r < rows; r += warp_stride) {
-    const std::int64_t t = r / heads;
-    const std::int64_t h = r - t * heads;
+    const std::int64_t t = r / all_heads;
+    const std::int64_t h = r - t * all_heads;
     const std::int64_t b = t / p.seq;
     const std::int64_t s = t - b * p.seq;
+    if (kQuantized && h >= heads) {
+      const detail::RopeNopeRow<T, O> nope = detail::rope_nope_row<T, O>(p, b, s, h - heads);
+      const bool bad = detail::rope_bad_stream(p, b, s) >= 0;
+      const float scale = detail::rope_out_scale(p, nope.head);
+      for (std::int64_t j = lane; j < nope.dim; j += 32) {
+        nope.out[j] = bad ? from_float<O>(0.0f)
+                          : detail::rope_output_value<T, O>(to_float(nope.in[j]), scale);
+      }
+      continue;
+    }
     const detail::RopeRow<T, O> row = detail::rope_row<T, O>(p, b, s, h);
     const T* in = row.in;
     O* out = row.out;
@@ -102,7 +115,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, 1)
 
 template <typename T, typename C, typename O>
 void launch(const detail::RopeParams& p, cudaStream_t stream) {
-  const std::int64_t rows = p.batch * p.seq * (p.q.heads + (p.has_k ? p.k.heads : 0));
+  const std::int64_t rows =
+      p.batch * p.seq *
+      (detail::rope_rotated_heads(p) + (std::is_same_v<O, T> ? 0 : detail::rope_nope_heads(p)));
   const dim3 block(32, kWarpsPerBlock);
   if constexpr (std::is_same_v<O, T>) {
     rope_kernel<T, C><<<grid_for(rows, kWarpsPerBlock), block, 0, stream>>>(p);
@@ -126,11 +141,13 @@ __global__ void __launch_bounds__(256)
   using VOut = Chunk<O, kVec>;
   constexpr int kPairs = kChunkPairs<kLayout, kVec>;
   const std::int64_t tokens = p.batch * p.seq;
-  const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
+  const std::int64_t heads = detail::rope_rotated_heads(p);
+  // Float8 outputs' non-rotary rows (q_nope's, k_nope's) follow a token's rotated rows.
+  const std::int64_t all_heads = heads + (kQuantized ? detail::rope_nope_heads(p) : 0);
   const std::int64_t rotary_dim = kRotaryDim != 0 ? kRotaryDim : p.rotary_dim;
   const std::int64_t half = rotary_dim / 2;
   const std::int64_t head_begin = blockIdx.y * heads_per_block;
-  const std::int64_t head_end = min(heads, head_begin + heads_per_block);
+  const std::int64_t head_end = min(all_heads, head_begin + heads_per_block);
   const int chunk = threadIdx.x;            // blockDim.x == number of chunks of the rotary part
   const std::int64_t first = chunk * kVec;  // first element of the chunk (of each half for neox)
   const std::int64_t pair0 = chunk * kPairs;
@@ -147,6 +164,21 @@ __global__ void __launch_bounds__(256)
       report_bad_row(p.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
     }
     for (std::int64_t h = head_begin + threadIdx.y; h < head_end; h += blockDim.y) {
+      if (kQuantized && h >= heads) {  // a non-rotary row: quantized chunk by chunk
+        const detail::RopeNopeRow<T, O> nope = detail::rope_nope_row<T, O>(p, b, s, h - heads);
+        const float scale = detail::rope_out_scale(p, nope.head);
+        for (std::int64_t e = chunk; e < nope.dim / kVec; e += blockDim.x) {
+          VOut x;
+          if (bad) {
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) x.v[j] = from_float<O>(0.0f);
+          } else {
+            x = output_chunk<O>(*reinterpret_cast<const V*>(nope.in + e * kVec), scale);
+          }
+          *reinterpret_cast<VOut*>(nope.out + e * kVec) = x;
+        }
+        continue;
+      }
       const detail::RopeRow<T, O> row = detail::rope_row<T, O>(p, b, s, h);
       const T* in = row.in;
       O* out = row.out;
@@ -197,6 +229,10 @@ bool fits_vector_path(const detail::RopeParams& p) {
            x.out_stride_s % vec == 0 && x.out_stride_h % vec == 0;
   };
   if (!heads_ok(p.q) || (p.has_k && !heads_ok(p.k))) return false;
+  if ((p.q_nope.heads > 0 && (!heads_ok(p.q_nope) || p.q_nope_dim % vec != 0)) ||
+      (p.k_nope.heads > 0 && (!heads_ok(p.k_nope) || p.k_nope_dim % vec != 0))) {
+    return false;
+  }
   const std::int64_t pairs = neox ? vec : vec / 2;  // floats of cos per chunk
   const std::size_t table_align = static_cast<std::size_t>(pairs >= 4 ? 16 : 4 * pairs);
   return is_aligned(p.cos, table_align) && is_aligned(p.sin, table_align) &&
@@ -209,7 +245,8 @@ void launch_vector(const detail::RopeParams& p, cudaStream_t stream) {
   constexpr std::int64_t vec = kVec16<T>;
   const std::int64_t chunks =
       kLayout == RopeLayout::neox ? p.rotary_dim / 2 / vec : p.rotary_dim / vec;
-  const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
+  const std::int64_t heads =
+      detail::rope_rotated_heads(p) + (std::is_same_v<O, T> ? 0 : detail::rope_nope_heads(p));
   // A block per token loads the token's cos/sin once for all its heads; decode splits them.
   const RowsLaunch shape = rows_launch(p.batch * p.seq, heads, chunks);
   const dim3 grid = shape.grid, block = shape.block;

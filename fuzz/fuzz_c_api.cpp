@@ -564,10 +564,24 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (in.chance(96)) o.k_out_head_scales = call.tensor(1, true, 0);
     }
     o.deferred = deferred;
+    const embrope_rope_cache_t* table = op == 1 && in.chance(4) ? nullptr : cache;
+    // Float8 outputs' non-rotary tensors (q_nope, k_nope and their outputs, mostly of q_out's
+    // dtype): decided by a byte read after all the others, 0 (an input that ends before it)
+    // meaning none, so that older inputs decode as they did.
+    if (in.u8() >= 176) {
+      const DLDataType out_dtype =
+          o.q_out != nullptr ? o.q_out->dtype : DLDataType{static_cast<std::uint8_t>(10), 8, 1};
+      const auto pair = [&](const DLTensor*& nope, DLTensor*& out) {
+        nope = call.tensor(rank, true, 0);
+        out = call.tensor(rank, true, 0);
+        if (out != nullptr && in.chance(224)) out->dtype = out_dtype;
+      };
+      if (in.u8() >= 48) pair(o.q_nope, o.q_nope_out);
+      if (in.u8() >= 96) pair(o.k_nope, o.k_nope_out);
+    }
     const std::vector<unsigned char> before = call.snapshot();
     const embrope_status_t s =
-        op == 1 ? embrope_apply_rope(q, k, positions, in.chance(4) ? nullptr : cache,
-                                     with_options ? &o : nullptr, nullptr)
+        op == 1 ? embrope_apply_rope(q, k, positions, table, with_options ? &o : nullptr, nullptr)
                 : embrope_apply_rope_cos_sin(q, k, positions, cos, sin, with_options ? &o : nullptr,
                                              nullptr);
     check(op == 1 ? "embrope_apply_rope" : "embrope_apply_rope_cos_sin", s, before, call);

@@ -80,6 +80,47 @@ void fill_out_scales(const RopeNames& names, const char* out_name, const Tensor*
   }
 }
 
+// The non-rotary part `nope_name` of q or k (`side`, its rotated part, shaped [T, H, D]) and
+// its float8 output: side's dtype, token dims and heads, any last dim; the output of nope's
+// shape and the outputs' float8 dtype. Fills x and dim.
+void fill_nope(const RopeNames& names, const char* nope_name, const std::optional<Tensor>& nope,
+               const char* out_name, const std::optional<Tensor>& out, const char* side_name,
+               const Tensor* side, DType out_dtype, detail::RopeHeads& x, std::int64_t& dim) {
+  if (!nope && !out) return;
+  if (!nope || !out) {
+    fail(names.op, "{} is given but {} is not; give both or neither", nope ? nope_name : out_name,
+         nope ? out_name : nope_name);
+  }
+  if (!names.float8_outputs || !is_float8_dtype(out_dtype)) {
+    fail(names.op,
+         "{} is for float8 outputs (RoPE + quantization, rope_quantize_fp8); the outputs have "
+         "dtype {}",
+         nope_name, dtype_name(out_dtype));
+  }
+  if (side == nullptr) fail(names.op, "{} is given but {} is not", nope_name, side_name);
+  const int n = side->ndim();
+  validate::check_view(names.op, nope_name, *nope, n, n);
+  validate::check_same_device(names.op, nope_name, *nope, side_name, side->device());
+  validate::check_same_dtype(names.op, nope_name, *nope, side_name, side->dtype());
+  validate::check_last_contiguous(names.op, nope_name, *nope);
+  for (int d = 0; d < n - 1; ++d) {
+    validate::check_dim(names.op, nope_name, *nope, d, side->shape(d),
+                        d == n - 2 ? "the heads of its rotated part" : names.q_token_dims);
+  }
+  validate::check_view(names.op, out_name, *out, n, n);
+  validate::check_same_device(names.op, out_name, *out, side_name, side->device());
+  validate::check_same_dtype(names.op, out_name, *out, "the float8 outputs", out_dtype);
+  for (int d = 0; d < n; ++d) {
+    if (out->shape(d) != nope->shape(d)) {
+      fail(names.op, "{} has shape {} but {} has {}; they must match", out_name,
+           validate::shape_string(*out), nope_name, validate::shape_string(*nope));
+    }
+  }
+  validate::check_last_contiguous(names.op, out_name, *out);
+  fill_heads(*nope, *out, x);
+  dim = nope->shape(n - 1);
+}
+
 }  // namespace
 
 // Validates every argument and fills the parameters of the call.
@@ -212,6 +253,55 @@ detail::RopeParams detail::prepare_rope(const RopeNames& names, const Tensor& q,
   fill_out_scales(names, options.k_out ? names.k_out : names.k, k_out_tensor, "k_out_scale",
                   options.k_out_scale, "k_out_head_scales", options.k_out_head_scales, names.k,
                   p.has_k ? p.k.heads : 0, device, p.k);
+
+  // Float8 outputs' non-rotary parts, each quantized with its side's scales.
+  fill_nope(names, "q_nope", options.q_nope, "q_nope_out", options.q_nope_out, names.q, &q,
+            p.out_dtype, p.q_nope, p.q_nope_dim);
+  fill_nope(names, "k_nope", options.k_nope, "k_nope_out", options.k_nope_out, names.k,
+            k ? &*k : nullptr, p.out_dtype, p.k_nope, p.k_nope_dim);
+  if (options.q_nope || options.k_nope) {
+    // Each nope output shares no byte with itself, another output or any input.
+    struct Named {
+      const char* name;
+      const Tensor* t;
+    };
+    const Tensor* k_out_view = !k ? nullptr : options.k_out ? &*options.k_out : &*k;
+    const Named nope_outputs[] = {
+        {"q_nope_out", options.q_nope_out ? &*options.q_nope_out : nullptr},
+        {"k_nope_out", options.k_nope_out ? &*options.k_nope_out : nullptr}};
+    const Named others[] = {
+        {names.q, &q},
+        {names.k, k ? &*k : nullptr},
+        {"q_nope", options.q_nope ? &*options.q_nope : nullptr},
+        {"k_nope", options.k_nope ? &*options.k_nope : nullptr},
+        {options.q_out ? names.q_out : names.q, &q_out},
+        {options.k_out ? names.k_out : names.k, k_out_view},
+        {"positions", &positions},
+        {table.name, &table.cos_view},
+        {"sin", &table.sin_view},
+        {"q_out_head_scales", options.q_out_head_scales ? &*options.q_out_head_scales : nullptr},
+        {"k_out_head_scales", options.k_out_head_scales ? &*options.k_out_head_scales : nullptr}};
+    for (const Named& out : nope_outputs) {
+      if (out.t == nullptr) continue;
+      validate::check_no_self_overlap(names.op, out.name, *out.t);
+      for (const Named& other : others) {
+        if (other.t != nullptr)
+          validate::check_no_overlap(names.op, out.name, *out.t, other.name, *other.t);
+      }
+    }
+    if (options.q_nope_out && options.k_nope_out) {
+      validate::check_no_overlap(names.op, "q_nope_out", *options.q_nope_out, "k_nope_out",
+                                 *options.k_nope_out);
+    }
+    // And the rotated outputs share none with the nope inputs.
+    for (const Named& in : {others[2], others[3]}) {
+      if (in.t == nullptr) continue;
+      validate::check_no_overlap(names.op, others[4].name, q_out, in.name, *in.t);
+      if (k_out_view != nullptr) {
+        validate::check_no_overlap(names.op, others[5].name, *k_out_view, in.name, *in.t);
+      }
+    }
+  }
 
   // Outputs share no memory with themselves, with each other or with any input; an output
   // given for q (k) may be q (k) itself, the exact same view, which is the in-place case.

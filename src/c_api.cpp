@@ -170,6 +170,10 @@ embrope::RopeOptions rope_options(const char* function, const embrope_rope_optio
   options.k_out_scale = o->k_out_scale == 0.0f ? 1.0f : o->k_out_scale;
   options.q_out_head_scales = to_optional(function, "q_out_head_scales", o->q_out_head_scales);
   options.k_out_head_scales = to_optional(function, "k_out_head_scales", o->k_out_head_scales);
+  options.q_nope = to_optional(function, "q_nope", o->q_nope);
+  options.q_nope_out = to_optional(function, "q_nope_out", o->q_nope_out);
+  options.k_nope = to_optional(function, "k_nope", o->k_nope);
+  options.k_nope_out = to_optional(function, "k_nope_out", o->k_nope_out);
   return options;
 }
 

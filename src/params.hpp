@@ -59,7 +59,20 @@ struct RopeParams {
   // The op a bad position is reported as: apply_rope, or apply_rope_backward when the backward
   // runs these kernels.
   BadIndexOp bad_op = BadIndexOp::apply_rope;
+  // Float8 outputs: the non-rotary parts of q and k in tensors of their own
+  // (RopeOptions::q_nope, k_nope), quantized with q's (k's) scales; heads 0 when absent. Their
+  // rows follow the rotated ones: q_nope's heads, then k_nope's (rope_nope_row).
+  RopeHeads q_nope, k_nope;
+  std::int64_t q_nope_dim = 0, k_nope_dim = 0;
 };
+
+// Head rows of q and k that are rotated, and the non-rotary rows after them.
+EMBROPE_HD std::int64_t rope_rotated_heads(const RopeParams& p) {
+  return p.q.heads + (p.has_k ? p.k.heads : 0);
+}
+EMBROPE_HD std::int64_t rope_nope_heads(const RopeParams& p) {
+  return p.q_nope.heads + p.k_nope.heads;
+}
 
 // Row n of an embed call (a flat row-major index over ids' shape) maps to element offsets in
 // ids, out (its leading dimensions), position_ids, type_ids and pre_norm_out.
@@ -175,14 +188,35 @@ struct RopeRow {
   const T* in;
   O* out;
 };
+// Head hh of token (b, s) of one side's rows: its input and output row.
+template <typename T, typename O>
+EMBROPE_HD RopeRow<T, O> heads_row(const RopeHeads& x, std::int64_t b, std::int64_t s,
+                                   std::int64_t hh) {
+  return {static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s + hh * x.in_stride_h,
+          static_cast<O*>(x.out) + b * x.out_stride_b + s * x.out_stride_s + hh * x.out_stride_h};
+}
 template <typename T, typename O = T>
 EMBROPE_HD RopeRow<T, O> rope_row(const RopeParams& p, std::int64_t b, std::int64_t s,
                                   std::int64_t h) {
   const bool is_q = h < p.q.heads;
-  const RopeHeads& x = is_q ? p.q : p.k;
-  const std::int64_t hh = is_q ? h : h - p.q.heads;
-  return {static_cast<const T*>(x.in) + b * x.in_stride_b + s * x.in_stride_s + hh * x.in_stride_h,
-          static_cast<O*>(x.out) + b * x.out_stride_b + s * x.out_stride_s + hh * x.out_stride_h};
+  return heads_row<T, O>(is_q ? p.q : p.k, b, s, is_q ? h : h - p.q.heads);
+}
+
+// Non-rotary row n (q_nope's heads, then k_nope's) of token (b, s): in, out, its length, and
+// the head whose scale it takes (rope_out_scale's numbering: q's heads, then k's).
+template <typename T, typename O>
+struct RopeNopeRow {
+  const T* in;
+  O* out;
+  std::int64_t dim, head;
+};
+template <typename T, typename O>
+EMBROPE_HD RopeNopeRow<T, O> rope_nope_row(const RopeParams& p, std::int64_t b, std::int64_t s,
+                                           std::int64_t n) {
+  const bool is_q = n < p.q_nope.heads;
+  const std::int64_t hh = is_q ? n : n - p.q_nope.heads;
+  const RopeRow<T, O> row = heads_row<T, O>(is_q ? p.q_nope : p.k_nope, b, s, hh);
+  return {row.in, row.out, is_q ? p.q_nope_dim : p.k_nope_dim, is_q ? hh : p.q.heads + hh};
 }
 
 // A rotated or passed-through value x as an output element: rounded once to T, or (float8 O)

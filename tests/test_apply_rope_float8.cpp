@@ -254,3 +254,155 @@ TEST_CASE("apply_rope float8 outputs: argument rules", "[rope][float8][errors]")
                  {"apply_rope_backward", "q_out_scale", "apply_rope's"});
   }
 }
+
+// The non-rotary parts held apart (RopeOptions::q_nope / k_nope; FlashInfer's
+// rope_quantize_fp8 and mla_rope_quantize_fp8): DeepSeek MLA's q [T, H, 128 | 64] as q_nope
+// and q's rope slice (views of one tensor), k_pe [T, 1, 64] with kv_c [T, 1, 512] as k_nope,
+// and a GQA case with per-head scales. Each non-rotary element is float8(value * its head's
+// scale), rounded once (the tests' own encoder); the rotated parts as above.
+TEST_CASE("apply_rope float8 outputs with non-rotary tensors (MLA, GQA): quantized alike",
+          "[rope][float8]") {
+  struct NopeCase {
+    DType dtype, out;
+    std::int64_t hq, hk, rope, q_nope, k_nope;
+    bool interleaved, head_scales;
+  };
+  for (const NopeCase& c :
+       {NopeCase{DType::bfloat16, DType::float8_e4m3fn, 4, 1, 64, 128, 512, true, false},
+        NopeCase{DType::float16, DType::float8_e5m2, 4, 2, 32, 24, 40, false, true},
+        NopeCase{DType::float32, DType::float8_e4m3fn, 3, 1, 16, 6, 3, true, true}}) {
+    INFO(embrope::dtype_name(c.dtype)
+         << " -> " << embrope::dtype_name(c.out) << ", Hq " << c.hq << " Hk " << c.hk << ", rope "
+         << c.rope << ", nope " << c.q_nope << " / " << c.k_nope);
+    const std::int64_t t = 6, n = 64, qd = c.q_nope + c.rope, kd = c.k_nope + c.rope;
+    // q [T, H, nope | rope] and kv_a [T, k_nope | rope], as the projections write them.
+    ref::Buffer q(c.dtype, t * c.hq * qd), kv(c.dtype, t * c.hk * kd), pos(DType::int64, t);
+    ref::Buffer q_out(c.out, t * c.hq * c.rope), k_out(c.out, t * c.hk * c.rope);
+    ref::Buffer q_nope_out(c.out, t * c.hq * c.q_nope), k_nope_out(c.out, t * c.hk * c.k_nope);
+    ref::Buffer scales(DType::float32, c.hq), k_scales(DType::float32, c.hk);
+    ref::fill_random(q, 21);
+    ref::fill_random(kv, 22);
+    ref::fill_random_indices(pos, 23, 0, n - 1);
+    for (std::int64_t i = 0; i < q.size(); i += 11) q.set(i, q.get(i) * 500.0);  // saturates
+    for (ref::Buffer* b : {&q_out, &k_out, &q_nope_out, &k_nope_out}) ref::poison(*b);
+    for (std::int64_t h = 0; h < c.hq; ++h) scales.set(h, 0.25 * static_cast<double>(h + 1));
+    for (std::int64_t h = 0; h < c.hk; ++h) k_scales.set(h, 2.0 / static_cast<double>(h + 1));
+    RopeCache cache(RopeConfig{c.rope, 10000.0, n});
+    RopeOptions o;
+    o.layout = c.interleaved ? RopeLayout::interleaved : RopeLayout::neox;
+    o.q_out = ref::view(q_out, 0, {t, c.hq, c.rope});
+    o.k_out = ref::view(k_out, 0, {t, c.hk, c.rope});
+    o.q_out_scale = 1.5f;
+    o.k_out_scale = 0.5f;
+    if (c.head_scales) {
+      o.q_out_head_scales = ref::view(scales, 0, {c.hq});
+      o.k_out_head_scales = ref::view(k_scales, 0, {c.hk});
+    }
+    o.q_nope = ref::view(q, 0, {t, c.hq, c.q_nope}, {c.hq * qd, qd, 1});
+    o.q_nope_out = ref::view(q_nope_out, 0, {t, c.hq, c.q_nope});
+    o.k_nope = ref::view(kv, 0, {t, c.hk, c.k_nope}, {c.hk * kd, kd, 1});
+    o.k_nope_out = ref::view(k_nope_out, 0, {t, c.hk, c.k_nope});
+    embrope::apply_rope(ref::view(q, c.q_nope, {t, c.hq, c.rope}, {c.hq * qd, qd, 1}),
+                        ref::view(kv, c.k_nope, {t, c.hk, c.rope}, {c.hk * kd, kd, 1}),
+                        ref::view(pos, 0, {t}), cache, o);
+    std::int64_t checked = 0;
+    for (int side = 0; side < 2; ++side) {
+      const bool is_q = side == 0;
+      const std::int64_t heads = is_q ? c.hq : c.hk, nope = is_q ? c.q_nope : c.k_nope;
+      const std::int64_t row_len = is_q ? qd : kd;
+      const ref::Buffer& in = is_q ? q : kv;
+      const ref::Buffer& rot_out = is_q ? q_out : k_out;
+      const ref::Buffer& nope_out = is_q ? q_nope_out : k_nope_out;
+      for (std::int64_t tok = 0; tok < t; ++tok) {
+        for (std::int64_t h = 0; h < heads; ++h) {
+          const std::int64_t row = (tok * heads + h) * row_len;
+          const float head =
+              !c.head_scales ? 1.0f : static_cast<float>(is_q ? scales.get(h) : k_scales.get(h));
+          const double scale = static_cast<double>((is_q ? 1.5f : 0.5f) * head);
+          for (std::int64_t j = 0; j < nope; ++j) {  // passed through, scaled, rounded once
+            const auto code =
+                static_cast<std::uint8_t>(nope_out.bits((tok * heads + h) * nope + j));
+            INFO("token " << tok << (is_q ? " q" : " k") << "_nope head " << h << " element " << j);
+            CHECK(code == ref::encode_fp8(c.out, static_cast<double>(
+                                                     static_cast<float>(in.get(row + j) * scale))));
+            ++checked;
+          }
+          std::vector<double> x(static_cast<std::size_t>(c.rope)), magnitude;
+          for (std::int64_t j = 0; j < c.rope; ++j) {
+            x[static_cast<std::size_t>(j)] = in.get(row + nope + j);
+          }
+          const std::vector<double> y =
+              ref::rope(x, pos.get_index(tok), c.rope, 10000.0, c.interleaved, false, &magnitude);
+          for (std::int64_t j = 0; j < c.rope; ++j) {
+            const auto u = static_cast<std::size_t>(j);
+            const auto code =
+                static_cast<std::uint8_t>(rot_out.bits((tok * heads + h) * c.rope + j));
+            INFO("token " << tok << (is_q ? " q" : " k") << " rope head " << h << " element " << j);
+            CHECK(acceptable(c.out, code, y[u] * scale, 8.0 * 6e-8 * magnitude[u] * scale));
+            ++checked;
+          }
+        }
+      }
+    }
+    CHECK(checked > 0);
+  }
+}
+
+TEST_CASE("apply_rope float8 non-rotary tensors: a bad position, and the argument rules",
+          "[rope][float8][errors]") {
+  const std::int64_t t = 3, h = 2, r = 16, nope = 8;
+  ref::Buffer q(DType::bfloat16, t * h * r), qn(DType::bfloat16, t * h * nope),
+      pos(DType::int64, t);
+  ref::Buffer q_out(DType::float8_e4m3fn, t * h * r), qn_out(DType::float8_e4m3fn, t * h * nope);
+  ref::fill_random(q, 31);
+  ref::fill_random(qn, 32);
+  for (std::int64_t i = 0; i < t; ++i) pos.set_index(i, i);
+  pos.set_index(1, 99);  // past the table: token 1's rows are zero codes
+  ref::poison(qn_out);
+  RopeCache cache(RopeConfig{r, 10000.0, 16});
+  RopeOptions o;
+  o.q_out = ref::view(q_out, 0, {t, h, r});
+  o.q_nope = ref::view(qn, 0, {t, h, nope});
+  o.q_nope_out = ref::view(qn_out, 0, {t, h, nope});
+  embrope::DeferredStatus status;
+  o.deferred = &status;
+  const Tensor qt = ref::view(q, 0, {t, h, r}), pt = ref::view(pos, 0, {t});
+  embrope::apply_rope(qt, std::nullopt, pt, cache, o);
+  CHECK_THROWS_AS(status.check(), embrope::Error);
+  for (std::int64_t j = 0; j < h * nope; ++j) {
+    CHECK(qn_out.bits(h * nope + j) == 0);                                      // token 1
+    CHECK(qn_out.bits(j) == ref::encode_fp8(DType::float8_e4m3fn, qn.get(j)));  // token 0
+  }
+  o.deferred = nullptr;
+  pos.set_index(1, 1);
+  auto expect = [&](const RopeOptions& opts, std::initializer_list<const char*> parts) {
+    expect_error([&] { embrope::apply_rope(qt, std::nullopt, pt, cache, opts); }, kInvalid, parts);
+  };
+  RopeOptions only = o;
+  only.q_nope_out.reset();
+  expect(only, {"apply_rope", "q_nope is given but q_nope_out is not"});
+  RopeOptions unquantized = o;
+  ref::Buffer q16(DType::bfloat16, t * h * r);
+  unquantized.q_out = ref::view(q16, 0, {t, h, r});
+  expect(unquantized, {"q_nope is for float8 outputs"});
+  RopeOptions heads = o;
+  heads.q_nope = ref::view(qn, 0, {t, 1, 2 * nope});
+  expect(heads, {"q_nope", "the heads of its rotated part"});
+  RopeOptions shape = o;
+  shape.q_nope_out = ref::view(qn_out, 0, {t, h, nope / 2});
+  expect(shape, {"q_nope_out has shape", "q_nope has"});
+  RopeOptions dtype = o;
+  ref::Buffer qn32(DType::float32, t * h * nope);
+  dtype.q_nope = ref::view(qn32, 0, {t, h, nope});
+  expect(dtype, {"q_nope has dtype float32"});
+  RopeOptions overlap = o;
+  overlap.q_nope_out = ref::view(q_out, 0, {t, h, nope});  // inside q_out
+  expect(overlap, {"q_nope_out", "overlaps"});
+  RopeOptions no_k = o;
+  no_k.k_nope = ref::view(qn, 0, {t, h, nope});
+  no_k.k_nope_out = ref::view(qn_out, 0, {t, h, nope});
+  expect(no_k, {"k_nope is given but k is not"});
+  // The other RoPE ops refuse them.
+  expect_error([&] { embrope::apply_rope_backward(qt, std::nullopt, pt, cache, o); }, kInvalid,
+               {"apply_rope_backward"});
+}

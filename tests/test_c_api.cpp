@@ -1361,3 +1361,65 @@ TEST_CASE("embrope_apply_rope with float8 outputs: scales and head scales throug
   CHECK_THAT(last_error(), Catch::Contains("embrope_apply_rope") &&
                                Catch::Contains("q_out_scale") && Catch::Contains("positive"));
 }
+
+TEST_CASE("embrope_apply_rope float8 outputs with q_nope / k_nope through the C struct",
+          "[c_api][float8]") {
+  // MLA-shaped: the non-rotary parts quantized in the same call equal the C++ API's bytes;
+  // a struct of the header before these fields (cut at q_nope, the bytes past it set)
+  // quantizes no non-rotary part.
+  const std::int64_t t = 3, hq = 2, r = 16, nope = 8, rank = 12;
+  ref::Buffer q(DType::bfloat16, t * hq * r), k(DType::bfloat16, t * r),
+      qn(DType::bfloat16, t * hq * nope), kn(DType::bfloat16, t * rank), pos(DType::int64, t);
+  ref::Buffer q8(DType::float8_e5m2, t * hq * r), k8(DType::float8_e5m2, t * r),
+      qn8(DType::float8_e5m2, t * hq * nope), kn8(DType::float8_e5m2, t * rank);
+  for (ref::Buffer* b : {&q, &k, &qn, &kn}) ref::fill_random(*b, 51 + b->size());
+  ref::fill_random_indices(pos, 55, 0, 31);
+  const CCache cache(r, 10000.0, 32);
+  DL qd(q, {t, hq, r}), kd(k, {t, 1, r}), pd(pos, {t}), q8d(q8, {t, hq, r}), k8d(k8, {t, 1, r});
+  DL qnd(qn, {t, hq, nope}), knd(kn, {t, 1, rank}), qn8d(qn8, {t, hq, nope}),
+      kn8d(kn8, {t, 1, rank});
+  embrope_rope_options_t o;
+  embrope_rope_options_init(&o);
+  CHECK(o.q_nope == nullptr);
+  CHECK(o.k_nope_out == nullptr);
+  o.q_out = &q8d.t;
+  o.k_out = &k8d.t;
+  o.q_out_scale = 4.0f;
+  o.q_nope = &qnd.t;
+  o.q_nope_out = &qn8d.t;
+  o.k_nope = &knd.t;
+  o.k_nope_out = &kn8d.t;
+  REQUIRE(embrope_apply_rope(&qd.t, &kd.t, &pd.t, cache.handle, &o, nullptr) == EMBROPE_OK);
+
+  ref::Buffer q8c = q8, k8c = k8, qn8c = qn8, kn8c = kn8;
+  for (ref::Buffer* b : {&q8c, &k8c, &qn8c, &kn8c}) ref::poison(*b);
+  embrope::RopeCache cpp_cache(embrope::RopeConfig{r, 10000.0, 32});
+  embrope::RopeOptions co;
+  co.q_out = ref::view(q8c, 0, {t, hq, r});
+  co.k_out = ref::view(k8c, 0, {t, 1, r});
+  co.q_out_scale = 4.0f;
+  co.q_nope = ref::view(qn, 0, {t, hq, nope});
+  co.q_nope_out = ref::view(qn8c, 0, {t, hq, nope});
+  co.k_nope = ref::view(kn, 0, {t, 1, rank});
+  co.k_nope_out = ref::view(kn8c, 0, {t, 1, rank});
+  embrope::apply_rope(ref::view(q, 0, {t, hq, r}), ref::view(k, 0, {t, 1, r}),
+                      ref::view(pos, 0, {t}), cpp_cache, co);
+  CHECK(q8.snapshot() == q8c.snapshot());
+  CHECK(k8.snapshot() == k8c.snapshot());
+  CHECK(qn8.snapshot() == qn8c.snapshot());
+  CHECK(kn8.snapshot() == kn8c.snapshot());
+
+  // The older header's struct: the fields past its size are not read (0xAB there).
+  const std::size_t older = offsetof(embrope_rope_options_t, q_nope);
+  alignas(embrope_rope_options_t) unsigned char bytes[sizeof(embrope_rope_options_t)];
+  std::memset(bytes, 0xAB, sizeof bytes);
+  auto* old_options = reinterpret_cast<embrope_rope_options_t*>(bytes);
+  embrope_rope_options_init_size(old_options, older);
+  old_options->q_out = &q8d.t;
+  old_options->k_out = &k8d.t;
+  ref::poison(qn8);
+  const ref::Buffer untouched = qn8;
+  REQUIRE(embrope_apply_rope(&qd.t, &kd.t, &pd.t, cache.handle, old_options, nullptr) ==
+          EMBROPE_OK);
+  CHECK(qn8.snapshot() == untouched.snapshot());
+}

@@ -51,6 +51,14 @@ struct RopeOptions {
   float k_out_scale = 1.0f;
   std::optional<Tensor> q_out_head_scales;
   std::optional<Tensor> k_out_head_scales;
+  // With float8 outputs only: the non-rotary parts of q and k held in tensors of their own
+  // (FlashInfer's rope_quantize_fp8 q_nope / k_nope; DeepSeek MLA's q_nope and kv_c), quantized
+  // in the same pass with q's (k's) scales, head for head. q_nope [T, Hq, Dn] or [B, S, Hq, Dn]
+  // (q's dtype, token dims and heads, its own last dim) into q_nope_out (its shape, the float8
+  // dtype of q_out); k_nope [T, Hk, Dkn] into k_nope_out likewise (needs k). Both of a pair or
+  // neither.
+  std::optional<Tensor> q_nope, q_nope_out;
+  std::optional<Tensor> k_nope, k_nope_out;
 };
 
 // Rotates q [T, Hq, D] or [B, S, Hq, D] and, when given, k [T, Hk, D] or [B, S, Hk, D]

@@ -201,6 +201,15 @@ typedef struct embrope_rope_options_t {
   const DLTensor* k_out_head_scales;
   float q_out_scale;
   float k_out_scale;
+  /* With float8 outputs: the non-rotary parts of q and k in tensors of their own (FlashInfer's
+   * rope_quantize_fp8 q_nope / k_nope; DeepSeek MLA's q_nope and kv_c as one head), quantized
+   * in the same pass with q's (k's) scales into q_nope_out (k_nope_out): q's dtype, token
+   * dims and heads (k's for k_nope), their own last dim; the outputs of their shape and the
+   * float8 dtype. Both of a pair or neither; NULL (default): none. */
+  const DLTensor* q_nope;
+  DLTensor* q_nope_out;
+  const DLTensor* k_nope;
+  DLTensor* k_nope_out;
 } embrope_rope_options_t;
 
 EMBROPE_API void embrope_rope_options_init_size(embrope_rope_options_t* options,

@@ -57,8 +57,9 @@ class _Outputs:
 def _rope_direction(op: str, backward: bool, q: Any, k: Any, positions: Any, cache: Any,
                     inplace: bool, q_out: Any, k_out: Any, deferred: Any, stream: Any,
                     q_out_head_scales: Any = None, k_out_head_scales: Any = None,
-                    **settings: Any) -> tuple[Any, Any]:
-    """apply_rope or apply_rope_backward; `settings` are :func:`_native.rope_settings`'s."""
+                    nope: Optional[dict] = None, **settings: Any) -> tuple[Any, Any]:
+    """apply_rope or apply_rope_backward; `settings` are :func:`_native.rope_settings`'s,
+    `nope` the float8 outputs' non-rotary tensors (q_nope, q_nope_out, k_nope, k_nope_out)."""
     q_name, k_name = ("dq", "dk") if backward else ("q", "k")
     options = _native.rope_settings(op, cache, **settings).options(op)
     _arrays.check_array(op, q_name, q, autograd=False)  # written or read: _Outputs checks
@@ -66,14 +67,22 @@ def _rope_direction(op: str, backward: bool, q: Any, k: Any, positions: Any, cac
     _arrays.check_array(op, "positions", positions)
     _arrays.check_optional(op, "q_out_head_scales", q_out_head_scales)
     _arrays.check_optional(op, "k_out_head_scales", k_out_head_scales)
+    nope = {name: array for name, array in (nope or {}).items() if array is not None}
+    for name, array in nope.items():
+        if name.endswith("_out"):
+            _arrays.check_optional(op, name, array, autograd=False)
+            _arrays.check_writable(op, name, array)
+        else:
+            _arrays.check_array(op, name, array)
     table = _native.rope_table(op, cache)
     out = _Outputs(op, q_name, k_name, q, k, inplace, q_out, k_out)
     native = _C.apply_rope_backward if backward else _C.apply_rope
-    with out.writes():
+    with out.writes(), _arrays.writes(nope.get("q_nope_out"), nope.get("k_nope_out")):
         _native.call(native, q, k, positions, **table, options=options, q_out=out.q_out,
                      k_out=out.k_out, deferred=_status.native(deferred),
                      stream=_arrays.stream_handle(stream, q),
-                     q_out_head_scales=q_out_head_scales, k_out_head_scales=k_out_head_scales)
+                     q_out_head_scales=q_out_head_scales, k_out_head_scales=k_out_head_scales,
+                     **nope)
     return out.results()
 
 
@@ -83,8 +92,9 @@ def apply_rope(q: Any, k: Any, positions: Any, cache: Any, *, layout: Optional[s
                mrope_interleaved: Optional[bool] = None, inplace: bool = True,
                q_out: Any = None, k_out: Any = None, deferred: Any = None,
                stream: Any = None, q_out_scale: float = 1.0, k_out_scale: float = 1.0,
-               q_out_head_scales: Any = None,
-               k_out_head_scales: Any = None) -> tuple[Any, Any]:
+               q_out_head_scales: Any = None, k_out_head_scales: Any = None,
+               q_nope: Any = None, q_nope_out: Any = None, k_nope: Any = None,
+               k_nope_out: Any = None) -> tuple[Any, Any]:
     """Rotate queries and keys by their positions' angles (rotary position embedding).
 
     Parameters
@@ -130,6 +140,12 @@ def apply_rope(q: Any, k: Any, positions: Any, cache: Any, *, layout: Optional[s
         ``quant_scale_q`` / ``quant_scale_kv`` do. Only float8 outputs take a scale.
     q_out_head_scales, k_out_head_scales : float32 array [Hq] / [Hk], optional
         Per-head scales of float8 outputs, multiplied with the scale above.
+    q_nope, q_nope_out, k_nope, k_nope_out : arrays, optional
+        With float8 outputs: the non-rotary parts of q and k held apart (FlashInfer's
+        ``rope_quantize_fp8`` / ``mla_rope_quantize_fp8``: DeepSeek MLA's ``q_nope`` and
+        ``kv_c`` as one kv head), quantized in the same pass with q's (k's) scales into the
+        given float8 arrays. ``q_nope [T, Hq, Dn]``: q's dtype, token dims and heads, its own
+        last dim; ``q_nope_out`` its shape in the float8 dtype. k's alike (needs k).
 
     Returns
     -------
@@ -149,7 +165,9 @@ def apply_rope(q: Any, k: Any, positions: Any, cache: Any, *, layout: Optional[s
                            deferred, stream, q_out_head_scales, k_out_head_scales,
                            layout=layout, inverse=inverse, rotary_dim=rotary_dim,
                            mrope_section=mrope_section, mrope_interleaved=mrope_interleaved,
-                           q_out_scale=q_out_scale, k_out_scale=k_out_scale)
+                           q_out_scale=q_out_scale, k_out_scale=k_out_scale,
+                           nope=dict(q_nope=q_nope, q_nope_out=q_nope_out, k_nope=k_nope,
+                                     k_nope_out=k_nope_out))
 
 
 def apply_rope_backward(dq: Any, dk: Any, positions: Any, cache: Any, *,

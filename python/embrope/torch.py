@@ -228,29 +228,42 @@ torch.library.register_autograd("embrope::apply_rope_backward", _rope_backward_b
                                 setup_context=_rope_setup_context)
 
 
+def _quantized_outputs(q: Tensor, k: Optional[Tensor], q_nope: Optional[Tensor],
+                       k_nope: Optional[Tensor], out_dtype: torch.dtype,
+                       empty=None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The float8 outputs of q, k, q_nope and k_nope (an empty tensor for each absent one)."""
+    empty = empty or (lambda x: x.new_empty(x.shape, dtype=out_dtype))
+    return tuple(empty(x) if x is not None else q.new_empty(0, dtype=out_dtype)
+                 for x in (q, k, q_nope, k_nope))
+
+
 @torch.library.custom_op("embrope::apply_rope_quantized", mutates_args=())
 def _apply_rope_quantized_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
                              cos_sin_cache: Tensor, layout: int, inverse: bool, rotary_dim: int,
                              mrope: List[int], out_dtype: torch.dtype, q_out_scale: float,
                              k_out_scale: float, q_out_head_scales: Optional[Tensor],
-                             k_out_head_scales: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                             k_out_head_scales: Optional[Tensor], q_nope: Optional[Tensor],
+                             k_nope: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     op = "apply_rope"
-    q_out = _empty(op, q.shape, out_dtype, q.device)
-    k_out = _empty(op, k.shape, out_dtype, k.device) if k is not None else q.new_empty(0)
+    outputs = _quantized_outputs(q, k, q_nope, k_nope, out_dtype,
+                                 lambda x: _empty(op, x.shape, out_dtype, x.device))
+    q_out, k_out, q_nope_out, k_nope_out = outputs
     settings = _native.RopeSettings(layout, inverse, rotary_dim, tuple(mrope), q_out_scale,
                                     k_out_scale)
     _call_native(_C.apply_rope, q, k, positions, **_table(op, cos_sin_cache),
                  options=settings.options(op), q_out=q_out,
                  k_out=k_out if k is not None else None, deferred=_deferred(op, q),
                  stream=_stream(q), q_out_head_scales=q_out_head_scales,
-                 k_out_head_scales=k_out_head_scales)
-    return q_out, k_out
+                 k_out_head_scales=k_out_head_scales, q_nope=q_nope,
+                 q_nope_out=q_nope_out if q_nope is not None else None, k_nope=k_nope,
+                 k_nope_out=k_nope_out if k_nope is not None else None)
+    return outputs
 
 
 @_apply_rope_quantized_op.register_fake
-def _(q, k, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope, out_dtype, *scales):
-    return (q.new_empty(q.shape, dtype=out_dtype),
-            k.new_empty(k.shape, dtype=out_dtype) if k is not None else q.new_empty(0))
+def _(q, k, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope, out_dtype, q_out_scale,
+      k_out_scale, q_out_head_scales, k_out_head_scales, q_nope, k_nope):
+    return _quantized_outputs(q, k, q_nope, k_nope, out_dtype)
 
 
 def _cos_sin_tensor(op: str, cache: Union[RopeCache, Tensor], device: torch.device) -> Tensor:
@@ -306,7 +319,8 @@ def apply_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
                inplace: bool = False, out_dtype: Optional[torch.dtype] = None,
                q_out_scale: float = 1.0, k_out_scale: float = 1.0,
                q_out_head_scales: Optional[Tensor] = None,
-               k_out_head_scales: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+               k_out_head_scales: Optional[Tensor] = None, q_nope: Optional[Tensor] = None,
+               k_nope: Optional[Tensor] = None) -> Tuple[Optional[Tensor], ...]:
     """Rotary position embedding of q and k, differentiable and traceable.
 
     The arguments are those of :func:`embrope.apply_rope`; `cache` is a
@@ -325,11 +339,16 @@ def apply_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
         dtype: the outputs have q's dtype.
     q_out_scale, k_out_scale, q_out_head_scales, k_out_head_scales
         The float8 outputs' scales, as in :func:`embrope.apply_rope`.
+    q_nope, k_nope : Tensor, optional
+        With `out_dtype` float8: the non-rotary parts of q and k held apart (FlashInfer's
+        ``mla_rope_quantize_fp8``; DeepSeek MLA's q_nope ``[T, H, 128]`` and kv_c
+        ``[T, 1, 512]``), quantized in the same pass with q's (k's) scales.
 
     Returns
     -------
     (q, k)
-        k is None when no k was given.
+        k is None when no k was given. With `q_nope` or `k_nope`: (q, k, q_nope_out,
+        k_nope_out), None for each part not given.
     """
     op = "apply_rope"
     table = _cos_sin_tensor(op, cache, q.device)
@@ -347,10 +366,23 @@ def apply_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
             raise _C.InvalidArgumentError(
                 f"{op}: float8 outputs have no gradient, but q or k requires grad; call it "
                 "under torch.no_grad() or on detached tensors")
-        q_out, k_out = torch.ops.embrope.apply_rope_quantized(
+        for name, x in (("q_nope", q_nope), ("k_nope", k_nope)):
+            if x is not None and torch.is_grad_enabled() and x.requires_grad:
+                raise _C.InvalidArgumentError(
+                    f"{op}: float8 outputs have no gradient, but {name} requires grad; call "
+                    "it under torch.no_grad() or on detached tensors")
+        q_out, k_out, q_nope_out, k_nope_out = torch.ops.embrope.apply_rope_quantized(
             q, k, positions, table, *arguments, out_dtype, float(q_out_scale),
-            float(k_out_scale), q_out_head_scales, k_out_head_scales)
-        return q_out, (k_out if k is not None else None)
+            float(k_out_scale), q_out_head_scales, k_out_head_scales, q_nope, k_nope)
+        if q_nope is None and k_nope is None:
+            return q_out, (k_out if k is not None else None)
+        return (q_out, k_out if k is not None else None,
+                q_nope_out if q_nope is not None else None,
+                k_nope_out if k_nope is not None else None)
+    if q_nope is not None or k_nope is not None:
+        raise _C.InvalidArgumentError(
+            f"{op}: q_nope and k_nope are for float8 outputs (out_dtype=torch.float8_e4m3fn or "
+            "torch.float8_e5m2), which quantize them with q and k")
     if q_out_scale != 1.0 or k_out_scale != 1.0 or q_out_head_scales is not None or \
             k_out_head_scales is not None:
         raise _C.InvalidArgumentError(

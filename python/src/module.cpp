@@ -405,15 +405,21 @@ void bind_rope_direction(nb::module_& m) {
   def_rope_op(
       m, op,
       [](const Array& q, const OptionalArray& k, const Array& positions,
-         const embrope::RopeCache* cache, const OptionalArray& cos, const OptionalArray& sin,
-         const embrope::RopeOptions& settings, const OptionalArray& q_out,
+         const OptionalArray& q_nope, const OptionalArray& q_nope_out, const OptionalArray& k_nope,
+         const OptionalArray& k_nope_out, const embrope::RopeCache* cache, const OptionalArray& cos,
+         const OptionalArray& sin, const embrope::RopeOptions& settings, const OptionalArray& q_out,
          const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream,
          const OptionalArray& q_out_head_scales, const OptionalArray& k_out_head_scales) {
         const Tensor q_view = view(q, op, Backward ? "dq" : "q");
         const std::optional<Tensor> k_view = view(k, op, Backward ? "dk" : "k");
         const Tensor positions_view = view(positions, op, "positions");
-        const embrope::RopeOptions options = rope_options(
-            op, settings, q_out, k_out, deferred, stream, q_out_head_scales, k_out_head_scales);
+        embrope::RopeOptions options = rope_options(op, settings, q_out, k_out, deferred, stream,
+                                                    q_out_head_scales, k_out_head_scales);
+        // Float8 outputs' non-rotary parts (apply_rope's; the backward refuses them).
+        options.q_nope = view(q_nope, op, "q_nope");
+        options.q_nope_out = view(q_nope_out, op, "q_nope_out");
+        options.k_nope = view(k_nope, op, "k_nope");
+        options.k_nope_out = view(k_nope_out, op, "k_nope_out");
         rope_table(op, cache, cos, sin).call([&](const auto&... table) {
           if constexpr (Backward) {
             embrope::apply_rope_backward(q_view, k_view, positions_view, table..., options);
@@ -422,7 +428,9 @@ void bind_rope_direction(nb::module_& m) {
           }
         });
       },
-      Backward ? "dq"_a : "q"_a, (Backward ? "dk"_a : "k"_a).none(), "positions"_a, nb::kw_only());
+      Backward ? "dq"_a : "q"_a, (Backward ? "dk"_a : "k"_a).none(), "positions"_a, nb::kw_only(),
+      "q_nope"_a.none() = nb::none(), "q_nope_out"_a.none() = nb::none(),
+      "k_nope"_a.none() = nb::none(), "k_nope_out"_a.none() = nb::none());
 }
 
 void bind_apply_rope(nb::module_& m) {

@@ -126,14 +126,40 @@ constexpr std::int64_t kWidenedFloats = 3;
 template <typename T>
 using RotateToken = void (*)(const detail::RopeParams&, std::int64_t, float*, float*);
 
-template <typename T>
+// Float8 outputs: token (b, s)'s non-rotary rows (q_nope's, then k_nope's) stored as
+// O(value * scale) with their head's scale, rounded once; zero codes for a bad token.
+template <typename T, typename O>
+void quantize_nope_rows(const detail::RopeParams& p, std::int64_t b, std::int64_t s, bool bad) {
+  for (std::int64_t n = 0; n < detail::rope_nope_heads(p); ++n) {
+    const detail::RopeNopeRow<T, O> row = detail::rope_nope_row<T, O>(p, b, s, n);
+    const T* in = row.in;
+    O* out = row.out;
+    if (bad) {
+      std::fill(out, out + row.dim, from_float<O>(0.0f));
+      continue;
+    }
+    const float scale = detail::rope_out_scale(p, row.head);
+#pragma omp simd
+    for (std::int64_t j = 0; j < row.dim; ++j) {
+      out[j] = detail::rope_output_value<T, O>(to_float(in[j]), scale);
+    }
+  }
+}
+
+// O: the outputs' element type (T, or a float8 type, whose calls may carry non-rotary rows).
+template <typename T, typename O = T>
 void rope_by_token(const detail::RopeParams& p, RotateToken<T> rotate_token) {
   const std::int64_t tokens = p.batch * p.seq;
   const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
+  const bool nope = !std::is_same_v<O, T> && detail::rope_nope_heads(p) > 0;
   // Rotates token t (or zero-fills it and returns its bad-index key).
   const auto token = [&](std::int64_t t, float* widened) -> std::int64_t {
     const std::int64_t b = t / p.seq, s = t % p.seq;
-    if (detail::rope_bad_stream(p, b, s) >= 0) {
+    const bool bad = detail::rope_bad_stream(p, b, s) >= 0;
+    if constexpr (!std::is_same_v<O, T>) {
+      if (nope) quantize_nope_rows<T, O>(p, b, s, bad);
+    }
+    if (bad) {
       // Zero is all zero bits in every output dtype; a float8 row is head_dim bytes.
       for (std::int64_t h = 0; h < heads; ++h) {
         if (detail::rope_quantized(p)) {
@@ -280,11 +306,13 @@ void apply_rope(const detail::RopeParams& p) {
           using O = typename decltype(o)::type;
 #if EMBROPE_CPU_X86
           if (isa >= Isa::avx512)
-            return rope_by_token<T>(p, avx512::rotate_token_quantized<T, C, O>);
-          if (isa == Isa::avx2) return rope_by_token<T>(p, avx2::rotate_token_quantized<T, C, O>);
+            return rope_by_token<T, O>(p, avx512::rotate_token_quantized<T, C, O>);
+          if (isa == Isa::avx2) {
+            return rope_by_token<T, O>(p, avx2::rotate_token_quantized<T, C, O>);
+          }
 #endif
           (void)isa;
-          rope_by_token<T>(p, rotate_token_quantized<T, C, O>);
+          rope_by_token<T, O>(p, rotate_token_quantized<T, C, O>);
         });
       });
     });

@@ -516,3 +516,101 @@ TEST_CASE("GPU RoPE with float8 outputs equals the CPU, code for code", "[gpu][r
     }
   }
 }
+
+TEST_CASE("GPU RoPE float8 outputs with non-rotary tensors (DeepSeek MLA) equal the CPU",
+          "[gpu][rope][float8]") {
+  // mla_rope_quantize_fp8's shapes: q [T, H, 128 | 64] (q_nope, then the rope slice, views of
+  // one tensor), kv_a [T, 512 | 64] (kv_c as k_nope, k_pe as k, one head), bfloat16 in,
+  // float8 out with per-head scales; the vector path (float32 cache) and the general one (a
+  // bfloat16 caller table); at 40 tokens a bad position at token 20. The non-rotary codes
+  // must be equal; the rotated ones equal or neighbours (float32 rotation).
+  for (DType out : {DType::float8_e4m3fn, DType::float8_e5m2}) {
+    for (bool caller_table : {false, true}) {
+      for (std::int64_t t : {1, 40}) {
+        INFO(embrope::dtype_name(out) << (caller_table ? " caller table" : " cache") << " T " << t);
+        const std::int64_t h = 4, nope = 128, rope = 64, rank = 512, n = 256;
+        const std::int64_t qd = nope + rope, kd = rank + rope;
+        const DType dt = DType::bfloat16;
+        Buffer q(t * h * qd * 2), kv(t * kd * 2), pos(t * 8), q_scales(h * 4);
+        Buffer q_out(t * h * rope), k_out(t * rope), qn_out(t * h * nope), kn_out(t * rank);
+        Buffer cos(n * rope / 2 * 2), sin(n * rope / 2 * 2);
+        fill_random(q, dt, t * h * qd, 41 + t);
+        fill_random(kv, dt, t * kd, 42 + t);
+        fill_random(cos, dt, n * rope / 2, 43);
+        fill_random(sin, dt, n * rope / 2, 44);
+        for (std::int64_t i = 0; i < t * h * qd; i += 9) {
+          store_value(q.host.data(), dt, i, 300.0f * load_value(q.host.data(), dt, i));
+        }
+        for (std::int64_t i = 0; i < h; ++i) {
+          const float s = 0.5f * static_cast<float>(i + 1);
+          std::memcpy(q_scales.host.data() + 4 * i, &s, 4);
+        }
+        for (std::int64_t i = 0; i < t; ++i) {
+          const std::int64_t p = i == 20 ? n + 1 : (i * 61 + 3) % n;
+          std::memcpy(pos.host.data() + 8 * i, &p, 8);
+        }
+        for (Buffer* x : {&q, &kv, &pos, &q_scales, &cos, &sin}) x->upload();
+        for (Buffer* x : {&q_out, &k_out, &qn_out, &kn_out}) x->poison_both(0x55);
+        embrope::RopeCache cpu_cache({rope, 10000.0, n});
+        embrope::RopeCache gpu_cache({rope, 10000.0, n}, Device::cuda(0));
+        auto run = [&](bool gpu) {
+          const Device dev = gpu ? Device::cuda(0) : Device::cpu();
+          auto at = [&](Buffer& x, std::int64_t bytes) {
+            return static_cast<unsigned char*>(gpu ? x.device : x.host.data()) + bytes;
+          };
+          auto view = [&](void* p, DType d, std::vector<std::int64_t> shape,
+                          std::vector<std::int64_t> strides) {
+            return Tensor(p, d, static_cast<int>(shape.size()), shape.data(), strides.data(), dev);
+          };
+          embrope::RopeOptions o;
+          o.layout = embrope::RopeLayout::interleaved;
+          o.q_out = Tensor(at(q_out, 0), out, {t, h, rope}, dev);
+          o.k_out = Tensor(at(k_out, 0), out, {t, 1, rope}, dev);
+          o.q_out_scale = 2.0f;
+          o.k_out_scale = 0.25f;
+          o.q_out_head_scales = Tensor(at(q_scales, 0), DType::float32, {h}, dev);
+          o.q_nope = view(at(q, 0), dt, {t, h, nope}, {h * qd, qd, 1});
+          o.q_nope_out = Tensor(at(qn_out, 0), out, {t, h, nope}, dev);
+          o.k_nope = view(at(kv, 0), dt, {t, 1, rank}, {kd, rank, 1});
+          o.k_nope_out = Tensor(at(kn_out, 0), out, {t, 1, rank}, dev);
+          const Tensor qt = view(at(q, nope * 2), dt, {t, h, rope}, {h * qd, qd, 1});
+          const Tensor kt = view(at(kv, rank * 2), dt, {t, 1, rope}, {kd, rope, 1});
+          const Tensor pt(at(pos, 0), DType::int64, {t}, dev);
+          try {
+            if (caller_table) {
+              embrope::apply_rope(qt, kt, pt, Tensor(at(cos, 0), dt, {n, rope / 2}, dev),
+                                  Tensor(at(sin, 0), dt, {n, rope / 2}, dev), o);
+            } else {
+              embrope::apply_rope(qt, kt, pt, gpu ? gpu_cache : cpu_cache, o);
+            }
+            CHECK(t <= 20);
+          } catch (const embrope::Error& e) {
+            CHECK(t > 20);
+            CHECK(e.code() == embrope::ErrorCode::index_out_of_range);
+          }
+        };
+        run(false);
+        run(true);
+        cuda_check(cudaDeviceSynchronize());
+        CHECK(qn_out.download() == qn_out.host);
+        CHECK(kn_out.download() == kn_out.host);
+        for (const Buffer* b : {&q_out, &k_out}) {
+          const std::vector<unsigned char> gpu = b->download();
+          Mismatches mm;
+          for (std::size_t i = 0; i < gpu.size(); ++i) {
+            const int g = gpu[i], c = b->host[i];
+            mm.check(g == c || ((g ^ c) < 0x80 && (g - c == 1 || c - g == 1)), [&] {
+              return "byte " + std::to_string(i) + ": gpu " + std::to_string(g) + " cpu " +
+                     std::to_string(c);
+            });
+          }
+          mm.require();
+        }
+        if (t > 20) {  // the bad token's non-rotary rows: zero codes
+          for (std::int64_t i = 0; i < h * nope; ++i) REQUIRE(qn_out.host[20 * h * nope + i] == 0);
+          for (std::int64_t i = 0; i < rank; ++i) REQUIRE(kn_out.host[20 * rank + i] == 0);
+        }
+      }
+    }
+  }
+}

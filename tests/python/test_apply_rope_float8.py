@@ -115,7 +115,7 @@ def test_torch_op_matches_dlpack_api_and_traces():
     torch.library.opcheck(
         torch.ops.embrope.apply_rope_quantized.default,
         (q, k, positions, table, 0, False, 0, [0, 0, 0, 0], torch.float8_e5m2, 1.0, 1.0, head,
-         None))
+         None, None, None))
 
 
 def test_torch_errors():
@@ -154,3 +154,57 @@ def test_dlpack_errors_name_the_argument():
                            q_out_head_scales=torch.ones(3))
     with pytest.raises(embrope.InvalidArgumentError, match="float8 outputs are apply_rope's"):
         embrope.apply_rope_backward(q, None, positions, cache, q_out=q8)
+
+
+@pytest.mark.parametrize("fp8", sorted(FLOAT8))
+def test_mla_rope_quantize_fp8_q_nope_and_kv_c(fp8):
+    """FlashInfer's mla_rope_quantize_fp8 on DeepSeek's shapes: q [T, H, 128 | 64] and kv_a
+    [T, 512 | 64] split into views (q_nope and the rope slice; kv_c as k_nope and k_pe as k,
+    one head), all quantized in one pass: the rotated parts as apply_rope's float8 outputs,
+    the non-rotary parts torch's float8 of value x scale (x head scale for q)."""
+    gen = torch.Generator().manual_seed(9)
+    T, H, nope, rope, rank = 5, 4, 128, 64, 512
+    cache = embrope.RopeCache(rope, 128)
+    q = (torch.randn(T, H, nope + rope, generator=gen) * 40).bfloat16()
+    kv_a = (torch.randn(T, rank + rope, generator=gen) * 40).bfloat16()
+    positions = torch.randint(0, 128, (T,), generator=gen)
+    head = torch.tensor([0.5, 1.0, 2.0, 4.0])
+    f8 = getattr(torch, fp8)
+    outs = [torch.empty(T, H, rope, dtype=f8), torch.empty(T, 1, rope, dtype=f8),
+            torch.empty(T, H, nope, dtype=f8), torch.empty(T, 1, rank, dtype=f8)]
+    embrope.apply_rope(q[..., nope:], kv_a[:, None, rank:], positions, cache,
+                       layout="interleaved", q_out=outs[0], k_out=outs[1], q_out_scale=2.0,
+                       k_out_scale=0.5, q_out_head_scales=head, q_nope=q[..., :nope],
+                       q_nope_out=outs[2], k_nope=kv_a[:, None, :rank], k_nope_out=outs[3])
+    q_scale = (torch.tensor(2.0) * head).view(1, H, 1)
+    assert torch.equal(codes(outs[2]), codes(torch_float8(q[..., :nope].float() * q_scale, fp8)))
+    assert torch.equal(codes(outs[3]),
+                       codes(torch_float8(kv_a[:, None, :rank].float() * torch.tensor(0.5), fp8)))
+    rot = [torch.empty_like(outs[0]), torch.empty_like(outs[1])]
+    embrope.apply_rope(q[..., nope:], kv_a[:, None, rank:], positions, cache,
+                       layout="interleaved", q_out=rot[0], k_out=rot[1], q_out_scale=2.0,
+                       k_out_scale=0.5, q_out_head_scales=head)
+    assert torch.equal(codes(outs[0]), codes(rot[0])) and torch.equal(codes(outs[1]), codes(rot[1]))
+
+    # The torch op: one custom op, four outputs, traceable whole.
+    def step(q, kv_a):
+        return et.apply_rope(q[..., nope:], kv_a[:, None, rank:], positions, cache,
+                             layout="interleaved", out_dtype=f8, q_out_scale=2.0,
+                             k_out_scale=0.5, q_out_head_scales=head, q_nope=q[..., :nope],
+                             k_nope=kv_a[:, None, :rank])
+    for fn in (step, torch.compile(step, fullgraph=True)):
+        got = fn(q, kv_a)
+        assert len(got) == 4
+        for a, b in zip(got, outs):
+            assert torch.equal(codes(a), codes(b))
+    torch.library.opcheck(
+        torch.ops.embrope.apply_rope_quantized.default,
+        (q[..., nope:], kv_a[:, None, rank:], positions,
+         torch.from_numpy(np.asarray(cache.cos_sin_cache).copy()), 1, False, 0,
+         [0, 0, 0, 0], f8, 2.0, 0.5, head, None, q[..., :nope], kv_a[:, None, :rank]))
+    with pytest.raises(embrope.InvalidArgumentError, match="q_nope and k_nope are for float8"):
+        et.apply_rope(q[..., nope:], None, positions, cache, q_nope=q[..., :nope])
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match="apply_rope: q_nope is given but q_nope_out is not"):
+        embrope.apply_rope(q[..., nope:], None, positions, cache, q_out=outs[0],
+                           q_nope=q[..., :nope])
