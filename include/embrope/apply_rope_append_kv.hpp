@@ -87,7 +87,8 @@ EMBROPE_EXPORT void apply_rope_append_kv(const Tensor& q, const Tensor& k, const
 
 // Qwen3-style serving in one pass: every head row of q and k is normalised and rotated exactly
 // as apply_qk_norm_rope does it (QkNorm: q_weight / k_weight, eps, unit_offset; every
-// RopeOptions field), then the normalised, rotated k and the v rows are written into the cache
+// RopeOptions field but the float8 outputs' ones: scales, head scales, q_nope / k_nope), then
+// the normalised, rotated k and the v rows are written into the cache
 // exactly as apply_rope_append_kv writes them (every KvCache layout and dtype, paged or
 // contiguous slots, -1 skips, bad slots and positions reported the same way).
 // - q is written in place or into options.q_out (q's dtype; float8 outputs are apply_rope's).
