@@ -821,6 +821,79 @@ void qk_norm_append_kv_case(benchmark::State& state, DType dtype, std::int64_t t
       bytes);
 }
 
+// The same for a float8 attention kernel: q normalised and rotated into a float8_e4m3fn q_out
+// (scale 0.5) and a float8_e4m3fn cache (scales 1). Unfused: apply_qk_norm_rope into q's
+// dtype (q and k out of place), then a quantize pass over q and a converting copy of each
+// token's k and v rows to its slot (CPU only).
+void qk_norm_append_kv_fp8_case(benchmark::State& state, std::int64_t tokens, bool fused) {
+  const DType dtype = DType::bfloat16;
+  const std::int64_t hq = 32, hk = 8, dim = 128, page = 16;
+  const std::int64_t pages = (tokens + page - 1) / page;
+  const int es = embrope::dtype_size(dtype);
+  const std::int64_t kv_row = hk * dim, q_elements = tokens * hq * dim;
+  Memory& q = shared_values("kv_q", q_elements * es, dtype);
+  Memory& k = shared_values("kv_k", tokens * kv_row * es, dtype);
+  Memory& v = shared_values("kv_v", tokens * kv_row * es, dtype);
+  Memory& q8 = shared("fp8_q", q_elements, [](Memory&) {});
+  Memory& q_tmp = shared("fp8_q_tmp", q_elements * es, [](Memory&) {});
+  Memory& k_tmp = shared("qk_k_out", tokens * kv_row * es, [](Memory&) {});
+  Memory& k_cache = shared("kv_k_cache/fp8", pages * page * kv_row, [](Memory&) {});
+  Memory& v_cache = shared("kv_v_cache/fp8", pages * page * kv_row, [](Memory&) {});
+  Memory& weight = shared("qk_norm_unit_weight", dim * 4, [](Memory& m) { m.fill_float32(1.0f); });
+  Memory& pos = shared_indices("positions", tokens, 65536, true);
+  Memory& slots = shared_indices("kv_slots", tokens, pages * page, true);
+  const embrope::RopeCache& cache = shared_cache(dim);
+  const Tensor tq(q.data(), dtype, {tokens, hq, dim}, device());
+  const Tensor tk(k.data(), dtype, {tokens, hk, dim}, device());
+  const Tensor tv(v.data(), dtype, {tokens, hk, dim}, device());
+  const Tensor tp(pos.data(), DType::int64, {tokens}, device());
+  embrope::KvCache kv;
+  kv.k = Tensor(k_cache.data(), DType::float8_e4m3fn, {pages, page, hk, dim}, device());
+  kv.v = Tensor(v_cache.data(), DType::float8_e4m3fn, {pages, page, hk, dim}, device());
+  const embrope::KvSlots kv_slots =
+      embrope::KvSlots::paged(Tensor(slots.data(), DType::int64, {tokens}, device()));
+  embrope::QkNorm norm;
+  norm.q_weight = norm.k_weight = Tensor(weight.data(), DType::float32, {dim}, device());
+  constexpr float kQScale = 0.5f;
+  embrope::RopeOptions options;
+  std::function<void()> body;
+  if (fused) {
+    options.q_out = Tensor(q8.data(), DType::float8_e4m3fn, {tokens, hq, dim}, device());
+    options.q_out_scale = kQScale;
+    body = [&, options] {
+      embrope::apply_qk_norm_rope_append_kv(tq, tk, tv, tp, cache, kv, kv_slots, norm, options);
+    };
+  } else {
+    if (g_gpu) {
+      state.SkipWithError("the unfused quantize pass is CPU-only");
+      return;
+    }
+    options.q_out = Tensor(q_tmp.data(), dtype, {tokens, hq, dim}, device());
+    options.k_out = Tensor(k_tmp.data(), dtype, {tokens, hk, dim}, device());
+    const auto* slot_of = static_cast<const std::int64_t*>(slots.data());
+    using embrope::detail::BFloat16;
+    body = [&, options, slot_of] {
+      embrope::apply_qk_norm_rope(tq, tk, tp, cache, norm, options);
+      quantize_e4m3(static_cast<const BFloat16*>(q_tmp.data()),
+                    static_cast<std::uint8_t*>(q8.data()), q_elements, kQScale);
+#pragma omp parallel for schedule(static) if (tokens >= 64)
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        auto* kc = static_cast<std::uint8_t*>(k_cache.data()) + slot_of[t] * kv_row;
+        auto* vc = static_cast<std::uint8_t*>(v_cache.data()) + slot_of[t] * kv_row;
+        const auto* kr = static_cast<const BFloat16*>(k_tmp.data()) + t * kv_row;
+        const auto* vr = static_cast<const BFloat16*>(v.data()) + t * kv_row;
+#pragma omp simd
+        for (std::int64_t e = 0; e < kv_row; ++e) {
+          kc[e] = embrope::detail::float_to_float8_e4m3(embrope::detail::to_float(kr[e]));
+          vc[e] = embrope::detail::float_to_float8_e4m3(embrope::detail::to_float(vr[e]));
+        }
+      }
+    };
+  }
+  // What the fused op must move: q, k and v read; q_out and the cache rows written in float8.
+  run_timed(state, body, q_elements * (es + 1) + 2 * tokens * kv_row * (es + 1));
+}
+
 // DeepSeek-V3 MLA into float8 (FlashInfer's mla_rope_quantize_fp8): q [T, 128, 128 | 64]
 // and kv_a [T, 512 | 64] bfloat16, the rope slices rotated (interleaved) and every part
 // stored as float8_e4m3fn. Fused: one apply_rope with q_nope / k_nope. Unfused: apply_rope's
@@ -975,6 +1048,16 @@ void register_qk_norm_rope() {
       register_case(name, [=](benchmark::State& st) {
         qk_norm_append_kv_case(st, DType::bfloat16, t, fused);
       });
+    }
+  }
+  // The same into a float8 q and a float8 cache (a float8 attention kernel's inputs).
+  for (std::int64_t t : {1, 64, 2048}) {
+    for (bool fused : {false, true}) {
+      if (!fused && g_gpu) continue;
+      const std::string name = std::string("qk_norm_rope_append_kv_fp8/qwen3-8b/bf16->fp8e4m3/T=") +
+                               std::to_string(t) +
+                               (fused ? "" : "/unfused_qk_norm_rope_then_quantize_copy");
+      register_case(name, [=](benchmark::State& st) { qk_norm_append_kv_fp8_case(st, t, fused); });
     }
   }
 }

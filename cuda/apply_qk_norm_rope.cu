@@ -73,9 +73,10 @@ __device__ __forceinline__ void square_partials(const T* x, std::int64_t dim, in
   }
 }
 
+// Zero bits (0 in every value dtype, float8 codes included).
 template <typename T>
 __device__ __forceinline__ void zero_row(T* out, std::int64_t dim, int lane) {
-  for (std::int64_t j = lane; j < dim; j += kLanes) out[j] = from_float<T>(0.0f);
+  for (std::int64_t j = lane; j < dim; j += kLanes) out[j] = T{};
 }
 
 // Row n of a walk over `rows` rows, `heads` per token (kNormBlockRows rows per block, slot
@@ -93,8 +94,9 @@ __device__ __forceinline__ BlockRow block_row(const detail::RopeParams& r, std::
 }
 
 // The writing pass of a row whose rstd is known: lane l normalises and rotates pairs l,
-// l + 32, ... (then the elements past rotary_dim), handing each element, rounded to T, to
-// store(j, value). A pair is read and written by one thread, so in place is race-free.
+// l + 32, ... (then the elements past rotary_dim), handing each element, in float32 (rounded by
+// the caller: to T, or once to a float8 output), to store(j, value). A pair is read and written by
+// one thread, so in place is race-free.
 template <typename T, typename C, typename Store>
 __device__ __forceinline__ void normalize_rotate_row(const detail::RopeParams& r,
                                                      const detail::QkNormWeights& norm, bool is_q,
@@ -113,11 +115,11 @@ __device__ __forceinline__ void normalize_rotate_row(const detail::RopeParams& r
     detail::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, sn);
     float a = normalized(ia), v = normalized(ib);
     detail::rotate_pair(a, v, c, sn);
-    store(ia, from_float<T>(a));
-    store(ib, from_float<T>(v));
+    store(ia, a);
+    store(ib, v);
   }
   for (std::int64_t j = r.rotary_dim + lane; j < r.head_dim; j += kLanes) {
-    store(j, from_float<T>(normalized(j)));
+    store(j, normalized(j));
   }
 }
 
@@ -151,7 +153,7 @@ __global__ void __launch_bounds__(kForwardThreads)
 
     T* const out = row.out;
     normalize_rotate_row<T, C>(r, p.norm, h < r.q.heads, row.in, rstd, b, s, lane,
-                               [&](std::int64_t j, T y) { out[j] = y; });
+                               [&](std::int64_t j, float y) { out[j] = from_float<T>(y); });
   }
   if (last_block_done(r.bad)) describe_bad_rope_position(r);
 }
@@ -199,9 +201,15 @@ __global__ void __launch_bounds__(kForwardThreads, 8)
     const bool is_q = h < r.q.heads;
     const detail::RopeRow<T> row =
         is_v ? detail::RopeRow<T>{nullptr, nullptr} : detail::rope_row<T>(r, b, s, h);
-    // q's output always; k's only into k_out.
-    T* const out = is_q || p.write_k_out ? row.out : nullptr;
-    if (active && !is_v && bad_position && out != nullptr) zero_row(out, dim, lane);
+    // q's output always (float8: q8, its codes); k's only into k_out.
+    const bool q_float8 = is_q && detail::rope_quantized(r);
+    T* const out = (is_q && !q_float8) || (!is_q && p.write_k_out) ? row.out : nullptr;
+    std::uint8_t* const q8 =
+        q_float8 && active ? detail::heads_row<T, std::uint8_t>(r.q, b, s, h).out : nullptr;
+    if (active && !is_v && bad_position) {
+      if (out != nullptr) zero_row(out, dim, lane);
+      if (q8 != nullptr) zero_row(q8, dim, lane);
+    }
     const bool good = active && !is_v && !bad_position;
     float part[kWidth];
     square_partials<T, kVector>(row.in, dim, lane, good, part);
@@ -216,13 +224,22 @@ __global__ void __launch_bounds__(kForwardThreads, 8)
       }
     }
     const bool to_cache = !is_q && write;
-    if (!good || (out == nullptr && !to_cache)) continue;
+    if (!good || (out == nullptr && q8 == nullptr && !to_cache)) continue;
     const std::int64_t at =
         to_cache ? cache_row(p.k_cache, cache_slot.page, cache_slot.offset, h - r.q.heads) : 0;
-    normalize_rotate_row<T, C>(r, p.norm, is_q, row.in, rstd, b, s, lane, [&](std::int64_t j, T y) {
-      if (out != nullptr) out[j] = y;
-      if (to_cache) store_to_cache<false>(p.k_cache, at + j, Chunk<T, 1>{{y}});
-    });
+    const float q8_scale = q8 != nullptr ? detail::rope_out_scale(r, h) : 1.0f;
+    normalize_rotate_row<T, C>(r, p.norm, is_q, row.in, rstd, b, s, lane,
+                               [&](std::int64_t j, float y) {
+                                 if (q8 != nullptr) {
+                                   q8[j] = detail::rope_float8_code(y, q8_scale, r.out_dtype);
+                                   return;
+                                 }
+                                 const T value = from_float<T>(y);
+                                 if (out != nullptr) out[j] = value;
+                                 if (to_cache) {
+                                   store_to_cache<false>(p.k_cache, at + j, Chunk<T, 1>{{value}});
+                                 }
+                               });
   }
   if (last_block_done(r.bad)) describe_bad_token(p);
 }

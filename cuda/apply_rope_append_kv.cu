@@ -43,7 +43,9 @@ __global__ void __launch_bounds__(256, 1)
   const detail::RopeParams& r = p.rope;
   const std::int64_t tokens = r.batch * r.seq;
   const std::int64_t q_heads = r.q.heads, kv_heads = r.k.heads;
-  const std::int64_t rows = q_heads + 2 * kv_heads;  // q heads, k heads, v heads
+  // q heads, k heads, v heads, then q_nope's (float8 q_out's non-rotary part) heads.
+  const std::int64_t rows = q_heads + 2 * kv_heads + r.q_nope.heads;
+  const bool q_float8 = detail::rope_quantized(r);
   const std::int64_t half = r.rotary_dim / 2;
   const std::int64_t rotary_chunks = (kNeox ? half : r.rotary_dim) / kVec;
   const std::int64_t row_begin = blockIdx.y * rows_per_split;
@@ -74,6 +76,42 @@ __global__ void __launch_bounds__(256, 1)
       load_cos_sin<kVector>(r, b, s, threadIdx.x * kPairs, c, sn);
     }
     for (std::int64_t h = row_begin + threadIdx.y; h < row_end; h += blockDim.y) {
+      if (h >= q_heads + 2 * kv_heads) {
+        // A q_nope row: quantized with q's head scale into q_nope_out.
+        const detail::RopeNopeRow<T, std::uint8_t> nope =
+            detail::rope_nope_row<T, std::uint8_t>(r, b, s, h - q_heads - 2 * kv_heads);
+        const float scale = detail::rope_out_scale(r, nope.head);
+        for (std::int64_t e = threadIdx.x; e < nope.dim; e += blockDim.x) {
+          nope.out[e] = bad_position
+                            ? std::uint8_t{0}
+                            : detail::rope_float8_code(to_float(nope.in[e]), scale, r.out_dtype);
+        }
+        continue;
+      }
+      if (q_float8 && h < q_heads) {
+        // A q row into a float8 q_out: pair by pair (rotated in float32, scaled, rounded once).
+        const detail::RopeRow<T, std::uint8_t> row8 =
+            detail::heads_row<T, std::uint8_t>(r.q, b, s, h);
+        const float scale = detail::rope_out_scale(r, h);
+        if (bad_position) {
+          for (std::int64_t e = threadIdx.x; e < r.head_dim; e += blockDim.x) row8.out[e] = 0;
+          continue;
+        }
+        for (std::int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+          float pair_c[1], pair_s[1];
+          load_cos_sin<false>(r, b, s, i, pair_c, pair_s);
+          const std::int64_t ia = detail::rope_pair_first(r, i),
+                             ib = detail::rope_pair_second(r, i);
+          float a = to_float(row8.in[ia]), v = to_float(row8.in[ib]);
+          detail::rotate_pair(a, v, pair_c[0], pair_s[0]);
+          row8.out[ia] = detail::rope_float8_code(a, scale, r.out_dtype);
+          row8.out[ib] = detail::rope_float8_code(v, scale, r.out_dtype);
+        }
+        for (std::int64_t e = r.rotary_dim + threadIdx.x; e < r.head_dim; e += blockDim.x) {
+          row8.out[e] = detail::rope_float8_code(to_float(row8.in[e]), scale, r.out_dtype);
+        }
+        continue;
+      }
       if (h >= q_heads + kv_heads) {
         // A v row: copied (converted) into the cache.
         if (!write) continue;
@@ -172,7 +210,7 @@ template <typename T, RopeLayout kLayout, bool kVector>
 void launch(const detail::RopeAppendKvParams& p, cudaStream_t stream) {
   const detail::RopeParams& r = p.rope;
   constexpr std::int64_t vec = kVector ? kVec16<T> : (kLayout == RopeLayout::neox ? 1 : 2);
-  const std::int64_t rows = r.q.heads + 2 * r.k.heads;
+  const std::int64_t rows = r.q.heads + 2 * r.k.heads + r.q_nope.heads;
   // Threads along x: the rotary chunks (vector path), or a warp (general path).
   const std::int64_t chunks =
       kVector ? (kLayout == RopeLayout::neox ? r.rotary_dim / 2 : r.rotary_dim) / vec : 32;

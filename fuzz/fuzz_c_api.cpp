@@ -770,6 +770,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       n.unit_offset = in.u8() >= 192 ? 1 : 0;
     }
+    // A float8 q_out (and k_out, which is refused), its scales and q_nope: decided after all
+    // the bytes above, 0 meaning none, so that older inputs decode as they did.
+    if (in.u8() >= 128) {
+      const auto code = static_cast<std::uint8_t>(in.u8() % 2 ? 10 : 12);
+      if (o.q_out != nullptr) o.q_out->dtype = DLDataType{code, 8, 1};
+      if (o.k_out != nullptr && o.k_out != k && in.chance(32))
+        o.k_out->dtype = DLDataType{code, 8, 1};
+      if (in.chance(32)) {
+        const auto bits = static_cast<std::uint32_t>(in.u64());
+        std::memcpy(&o.q_out_scale, &bits, 4);
+      } else {
+        o.q_out_scale = static_cast<float>(1 + in.u8() % 8) / 4.0f;
+      }
+      if (in.chance(16)) o.k_out_scale = 2.0f;
+      if (in.chance(96)) o.q_out_head_scales = call.tensor(1, true, 0);
+      if (in.u8() >= 128) {
+        o.q_nope = call.tensor(rank, true, 0);
+        o.q_nope_out = call.tensor(rank, true, 0);
+        if (o.q_nope_out != nullptr && in.chance(224)) o.q_nope_out->dtype = DLDataType{code, 8, 1};
+      }
+    }
     const std::vector<unsigned char> before = call.snapshot();
     if (normed) {
       check("embrope_apply_qk_norm_rope_append_kv",

@@ -24,14 +24,29 @@ void fill_heads(const Tensor& in, const Tensor& out, detail::RopeHeads& heads) {
   heads.out_stride_b = n == 4 ? out.stride(0) : 0;
 }
 
-void check_output(const RopeNames& names, const char* name, const Tensor& out, const char* in_name,
-                  const Tensor& in) {
+// Whether the output of side q (is_q) or k may be float8.
+bool float8_allowed(const RopeNames& names, bool is_q) {
+  return names.float8_outputs == detail::RopeFloat8::q_and_k ||
+         (names.float8_outputs == detail::RopeFloat8::q_only && is_q);
+}
+
+// The reason a float8 output (or its scale) of side q (is_q) or k is refused.
+const char* float8_refusal(const RopeNames& names, bool is_q) {
+  if (names.float8_outputs == detail::RopeFloat8::q_only && !is_q) {
+    return "k's float8 form is the cache's (a float8 k_cache with k_scale), k_out keeps k's dtype";
+  }
+  return "float8 outputs are apply_rope's and the cache-append ops' q_out";
+}
+
+void check_output(const RopeNames& names, bool is_q, const Tensor& out, const Tensor& in) {
+  const char* name = is_q ? names.q_out : names.k_out;
+  const char* in_name = is_q ? names.q : names.k;
   validate::check_view(names.op, name, out, in.ndim(), in.ndim());
   validate::check_same_device(names.op, name, out, in_name, in.device());
-  if (is_float8_dtype(out.dtype()) && !names.float8_outputs) {
-    fail(names.op,
-         "{} has dtype {}; float8 outputs are apply_rope's, {} writes the dtype of {} ({})", name,
-         dtype_name(out.dtype()), names.op, in_name, dtype_name(in.dtype()));
+  if (is_float8_dtype(out.dtype()) && !float8_allowed(names, is_q)) {
+    fail(names.op, "{} has dtype {}; {} writes it in the dtype of {} ({}): {}", name,
+         dtype_name(out.dtype()), names.op, in_name, dtype_name(in.dtype()),
+         float8_refusal(names, is_q));
   }
   if (!is_float8_dtype(out.dtype())) {
     validate::check_same_dtype(names.op, name, out, in_name, in.dtype());
@@ -47,15 +62,15 @@ void check_output(const RopeNames& names, const char* name, const Tensor& out, c
 
 // The float8 scales of q's or k's output (RopeOptions): a positive finite scale and optional
 // head scales [heads] for a float8 output; 1 and none for any other.
-void fill_out_scales(const RopeNames& names, const char* out_name, const Tensor* out,
+void fill_out_scales(const RopeNames& names, bool is_q, const char* out_name, const Tensor* out,
                      const char* scale_name, float scale, const char* head_scales_name,
                      const std::optional<Tensor>& head_scales, const char* in_name,
                      std::int64_t heads, Device device, detail::RopeHeads& x) {
   if (out == nullptr || !is_float8_dtype(out->dtype())) {
     if (scale != 1.0f || head_scales) {
       const char* what = scale != 1.0f ? scale_name : head_scales_name;
-      if (!names.float8_outputs) {
-        fail(names.op, "{} is set; float8 outputs and their scales are apply_rope's", what);
+      if (!float8_allowed(names, is_q)) {
+        fail(names.op, "{} is set; {}", what, float8_refusal(names, is_q));
       }
       if (out == nullptr) fail(names.op, "{} is set but {} is not given", what, in_name);
       fail(names.op, "{} applies to float8 outputs only; {} has dtype {}", what, out_name,
@@ -83,15 +98,19 @@ void fill_out_scales(const RopeNames& names, const char* out_name, const Tensor*
 // The non-rotary part `nope_name` of q or k (`side`, its rotated part, shaped [T, H, D]) and
 // its float8 output: side's dtype, token dims and heads, any last dim; the output of nope's
 // shape and the outputs' float8 dtype. Fills x and dim.
-void fill_nope(const RopeNames& names, const char* nope_name, const std::optional<Tensor>& nope,
-               const char* out_name, const std::optional<Tensor>& out, const char* side_name,
-               const Tensor* side, DType out_dtype, detail::RopeHeads& x, std::int64_t& dim) {
+void fill_nope(const RopeNames& names, bool is_q, const char* nope_name,
+               const std::optional<Tensor>& nope, const char* out_name,
+               const std::optional<Tensor>& out, const char* side_name, const Tensor* side,
+               DType out_dtype, detail::RopeHeads& x, std::int64_t& dim) {
   if (!nope && !out) return;
   if (!nope || !out) {
     fail(names.op, "{} is given but {} is not; give both or neither", nope ? nope_name : out_name,
          nope ? out_name : nope_name);
   }
-  if (!names.float8_outputs || !is_float8_dtype(out_dtype)) {
+  if (!float8_allowed(names, is_q)) {
+    fail(names.op, "{} is given; {}", nope_name, float8_refusal(names, is_q));
+  }
+  if (!is_float8_dtype(out_dtype)) {
     fail(names.op,
          "{} is for float8 outputs (RoPE + quantization, rope_quantize_fp8); the outputs have "
          "dtype {}",
@@ -208,7 +227,7 @@ detail::RopeParams detail::prepare_rope(const RopeNames& names, const Tensor& q,
   p.bad_op = names.bad_op;
 
   const Tensor& q_out = options.q_out ? *options.q_out : q;
-  if (options.q_out) check_output(names, names.q_out, q_out, names.q, q);
+  if (options.q_out) check_output(names, true, q_out, q);
   fill_heads(q, q_out, p.q);
 
   if (options.k_out && !k) fail(names.op, "{} is given but {} is not", names.k_out, names.k);
@@ -222,14 +241,15 @@ detail::RopeParams detail::prepare_rope(const RopeNames& names, const Tensor& q,
     }
     validate::check_dim(names.op, names.k, *k, n - 1, head_dim, names.q_head_dim);
     const Tensor& k_out = options.k_out ? *options.k_out : *k;
-    if (options.k_out) check_output(names, names.k_out, k_out, names.k, *k);
+    if (options.k_out) check_output(names, false, k_out, *k);
     fill_heads(*k, k_out, p.k);
     p.has_k = true;
   }
 
-  // Float8 outputs: both or neither, of one dtype, out of place (k_out given with k).
+  // Float8 outputs: both or neither, of one dtype, out of place (k_out given with k); the
+  // cache-append ops' float8 q_out alone (k_out, if given, has k's dtype: checked above).
   p.out_dtype = q_out.dtype();
-  if (k) {
+  if (k && names.float8_outputs == detail::RopeFloat8::q_and_k) {
     const DType k_out_dtype = options.k_out ? options.k_out->dtype() : k->dtype();
     if (is_float8_dtype(p.out_dtype) && !options.k_out) {
       fail(names.op,
@@ -246,18 +266,18 @@ detail::RopeParams detail::prepare_rope(const RopeNames& names, const Tensor& q,
            dtype_name(p.out_dtype));
     }
   }
-  fill_out_scales(names, options.q_out ? names.q_out : names.q, &q_out, "q_out_scale",
+  fill_out_scales(names, true, options.q_out ? names.q_out : names.q, &q_out, "q_out_scale",
                   options.q_out_scale, "q_out_head_scales", options.q_out_head_scales, names.q,
                   p.q.heads, device, p.q);
   const Tensor* k_out_tensor = !k ? nullptr : options.k_out ? &*options.k_out : &*k;
-  fill_out_scales(names, options.k_out ? names.k_out : names.k, k_out_tensor, "k_out_scale",
+  fill_out_scales(names, false, options.k_out ? names.k_out : names.k, k_out_tensor, "k_out_scale",
                   options.k_out_scale, "k_out_head_scales", options.k_out_head_scales, names.k,
                   p.has_k ? p.k.heads : 0, device, p.k);
 
   // Float8 outputs' non-rotary parts, each quantized with its side's scales.
-  fill_nope(names, "q_nope", options.q_nope, "q_nope_out", options.q_nope_out, names.q, &q,
+  fill_nope(names, true, "q_nope", options.q_nope, "q_nope_out", options.q_nope_out, names.q, &q,
             p.out_dtype, p.q_nope, p.q_nope_dim);
-  fill_nope(names, "k_nope", options.k_nope, "k_nope_out", options.k_nope_out, names.k,
+  fill_nope(names, false, "k_nope", options.k_nope, "k_nope_out", options.k_nope_out, names.k,
             k ? &*k : nullptr, p.out_dtype, p.k_nope, p.k_nope_dim);
   if (options.q_nope || options.k_nope) {
     // Each nope output shares no byte with itself, another output or any input.

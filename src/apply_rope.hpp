@@ -12,39 +12,46 @@
 
 namespace embrope::detail {
 
+// Which outputs of a RoPE op may be float8 (RopeOptions' q_out / k_out and their scales).
+enum class RopeFloat8 {
+  none,     // neither: the outputs have the inputs' dtype
+  q_and_k,  // apply_rope: both or neither, of one dtype
+  q_only,   // the cache-append ops: q_out alone (k goes to the cache, quantized by k_scale)
+};
+
 struct RopeNames {
   const char* op;
   const char* q;
   const char* k;
   const char* q_out;
   const char* k_out;
-  const char* q_token_dims;  // "the token dimensions of q"
-  const char* q_head_dim;    // "head_dim of q"
-  BadIndexOp bad_op;         // how a bad position is reported
-  bool float8_outputs;       // whether q_out and k_out may be float8 (RopeOptions)
+  const char* q_token_dims;   // "the token dimensions of q"
+  const char* q_head_dim;     // "head_dim of q"
+  BadIndexOp bad_op;          // how a bad position is reported
+  RopeFloat8 float8_outputs;  // which outputs may be float8
 };
 
 // clang-format off
 inline constexpr RopeNames kRopeForwardNames{
     "apply_rope", "q", "k", "q_out", "k_out",
-    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_rope, true};
+    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_rope, RopeFloat8::q_and_k};
 inline constexpr RopeNames kRopeBackwardNames{
     "apply_rope_backward", "dq", "dk", "dq_out", "dk_out",
-    "the token dimensions of dq", "head_dim of dq", BadIndexOp::apply_rope_backward, false};
+    "the token dimensions of dq", "head_dim of dq", BadIndexOp::apply_rope_backward, RopeFloat8::none};
 inline constexpr RopeNames kRopeAppendKvNames{
     "apply_rope_append_kv", "q", "k", "q_out", "k_out",
-    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_rope_append_kv, false};
+    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_rope_append_kv, RopeFloat8::q_only};
 inline constexpr RopeNames kQkNormRopeAppendKvNames{
     "apply_qk_norm_rope_append_kv", "q", "k", "q_out", "k_out",
     "the token dimensions of q", "head_dim of q", BadIndexOp::apply_qk_norm_rope_append_kv,
-    false};
+    RopeFloat8::q_only};
 inline constexpr RopeNames kQkNormRopeNames{
     "apply_qk_norm_rope", "q", "k", "q_out", "k_out",
-    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_qk_norm_rope, false};
+    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_qk_norm_rope, RopeFloat8::none};
 inline constexpr RopeNames kQkNormRopeBackwardNames{
     "apply_qk_norm_rope_backward", "dq", "dk", "dq_out", "dk_out",
     "the token dimensions of dq", "head_dim of dq", BadIndexOp::apply_qk_norm_rope_backward,
-    false};
+    RopeFloat8::none};
 // clang-format on
 
 // Where the cos/sin values come from, whatever their owner.

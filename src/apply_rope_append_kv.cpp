@@ -73,6 +73,12 @@ void apply(const detail::RopeNames& names, const Tensor& q, const Tensor& k, con
   const char* op = names.op;
   // The rotation: apply_rope's rules for q, k, positions, the table and the options. Without
   // k_out, k is only read (prepare_rope would treat it as rotated in place).
+  if (norm != nullptr && (options.q_nope || options.q_nope_out)) {
+    fail(op,
+         "{} is given, but the norm is over whole head rows: give q whole (rotary_dim, then the "
+         "rest of the row, quantized with it into a float8 q_out)",
+         options.q_nope ? "q_nope" : "q_nope_out");
+  }
   detail::RopeAppendKvParams p;
   p.rope = detail::prepare_rope(names, q, k, positions, table, options);
   if (norm != nullptr) {
@@ -192,19 +198,23 @@ void apply(const detail::RopeNames& names, const Tensor& q, const Tensor& k, con
     const char* name;
     const Tensor* t;
   };
-  const Named others[] = {{options.q_out ? "q_out" : "q", &q_out},
-                          {"q", &q},
-                          {"k", &k},
-                          {"v", &v},
-                          {"positions", &positions},
-                          {table.name, &table.cos_view},
-                          {"sin", &table.sin_view},
-                          {"k_out", options.k_out ? &*options.k_out : nullptr},
-                          {slot_names[0], slot_inputs[0]},
-                          {slot_names[1], slot_inputs[1]},
-                          {slot_names[2], slot_inputs[2]},
-                          {"q_weight", norm && norm->q_weight ? &*norm->q_weight : nullptr},
-                          {"k_weight", norm && norm->k_weight ? &*norm->k_weight : nullptr}};
+  const Named others[] = {
+      {options.q_out ? "q_out" : "q", &q_out},
+      {"q", &q},
+      {"k", &k},
+      {"v", &v},
+      {"positions", &positions},
+      {table.name, &table.cos_view},
+      {"sin", &table.sin_view},
+      {"k_out", options.k_out ? &*options.k_out : nullptr},
+      {slot_names[0], slot_inputs[0]},
+      {slot_names[1], slot_inputs[1]},
+      {slot_names[2], slot_inputs[2]},
+      {"q_weight", norm && norm->q_weight ? &*norm->q_weight : nullptr},
+      {"k_weight", norm && norm->k_weight ? &*norm->k_weight : nullptr},
+      {"q_nope", options.q_nope ? &*options.q_nope : nullptr},
+      {"q_nope_out", options.q_nope_out ? &*options.q_nope_out : nullptr},
+      {"q_out_head_scales", options.q_out_head_scales ? &*options.q_out_head_scales : nullptr}};
   for (const Tensor* cache : {&kv.k, &kv.v}) {
     const char* cache_name = cache == &kv.k ? "k_cache" : "v_cache";
     for (const Named& other : others) {
@@ -212,11 +222,14 @@ void apply(const detail::RopeNames& names, const Tensor& q, const Tensor& k, con
         validate::check_no_overlap(op, cache_name, *cache, other.name, *other.t);
     }
   }
-  // v (and the norm's weights) are read while q_out and k_out are written.
+  // v (and the norm's weights) are read while q_out, k_out and q_nope_out are written.
   for (const Named& in : {Named{"v", &v}, others[11], others[12]}) {
     if (in.t == nullptr) continue;
     validate::check_no_overlap(op, options.q_out ? "q_out" : "q", q_out, in.name, *in.t);
     if (options.k_out) validate::check_no_overlap(op, "k_out", *options.k_out, in.name, *in.t);
+    if (options.q_nope_out) {
+      validate::check_no_overlap(op, "q_nope_out", *options.q_nope_out, in.name, *in.t);
+    }
   }
 
   // Nothing to do: no tokens, or no heads at all.

@@ -22,12 +22,19 @@ void apply_qk_norm_rope(const detail::QkNormRopeParams& params);
 void apply_qk_norm_rope_append_kv(const detail::RopeAppendKvParams& params);  // params.qk_norm
 void apply_qk_norm_rope_backward(const detail::QkNormRopeParams& params);
 // Rotates the q and k heads of the one token of `token` (batch = seq = 1, pointers at the
-// token) with the instruction set apply_rope uses. widened: 2 * rotary_dim floats.
+// token) with the instruction set apply_rope uses, float8 outputs with their non-rotary rows
+// included. widened: 3 * rotary_dim floats.
 void rotate_one_token(const detail::RopeParams& token, float* widened);
+// Zero codes into every output row of the one token of `token` (a bad position).
+void zero_one_token(const detail::RopeParams& token);
 // apply_qk_norm_rope of one token (batch = seq = 1, its position valid) on the calling thread,
-// in the same instruction set and bits; scratch holds qk_norm_token_floats(token) floats.
+// in the same instruction set and bits; float8 outputs (q's alone: the cache-append ops)
+// rounded once from float32. weights: qk_norm_weight_factors of the call (made once per
+// call); scratch holds qk_norm_token_floats(token) floats.
+void qk_norm_weight_factors(const detail::QkNormRopeParams& params, float* weights);  // 2 D
 std::int64_t qk_norm_token_floats(const detail::QkNormRopeParams& token);
-void qk_norm_rope_one_token(const detail::QkNormRopeParams& token, float* scratch);
+void qk_norm_rope_one_token(const detail::QkNormRopeParams& token, const float* weights,
+                            float* scratch);
 void packed_positions(const detail::PackedPositionsParams& params);
 // Fills a [max_positions, R] table (layout in rope_cache.hpp) from inv_freq [R/2].
 void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rotary_dim,

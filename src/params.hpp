@@ -230,6 +230,13 @@ EMBROPE_HD O rope_output_value(float x, float scale) {
   }
 }
 
+// A float8 output element's code: x * scale rounded once to dtype (float8_e4m3fn or
+// float8_e5m2), the bits of rope_output_value for a dtype known at run time.
+EMBROPE_HD std::uint8_t rope_float8_code(float x, float scale, DType dtype) {
+  return dtype == DType::float8_e4m3fn ? float_to_float8_e4m3(x * scale)
+                                       : float_to_float8_e5m2(x * scale);
+}
+
 // Whether the outputs are float8 (each element stored as value * rope_out_scale).
 EMBROPE_HD bool rope_quantized(const RopeParams& p) {
   return p.out_dtype != p.dtype;

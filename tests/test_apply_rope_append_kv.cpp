@@ -57,7 +57,16 @@ struct KvCase {
   bool norm = false, norm_weights = true, unit_offset = false;
   DType norm_dtype = DType::float32;
   double eps = 1e-6;
+  // A float8 q_out (q_out set): its dtype, q_out_scale and per-head scales.
+  std::optional<DType> q_float8;
+  bool q_head_scales = false;
 };
+
+constexpr float kQOutScale = 2.5f;
+// The per-head scales of a float8 q_out, head h (any Hq).
+float q_head_scale(std::int64_t h) {
+  return h % 3 == 0 ? 0.5f : h % 3 == 1 ? 1.0f : 3.0f;
+}
 
 std::string describe(const KvCase& c) {
   std::ostringstream os;
@@ -69,7 +78,9 @@ std::string describe(const KvCase& c) {
      << (c.combined ? ", combined" : "") << (c.interleaved ? ", interleaved" : ", neox") << ", D "
      << c.head_dim << " R " << c.rotary_dim << " Dv " << c.v_dim << ", Hq " << c.hq << " Hk "
      << c.hk << ", B " << c.batch << " S " << c.seq << ", page_size " << c.page_size << ", pages "
-     << c.pages << (c.q_out ? ", q_out" : "") << (c.k_out ? ", k_out" : "") << ", scales "
+     << c.pages << (c.q_out ? ", q_out" : "")
+     << (c.q_float8 ? std::string(" ") + embrope::dtype_name(*c.q_float8) : std::string())
+     << (c.q_head_scales ? " head scales" : "") << (c.k_out ? ", k_out" : "") << ", scales "
      << c.k_scale << "/" << c.v_scale;
   if (c.norm) {
     os << ", qk-norm " << (c.norm_weights ? embrope::dtype_name(c.norm_dtype) : "no") << " weights"
@@ -82,6 +93,7 @@ std::string describe(const KvCase& c) {
 struct KvMemory {
   std::int64_t tokens = 0;
   ref::Buffer q, k, v, q_out, k_out, positions, slots, offsets, cu, q_weight, k_weight;
+  ref::Buffer q_scales;          // a float8 q_out's per-head scales
   ref::Buffer k_cache, v_cache;  // v_cache unused when combined (both in k_cache)
 };
 
@@ -117,7 +129,9 @@ KvMemory make_memory(KvCase& c) {
   ref::fill_random(m.q, ref::seed_of({static_cast<std::int64_t>(c.seed), 1}));
   ref::fill_random(m.k, ref::seed_of({static_cast<std::int64_t>(c.seed), 2}));
   ref::fill_random(m.v, ref::seed_of({static_cast<std::int64_t>(c.seed), 3}));
-  m.q_out = ref::Buffer(c.dtype, c.q_out ? m.q.size() : 0);
+  m.q_out = ref::Buffer(c.q_float8.value_or(c.dtype), c.q_out ? m.q.size() : 0);
+  m.q_scales = ref::Buffer(DType::float32, c.hq);
+  for (std::int64_t h = 0; h < c.hq; ++h) m.q_scales.set(h, q_head_scale(h));
   m.k_out = ref::Buffer(c.dtype, c.k_out ? m.k.size() : 0);
   ref::poison(m.q_out);
   ref::poison(m.k_out);
@@ -223,6 +237,10 @@ RopeOptions rope_options(const KvCase& c, KvMemory& m) {
   o.layout = c.interleaved ? RopeLayout::interleaved : RopeLayout::neox;
   if (c.q_out) o.q_out = ref::view(m.q_out, 0, heads_shape(c, c.hq, c.head_dim));
   if (c.k_out) o.k_out = ref::view(m.k_out, 0, heads_shape(c, c.hk, c.head_dim));
+  if (c.q_float8) {
+    o.q_out_scale = kQOutScale;
+    if (c.q_head_scales) o.q_out_head_scales = ref::view(m.q_scales, 0, {c.hq});
+  }
   return o;
 }
 
@@ -326,7 +344,17 @@ void check_case(KvCase c) {
                            : e < r ? ref::tolerance(c.dtype, y[ue], n, mag[ue])
                                    : 0.0;
         auto loc = [&] { return ref::where(is_k ? "k" : "q", {t, hh, e}); };
-        if (out != nullptr) mm.expect_close(loc, out->get(base + e), y[ue], tol);
+        if (!is_k && c.q_float8) {
+          // float8(value * scale), rounded once from float32: within one float8 ulp and the
+          // float32 error (no rounding to the activations' dtype in between).
+          const double scale = kQOutScale * (c.q_head_scales ? q_head_scale(hh) : 1.0f);
+          const double want = y[ue] * scale;
+          const double f32 = c.norm ? 4e-6 * n : 8.0 * 6e-8 * mag[ue];
+          mm.expect_close(loc, out->get(base + e), want,
+                          ref::ulp(*c.q_float8, std::fabs(want) + f32 * scale) / 2 + f32 * scale);
+        } else if (out != nullptr) {
+          mm.expect_close(loc, out->get(base + e), y[ue], tol);
+        }
         if (!is_k || page < 0) continue;
         const std::int64_t ci = cache_index(c, 0, page, off, hh, e);
         written_k[static_cast<std::size_t>(ci)] = true;
@@ -383,6 +411,14 @@ void check_case(KvCase c) {
   ref::Buffer k_rot(c.dtype, u.k.size());
   RopeOptions o = rope_options(c, u);
   o.k_out = ref::view(k_rot, 0, heads_shape(c, c.hk, c.head_dim));
+  RopeOptions q8;  // a float8 q_out: apply_rope of q alone into float8 (no qk-norm form)
+  if (c.q_float8) {
+    q8 = o;
+    q8.k_out.reset();
+    o.q_out.reset();
+    o.q_out_scale = 1.0f;
+    o.q_out_head_scales.reset();
+  }
   const auto token_shape =
       c.batch == 0 ? std::vector<std::int64_t>{c.seq} : std::vector<std::int64_t>{c.batch, c.seq};
   if (c.norm) {
@@ -393,6 +429,11 @@ void check_case(KvCase c) {
     embrope::apply_rope(ref::view(u.q, 0, heads_shape(c, c.hq, c.head_dim)),
                         ref::view(u.k, 0, heads_shape(c, c.hk, c.head_dim)),
                         ref::view(u.positions, 0, token_shape), cache, o);
+    if (c.q_float8) {
+      ref::Buffer q_in = before.q;
+      embrope::apply_rope(ref::view(q_in, 0, heads_shape(c, c.hq, c.head_dim)), std::nullopt,
+                          ref::view(u.positions, 0, token_shape), cache, q8);
+    }
   }
   for (std::int64_t t = 0; t < m.tokens; ++t) {
     const auto [page, off] = expected_slot(c, t);
@@ -412,7 +453,10 @@ void check_case(KvCase c) {
   }
   CHECK(u.k_cache.snapshot() == m.k_cache.snapshot());
   CHECK(u.v_cache.snapshot() == m.v_cache.snapshot());
-  CHECK((c.q_out ? u.q_out : u.q).snapshot() == (c.q_out ? m.q_out : m.q).snapshot());
+  if (!c.norm || !c.q_float8) {
+    CHECK((c.q_out ? u.q_out : u.q).snapshot() == (c.q_out ? m.q_out : m.q).snapshot());
+  }
+  if (c.q_float8) CHECK(before.q.snapshot() == m.q.snapshot());  // q is only read
   if (c.k_out) CHECK(k_rot.snapshot() == m.k_out.snapshot());
   CHECK(before.k.snapshot() == m.k.snapshot());  // k is only read
   CHECK(before.v.snapshot() == m.v.snapshot());
@@ -672,6 +716,56 @@ TEST_CASE("apply_rope_append_kv float8: all 256 codes, ties, saturation, NaN",
   }
 }
 
+TEST_CASE("apply_rope_append_kv float8 q_out (rope_quantize_fp8_append_paged_kv_cache)",
+          "[apply_rope_append_kv][float8]") {
+  for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+    for (DType q8 : {DType::float8_e4m3fn, DType::float8_e5m2}) {
+      KvCase c;
+      c.dtype = dtype;
+      c.cache_dtype = q8;  // the cache float8 too, with its own scale
+      c.k_scale = 0.5f;
+      c.q_out = true;
+      c.q_float8 = q8;
+      c.q_head_scales = dtype != DType::float32;
+      c.interleaved = q8 == DType::float8_e5m2;
+      c.seed = static_cast<std::uint64_t>(60 + static_cast<int>(dtype));
+      check_case(c);
+    }
+  }
+  KvCase partial;  // partial rotary (the rest quantized too), k_out in k's dtype, HND, GQA 6:2
+  partial.dtype = partial.cache_dtype = DType::bfloat16;
+  partial.q_out = partial.k_out = true;
+  partial.q_float8 = DType::float8_e4m3fn;
+  partial.head_dim = 96;
+  partial.rotary_dim = 32;
+  partial.hq = 6;
+  partial.layout = KvCacheLayout::hnd;
+  check_case(partial);
+  for (bool norm : {false, true}) {
+    // A bad position: its q_out row all zero codes, its cache rows unwritten, the other tokens
+    // as in a call without it.
+    KvCase c;
+    c.norm = norm;
+    c.dtype = DType::bfloat16;
+    c.q_out = true;
+    c.q_float8 = DType::float8_e5m2;
+    c.seq = 6;
+    KvMemory good = make_memory(c);
+    KvMemory bad = good;
+    const RopeCache cache({c.rotary_dim, 10000.0, c.max_positions});
+    run_fused(c, good, cache);
+    bad.positions.set_index(2, c.max_positions);
+    DeferredStatus status;
+    run_fused(c, bad, cache, &status);
+    CHECK_THROWS_AS(status.check(), embrope::Error);
+    const std::int64_t row = c.hq * c.head_dim;
+    for (std::int64_t i = 0; i < bad.q_out.size(); ++i) {
+      INFO("q_out element " << i << (norm ? ", qk-norm" : ""));
+      CHECK(bad.q_out.bits(i) == (i / row == 2 ? 0u : good.q_out.bits(i)));
+    }
+  }
+}
+
 TEST_CASE("apply_rope_append_kv bad slots and positions: reported, rows not written",
           "[apply_rope_append_kv][errors]") {
   KvCase c;
@@ -865,6 +959,30 @@ TEST_CASE("apply_qk_norm_rope_append_kv: layouts, dtypes, caches, norms (Qwen3 s
   contiguous.page_size = 16;
   contiguous.dtype = contiguous.cache_dtype = DType::bfloat16;
   check_case(contiguous);
+  for (DType q8 : {DType::float8_e4m3fn, DType::float8_e5m2}) {
+    for (DType dtype : {DType::float32, DType::bfloat16}) {
+      KvCase c;  // a float8 q_out: normalised and rotated in float32, rounded once
+      c.norm = true;
+      c.dtype = c.cache_dtype = dtype;
+      c.head_dim = c.rotary_dim = c.v_dim = 128;
+      c.q_out = true;
+      c.q_float8 = q8;
+      c.q_head_scales = q8 == DType::float8_e4m3fn;
+      c.unit_offset = dtype == DType::bfloat16;
+      c.seed = static_cast<std::uint64_t>(70 + static_cast<int>(dtype));
+      check_case(c);
+    }
+  }
+  KvCase norm_q8_partial;  // partial rotary, float8 cache and q_out
+  norm_q8_partial.norm = true;
+  norm_q8_partial.head_dim = norm_q8_partial.v_dim = 80;
+  norm_q8_partial.rotary_dim = 20;
+  norm_q8_partial.cache_dtype = DType::float8_e4m3fn;
+  norm_q8_partial.q_out = true;
+  norm_q8_partial.q_float8 = DType::float8_e4m3fn;
+  norm_q8_partial.dtype = DType::float16;
+  norm_q8_partial.interleaved = true;
+  check_case(norm_q8_partial);
   KvCase decode;  // one token per sequence, [B, 1] inputs
   decode.norm = true;
   decode.slots = SlotKind::batched_offsets;
@@ -937,13 +1055,31 @@ TEST_CASE("apply_qk_norm_rope_append_kv bad slots and positions, argument errors
   n = qk_norm(a, am);
   n.q_weight = ref::view(am.q, 64, {64});  // q (written in place) would overwrite it
   expect(n, {"q", "overlaps", "q_weight"}, kv);
-  // float8 q outputs are apply_rope's.
-  ref::Buffer q8(DType::float8_e4m3fn, am.q.size());
+  // Float8: q_out alone (k's float8 form is the cache's), no q_nope (the norm covers whole
+  // rows); nothing written.
+  ref::Buffer q8(DType::float8_e4m3fn, am.q.size()), k8(DType::float8_e4m3fn, am.k.size());
+  const auto cache_before = am.k_cache.snapshot();
+  const auto expect_options = [&](const RopeOptions& o, std::initializer_list<const char*> words) {
+    expect_error(
+        [&] {
+          embrope::apply_qk_norm_rope_append_kv(q, k, v, pos, cache, kv, slots, qk_norm(a, am), o);
+        },
+        {ErrorCode::invalid_argument}, words);
+    CHECK(am.k_cache.snapshot() == cache_before);
+  };
   RopeOptions o;
   o.q_out = ref::view(q8, 0, {12, 4, 64});
-  expect_error(
-      [&] {
-        embrope::apply_qk_norm_rope_append_kv(q, k, v, pos, cache, kv, slots, qk_norm(a, am), o);
-      },
-      {ErrorCode::invalid_argument}, {"apply_qk_norm_rope_append_kv", "float8"});
+  o.k_out = ref::view(k8, 0, {12, 2, 64});
+  expect_options(
+      o, {"apply_qk_norm_rope_append_kv", "k_out has dtype float8_e4m3fn", "the cache", "k_scale"});
+  o.k_out.reset();
+  o.k_out_scale = 2.0f;
+  expect_options(o, {"k_out_scale is set", "k_scale"});
+  o.k_out_scale = 1.0f;
+  o.q_out_scale = -1.0f;
+  expect_options(o, {"q_out_scale -1", "positive and finite"});
+  o.q_out_scale = 1.0f;
+  o.q_nope = ref::view(am.q, 0, {12, 4, 8});
+  o.q_nope_out = ref::view(q8, 0, {12, 4, 8});
+  expect_options(o, {"q_nope is given", "whole head rows"});
 }

@@ -246,7 +246,7 @@ TEST_CASE("apply_rope float8 outputs: argument rules", "[rope][float8][errors]")
           embrope::apply_rope_append_kv(qt, kt, ref::view(v, 0, {t, hk, d}), pt, cache, kv,
                                         embrope::KvSlots::paged(ref::view(slots, 0, {t})), back);
         },
-        kInvalid, {"apply_rope_append_kv", "q_out", "float8 outputs are apply_rope's"});
+        kInvalid, {"apply_rope_append_kv", "k_out", "float8 k_cache with k_scale"});
     CHECK(k_cache.snapshot() == cache_before);
     RopeOptions scaled;
     scaled.q_out_scale = 2.0f;

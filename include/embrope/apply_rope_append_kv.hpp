@@ -61,9 +61,14 @@ struct KvSlots {
 // deferred, stream), and writes the rotated k and v [T, Hk, Dv] or [B, S, Hk, Dv] (v's dtype
 // is q's) into the cache at each token's slot.
 //
-// - q is rotated in place, or into options.q_out.
+// - q is rotated in place, or into options.q_out: q's dtype, or float8_e4m3fn / float8_e5m2
+//   (FlashInfer's rope_quantize_fp8_append_paged_kv_cache): every element of q stored as
+//   float8(value * scale), rotated in float32 and rounded once, with options.q_out_scale and
+//   q_out_head_scales, and q's non-rotary part held apart in options.q_nope / q_nope_out if
+//   given (DeepSeek MLA's q_nope), all as apply_rope does it.
 // - k is only read, unless options.k_out is given: rotated k is then written there too (k_out
-//   may be k itself, for in place).
+//   may be k itself, for in place), in k's dtype. A float8 k is the cache's (k_scale): k_out,
+//   k_out_scale, k_out_head_scales and k_nope are refused in float8.
 // - The cache receives rotated k as apply_rope would have written it (rounded to the
 //   activations' dtype) then converted to the cache dtype, so the call gives the same bytes as
 //   apply_rope followed by a copy into the cache.
@@ -87,11 +92,13 @@ EMBROPE_EXPORT void apply_rope_append_kv(const Tensor& q, const Tensor& k, const
 
 // Qwen3-style serving in one pass: every head row of q and k is normalised and rotated exactly
 // as apply_qk_norm_rope does it (QkNorm: q_weight / k_weight, eps, unit_offset; every
-// RopeOptions field but the float8 outputs' ones: scales, head scales, q_nope / k_nope), then
-// the normalised, rotated k and the v rows are written into the cache
-// exactly as apply_rope_append_kv writes them (every KvCache layout and dtype, paged or
-// contiguous slots, -1 skips, bad slots and positions reported the same way).
-// - q is written in place or into options.q_out (q's dtype; float8 outputs are apply_rope's).
+// RopeOptions field but q_nope / k_nope: the norm covers whole rows), then the normalised,
+// rotated k and the v rows are written into the cache exactly as apply_rope_append_kv writes
+// them (every KvCache layout and dtype, paged or contiguous slots, -1 skips, bad slots and
+// positions reported the same way).
+// - q is written in place or into options.q_out: q's dtype, or float8 as in
+//   apply_rope_append_kv (each element normalised and rotated in float32, then scaled by
+//   q_out_scale and its head's scale and rounded once).
 // - k is only read unless options.k_out is given; the cache gets the bytes
 //   apply_qk_norm_rope followed by a copy (converted to the cache dtype) would give.
 // - v is copied, not normalised.

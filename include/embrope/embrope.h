@@ -270,8 +270,11 @@ static inline void embrope_kv_cache_init(embrope_kv_cache_t* kv) {
 
 /* RoPE of q (in place or options->q_out) and k, fused with the write of rotated k and of v
  * [T, Hk, Dv] or [B, S, Hk, Dv] into the KV cache, in one launch. k is only read unless
- * options->k_out is given (it may be k itself). The cache gets the bytes apply_rope followed
- * by a copy would give. A slot outside the cache, like a position outside the table, fails
+ * options->k_out is given (it may be k itself; k's dtype). q_out may be float8 (DLPack codes
+ * 10 and 12), quantized as embrope_apply_rope quantizes, with q_out_scale, q_out_head_scales
+ * and q_nope / q_nope_out (FlashInfer's rope_quantize_fp8_append_paged_kv_cache); k's float8
+ * form is the cache's (k_scale). The cache gets the bytes apply_rope followed by a copy would
+ * give. A slot outside the cache, like a position outside the table, fails
  * with INDEX_OUT_OF_RANGE naming the first such token (or is recorded in options->deferred);
  * its cache rows are not written. */
 EMBROPE_API embrope_status_t embrope_apply_rope_append_kv(
@@ -453,7 +456,8 @@ EMBROPE_API embrope_status_t embrope_apply_qk_norm_rope_cos_sin(
 
 /* qk-norm + RoPE + KV-cache append (Qwen3 serving) in one launch: every head row of q and k is
  * normalised with norm (NULL: no weights, eps 1e-6) and rotated as embrope_apply_qk_norm_rope
- * does it, q in place or into options->q_out; the normalised, rotated k (also into
+ * does it, q in place or into options->q_out (float8 as in embrope_apply_rope_append_kv, but
+ * no q_nope: the norm covers whole rows); the normalised, rotated k (also into
  * options->k_out when given) and v are written into the KV cache as
  * embrope_apply_rope_append_kv writes them (the same slots, layouts, dtypes and bad-index
  * policy). */

@@ -307,8 +307,9 @@ def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
                          layout: Optional[str] = None, rotary_dim: int = 0,
                          mrope_section: Optional[Sequence[int]] = None,
                          mrope_interleaved: Optional[bool] = None, q_out: Any = None,
-                         k_out: Any = None, deferred: Any = None,
-                         stream: Any = None) -> tuple[Any, Any]:
+                         k_out: Any = None, deferred: Any = None, stream: Any = None,
+                         q_out_scale: float = 1.0, q_out_head_scales: Any = None,
+                         q_nope: Any = None, q_nope_out: Any = None) -> tuple[Any, Any]:
     """Rotate q and k (RoPE) and write rotated k and v into a KV cache, in one pass.
 
     What serving engines do before attention (vLLM ``rotary_emb`` + ``reshape_and_cache``,
@@ -339,6 +340,15 @@ def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
     k_scale, v_scale : float
         float8 caches store ``value / scale`` (round to nearest even, saturated to the finite
         range, NaN kept). Must be 1 for other cache dtypes.
+    q_out, k_out : arrays, optional
+        q_out: q's dtype, or float8_e4m3fn / float8_e5m2 (q rotated and quantized in the same
+        pass, FlashInfer's ``rope_quantize_fp8_append_paged_kv_cache``). k_out: k's dtype (a
+        float8 k is the cache's, by `k_scale`).
+    q_out_scale, q_out_head_scales
+        A float8 q_out's scales, as in :func:`apply_rope` (``float8(value * scale)``).
+    q_nope, q_nope_out : arrays, optional
+        With a float8 q_out: q's non-rotary part held apart, quantized with q's scales, as in
+        :func:`apply_rope` (DeepSeek MLA's ``q_nope``).
 
     Returns
     -------
@@ -359,7 +369,9 @@ def apply_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
                       cache_offsets=cache_offsets, cu_seqlens=cu_seqlens, kv_layout=kv_layout,
                       k_scale=k_scale, v_scale=v_scale, layout=layout, rotary_dim=rotary_dim,
                       mrope_section=mrope_section, mrope_interleaved=mrope_interleaved,
-                      q_out=q_out, k_out=k_out, deferred=deferred, stream=stream)
+                      q_out=q_out, k_out=k_out, deferred=deferred, stream=stream,
+                      q_out_scale=q_out_scale, q_out_head_scales=q_out_head_scales,
+                      nope=dict(q_nope=q_nope, q_nope_out=q_nope_out))
 
 
 def apply_qk_norm_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: Any, *,
@@ -372,8 +384,9 @@ def apply_qk_norm_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: 
                                  layout: Optional[str] = None, rotary_dim: int = 0,
                                  mrope_section: Optional[Sequence[int]] = None,
                                  mrope_interleaved: Optional[bool] = None, q_out: Any = None,
-                                 k_out: Any = None, deferred: Any = None,
-                                 stream: Any = None) -> tuple[Any, Any]:
+                                 k_out: Any = None, deferred: Any = None, stream: Any = None,
+                                 q_out_scale: float = 1.0,
+                                 q_out_head_scales: Any = None) -> tuple[Any, Any]:
     """Per-head RMSNorm of q and k, RoPE, and the write of k and v into a KV cache, in one pass.
 
     What a Qwen3 (or Gemma 3) layer does before attention when served: ``q_norm`` /
@@ -393,6 +406,10 @@ def apply_qk_norm_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: 
         As in :func:`apply_rope_append_kv`.
     layout, rotary_dim, mrope_section, mrope_interleaved, q_out, k_out, deferred, stream
         As in :func:`apply_rope_append_kv`.
+    q_out_scale, q_out_head_scales
+        A float8 q_out (q normalised, rotated, then quantized, rounded once from float32):
+        its scales, as in :func:`apply_rope`. The non-rotary part is not held apart here (the
+        norm covers whole rows).
 
     Returns
     -------
@@ -414,7 +431,8 @@ def apply_qk_norm_rope_append_kv(q: Any, k: Any, v: Any, positions: Any, cache: 
                       cu_seqlens=cu_seqlens, kv_layout=kv_layout, k_scale=k_scale,
                       v_scale=v_scale, layout=layout, rotary_dim=rotary_dim,
                       mrope_section=mrope_section, mrope_interleaved=mrope_interleaved,
-                      q_out=q_out, k_out=k_out, deferred=deferred, stream=stream)
+                      q_out=q_out, k_out=k_out, deferred=deferred, stream=stream,
+                      q_out_scale=q_out_scale, q_out_head_scales=q_out_head_scales, nope={})
 
 
 def _append_kv(op: str, norm: Optional[dict], q: Any, k: Any, v: Any, positions: Any, cache: Any,
@@ -422,8 +440,10 @@ def _append_kv(op: str, norm: Optional[dict], q: Any, k: Any, v: Any, positions:
                cache_offsets: Any, cu_seqlens: Any, kv_layout: str, k_scale: float,
                v_scale: float, layout: Optional[str], rotary_dim: int,
                mrope_section: Optional[Sequence[int]], mrope_interleaved: Optional[bool],
-               q_out: Any, k_out: Any, deferred: Any, stream: Any) -> tuple[Any, Any]:
-    """apply_rope_append_kv, or with `norm` (the qk-norm's arguments) its qk-norm form."""
+               q_out: Any, k_out: Any, deferred: Any, stream: Any, q_out_scale: float,
+               q_out_head_scales: Any, nope: dict) -> tuple[Any, Any]:
+    """apply_rope_append_kv, or with `norm` (the qk-norm's arguments) its qk-norm form;
+    `nope` q_nope and q_nope_out (apply_rope_append_kv's)."""
     # q is written in place or read, k read or written as k_out: checked below
     _arrays.check_array(op, "q", q, autograd=False)
     _arrays.check_array(op, "k", k, autograd=False)
@@ -435,6 +455,14 @@ def _append_kv(op: str, norm: Optional[dict], q: Any, k: Any, v: Any, positions:
     for name, array in (("k_cache", k_cache), ("v_cache", v_cache), ("kv_cache", kv_cache),
                         ("q_out", q_out), ("k_out", k_out)):  # written: check_writable below
         _arrays.check_optional(op, name, array, autograd=False)
+    _arrays.check_optional(op, "q_out_head_scales", q_out_head_scales)
+    nope = {name: array for name, array in nope.items() if array is not None}
+    for name, array in nope.items():
+        if name.endswith("_out"):
+            _arrays.check_optional(op, name, array, autograd=False)
+            _arrays.check_writable(op, name, array)
+        else:
+            _arrays.check_array(op, name, array)
     if kv_cache is None and (k_cache is None or v_cache is None):
         raise _C.InvalidArgumentError(f"{op}: give k_cache and v_cache, or kv_cache")
     if kv_cache is not None and (k_cache is not None or v_cache is not None):
@@ -454,19 +482,23 @@ def _append_kv(op: str, norm: Optional[dict], q: Any, k: Any, v: Any, positions:
             **_native.rope_table(op, cache),
             options=_native.rope_settings(op, cache, layout=layout, rotary_dim=rotary_dim,
                                           mrope_section=mrope_section,
-                                          mrope_interleaved=mrope_interleaved).options(op),
-            deferred=_status.native(deferred), stream=_arrays.stream_handle(stream, q))
+                                          mrope_interleaved=mrope_interleaved,
+                                          q_out_scale=q_out_scale).options(op),
+            deferred=_status.native(deferred), stream=_arrays.stream_handle(stream, q), **nope)
     else:
         native, call = _C.apply_qk_norm_rope_append_kv, _qk_arguments(
             op, q, cache, norm["q_weight"], norm["k_weight"], norm["eps"], norm["unit_offset"],
             deferred, stream, layout=layout, rotary_dim=rotary_dim,
-            mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
-    with _arrays.writes(q if q_out is None else q_out, k_out, k_cache, v_cache, kv_cache):
+            mrope_section=mrope_section, mrope_interleaved=mrope_interleaved,
+            q_out_scale=q_out_scale)
+    with _arrays.writes(q if q_out is None else q_out, k_out, k_cache, v_cache, kv_cache,
+                        nope.get("q_nope_out")):
         _native.call(
             native, q, k, v, positions, k_cache=k_cache, v_cache=v_cache, kv_cache=kv_cache,
             kv_layout=_arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout),
             k_scale=float(k_scale), v_scale=float(v_scale), slot_mapping=slot_mapping,
-            cache_offsets=cache_offsets, cu_seqlens=cu_seqlens, **call, q_out=q_out, k_out=k_out)
+            cache_offsets=cache_offsets, cu_seqlens=cu_seqlens, **call, q_out=q_out, k_out=k_out,
+            q_out_head_scales=q_out_head_scales)
     return (q if q_out is None else q_out), k_out
 
 

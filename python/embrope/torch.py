@@ -512,27 +512,48 @@ def apply_qk_norm_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
 
 
 @torch.library.custom_op("embrope::apply_rope_append_kv_",
-                         mutates_args=("q", "k_cache", "v_cache"))
+                         mutates_args=("q", "k_cache", "v_cache", "q_out", "q_nope_out"))
 def _apply_rope_append_kv_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
                              cos_sin_cache: Tensor, k_cache: Tensor, v_cache: Tensor,
                              slot_mapping: Optional[Tensor], cache_offsets: Optional[Tensor],
                              cu_seqlens: Optional[Tensor], kv_layout: int, k_scale: float,
-                             v_scale: float, layout: int, rotary_dim: int,
-                             mrope: List[int]) -> None:
+                             v_scale: float, layout: int, rotary_dim: int, mrope: List[int],
+                             q_out: Optional[Tensor], q_out_scale: float,
+                             q_out_head_scales: Optional[Tensor], q_nope: Optional[Tensor],
+                             q_nope_out: Optional[Tensor]) -> None:
     op = "apply_rope_append_kv"
+    settings = _native.RopeSettings(layout, False, rotary_dim, tuple(mrope), q_out_scale)
     _call_native(
         _C.apply_rope_append_kv,
         q.detach(), k.detach(), v.detach(), positions, k_cache=k_cache.detach(),
         v_cache=v_cache.detach(), kv_layout=_C.KvCacheLayout(kv_layout), k_scale=k_scale,
         v_scale=v_scale, slot_mapping=slot_mapping, cache_offsets=cache_offsets,
-        cu_seqlens=cu_seqlens, **_table(op, cos_sin_cache),
-        options=_rope_options(op, layout, False, rotary_dim, mrope), deferred=_deferred(op, q),
-        stream=_stream(q))
+        cu_seqlens=cu_seqlens, **_table(op, cos_sin_cache), options=settings.options(op),
+        deferred=_deferred(op, q), stream=_stream(q), q_out=q_out,
+        q_out_head_scales=q_out_head_scales, q_nope=q_nope, q_nope_out=q_nope_out)
 
 
 @_apply_rope_append_kv_op.register_fake
 def _(*args):
     return None
+
+
+def _float8_q_out(op: str, q: Tensor, q_nope: Optional[Tensor],
+                  q_out_dtype: Optional[torch.dtype]) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """The new float8 q_out (and q_nope_out) of a cache-append op, or None: q in place."""
+    if q_out_dtype is None or q_out_dtype == q.dtype:
+        if q_nope is not None:
+            raise _C.InvalidArgumentError(
+                f"{op}: q_nope is for a float8 q_out; give q_out_dtype torch.float8_e4m3fn or "
+                "torch.float8_e5m2")
+        return None, None
+    if q_out_dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise _C.InvalidArgumentError(
+            f"{op}: q_out_dtype is {q_out_dtype}; it is q's dtype ({q.dtype}), "
+            "torch.float8_e4m3fn or torch.float8_e5m2")
+    q_out = _empty(op, q.shape, q_out_dtype, q.device)
+    q_nope_out = None if q_nope is None else _empty(op, q_nope.shape, q_out_dtype, q.device)
+    return q_out, q_nope_out
 
 
 def apply_rope_append_kv(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
@@ -543,7 +564,10 @@ def apply_rope_append_kv(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
                          k_scale: float = 1.0, v_scale: float = 1.0,
                          layout: Optional[str] = None, rotary_dim: int = 0,
                          mrope_section: Optional[Sequence[int]] = None,
-                         mrope_interleaved: Optional[bool] = None) -> Tensor:
+                         mrope_interleaved: Optional[bool] = None,
+                         q_out_dtype: Optional[torch.dtype] = None, q_out_scale: float = 1.0,
+                         q_out_head_scales: Optional[Tensor] = None,
+                         q_nope: Optional[Tensor] = None) -> Any:
     """RoPE of q in place and of k into the KV cache, with v, in one pass (the serving path).
 
     ``embrope::apply_rope_append_kv_`` mutates q, k_cache and v_cache (no autograd); k and v
@@ -551,23 +575,33 @@ def apply_rope_append_kv(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
     k and v caches; pass ``kv[:, 0]`` and ``kv[:, 1]`` of a combined one). Traceable by
     ``torch.compile`` and capturable in a CUDA graph (inside :func:`deferred_errors`).
 
+    With `q_out_dtype` ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` q is not written: the
+    rotated q goes to a new float8 tensor, ``float8(value * scale)`` rounded once with
+    `q_out_scale` and `q_out_head_scales` (FlashInfer's
+    ``rope_quantize_fp8_append_paged_kv_cache``), and `q_nope` (q's non-rotary part held
+    apart, DeepSeek MLA) to another, quantized with q's scales.
+
     Returns
     -------
-    q
+    q, or the float8 q_out; with `q_nope`: (q_out, q_nope_out)
     """
     op = "apply_rope_append_kv"
     table = _cos_sin_tensor(op, cache, q.device)
     layout_value, _, rotary_dim, mrope = _rope_arguments(
         op, cache, layout, False, rotary_dim, mrope_section, mrope_interleaved)
     kv_value = _arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout).value
+    q_out, q_nope_out = _float8_q_out(op, q, q_nope, q_out_dtype)
     torch.ops.embrope.apply_rope_append_kv_(
         q, k, v, positions, table, k_cache, v_cache, slot_mapping, cache_offsets, cu_seqlens,
-        kv_value, float(k_scale), float(v_scale), layout_value, rotary_dim, mrope)
-    return q
+        kv_value, float(k_scale), float(v_scale), layout_value, rotary_dim, mrope, q_out,
+        float(q_out_scale), q_out_head_scales, q_nope, q_nope_out)
+    if q_nope is not None:
+        return q_out, q_nope_out
+    return q if q_out is None else q_out
 
 
 @torch.library.custom_op("embrope::apply_qk_norm_rope_append_kv_",
-                         mutates_args=("q", "k_cache", "v_cache"))
+                         mutates_args=("q", "k_cache", "v_cache", "q_out"))
 def _apply_qk_norm_rope_append_kv_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
                                      cos_sin_cache: Tensor, k_cache: Tensor, v_cache: Tensor,
                                      slot_mapping: Optional[Tensor],
@@ -575,16 +609,20 @@ def _apply_qk_norm_rope_append_kv_op(q: Tensor, k: Tensor, v: Tensor, positions:
                                      cu_seqlens: Optional[Tensor], kv_layout: int,
                                      k_scale: float, v_scale: float, q_weight: Optional[Tensor],
                                      k_weight: Optional[Tensor], eps: float, unit_offset: bool,
-                                     layout: int, rotary_dim: int, mrope: List[int]) -> None:
+                                     layout: int, rotary_dim: int, mrope: List[int],
+                                     q_out: Optional[Tensor], q_out_scale: float,
+                                     q_out_head_scales: Optional[Tensor]) -> None:
     op = "apply_qk_norm_rope_append_kv"
+    arguments = _qk_arguments(op, q, cos_sin_cache, q_weight, k_weight, eps, unit_offset, layout,
+                              False, rotary_dim, mrope)
+    arguments["options"] = _native.RopeSettings(layout, False, rotary_dim, tuple(mrope),
+                                                q_out_scale).options(op)
     _call_native(
         _C.apply_qk_norm_rope_append_kv,
         q.detach(), k.detach(), v.detach(), positions, k_cache=k_cache.detach(),
         v_cache=v_cache.detach(), kv_layout=_C.KvCacheLayout(kv_layout), k_scale=k_scale,
         v_scale=v_scale, slot_mapping=slot_mapping, cache_offsets=cache_offsets,
-        cu_seqlens=cu_seqlens,
-        **_qk_arguments(op, q, cos_sin_cache, q_weight, k_weight, eps, unit_offset, layout,
-                        False, rotary_dim, mrope))
+        cu_seqlens=cu_seqlens, q_out=q_out, q_out_head_scales=q_out_head_scales, **arguments)
 
 
 @_apply_qk_norm_rope_append_kv_op.register_fake
@@ -603,18 +641,22 @@ def apply_qk_norm_rope_append_kv(q: Tensor, k: Tensor, v: Tensor, positions: Ten
                                  k_scale: float = 1.0, v_scale: float = 1.0,
                                  layout: Optional[str] = None, rotary_dim: int = 0,
                                  mrope_section: Optional[Sequence[int]] = None,
-                                 mrope_interleaved: Optional[bool] = None) -> Tensor:
+                                 mrope_interleaved: Optional[bool] = None,
+                                 q_out_dtype: Optional[torch.dtype] = None,
+                                 q_out_scale: float = 1.0,
+                                 q_out_head_scales: Optional[Tensor] = None) -> Tensor:
     """Per-head RMSNorm of q and k, RoPE, and the KV-cache write, in one pass (Qwen3 serving).
 
     ``embrope::apply_qk_norm_rope_append_kv_`` mutates q, k_cache and v_cache (no autograd:
     a q, k, v or weight that requires grad is refused while grad mode is on); k and v are only
     read. The arguments are those of :func:`embrope.apply_qk_norm_rope_append_kv` (separate k
     and v caches; pass ``kv[:, 0]`` and ``kv[:, 1]`` of a combined one). Traceable by
-    ``torch.compile``.
+    ``torch.compile``. With `q_out_dtype` float8, q is not written: the normalised, rotated q
+    goes to a new float8 tensor, quantized as in :func:`apply_rope_append_kv`.
 
     Returns
     -------
-    q
+    q, or the float8 q_out
     """
     op = "apply_qk_norm_rope_append_kv"
     if torch.is_grad_enabled():
@@ -629,11 +671,13 @@ def apply_qk_norm_rope_append_kv(q: Tensor, k: Tensor, v: Tensor, positions: Ten
     layout_value, _, rotary_dim, mrope = _rope_arguments(
         op, cache, layout, False, rotary_dim, mrope_section, mrope_interleaved)
     kv_value = _arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout).value
+    q_out, _ = _float8_q_out(op, q, None, q_out_dtype)
     torch.ops.embrope.apply_qk_norm_rope_append_kv_(
         q, k, v, positions, table, k_cache, v_cache, slot_mapping, cache_offsets, cu_seqlens,
         kv_value, float(k_scale), float(v_scale), q_weight, k_weight, float(eps),
-        bool(unit_offset), layout_value, rotary_dim, mrope)
-    return q
+        bool(unit_offset), layout_value, rotary_dim, mrope, q_out, float(q_out_scale),
+        q_out_head_scales)
+    return q if q_out is None else q_out
 
 
 def apply_rope_backward(dq: Tensor, dk: Optional[Tensor], positions: Tensor,

@@ -540,6 +540,7 @@ void bind_append_kv_op(nb::module_& m) {
   static constexpr const char* op = Norm ? "apply_qk_norm_rope_append_kv" : "apply_rope_append_kv";
   auto body = [](const Array& q, const Array& k, const Array& v, const Array& positions,
                  const embrope::KvCache& kv, const embrope::KvSlots& slots,
+                 const OptionalArray& q_nope, const OptionalArray& q_nope_out,
                  const embrope::QkNorm* norm, const embrope::RopeCache* cache,
                  const OptionalArray& cos, const OptionalArray& sin,
                  const embrope::RopeOptions& settings, const OptionalArray& q_out,
@@ -548,8 +549,10 @@ void bind_append_kv_op(nb::module_& m) {
                  const OptionalArray& k_out_head_scales) {
     const Tensor q_view = view(q, op, "q"), k_view = view(k, op, "k"), v_view = view(v, op, "v");
     const Tensor positions_view = view(positions, op, "positions");
-    const embrope::RopeOptions options = rope_options(op, settings, q_out, k_out, deferred, stream,
-                                                      q_out_head_scales, k_out_head_scales);
+    embrope::RopeOptions options = rope_options(op, settings, q_out, k_out, deferred, stream,
+                                                q_out_head_scales, k_out_head_scales);
+    options.q_nope = view(q_nope, op, "q_nope");  // with a float8 q_out
+    options.q_nope_out = view(q_nope_out, op, "q_nope_out");
     rope_table(op, cache, cos, sin).call([&](const auto&... table) {
       if (norm != nullptr) {
         embrope::apply_qk_norm_rope_append_kv(q_view, k_view, v_view, positions_view, table..., kv,
@@ -565,7 +568,8 @@ void bind_append_kv_op(nb::module_& m) {
                       "k_cache"_a.none() = nb::none(), "v_cache"_a.none() = nb::none(),
                       "kv_cache"_a.none() = nb::none(), "kv_layout"_a = embrope::KvCacheLayout::nhd,
                       "k_scale"_a = 1.0f, "v_scale"_a = 1.0f, "slot_mapping"_a.none() = nb::none(),
-                      "cache_offsets"_a.none() = nb::none(), "cu_seqlens"_a.none() = nb::none());
+                      "cache_offsets"_a.none() = nb::none(), "cu_seqlens"_a.none() = nb::none(),
+                      "q_nope"_a.none() = nb::none(), "q_nope_out"_a.none() = nb::none());
   auto define = [&](auto&& f, auto&&... norm_arguments) {
     std::apply([&](auto&&... leading) { def_rope_op(m, op, f, leading..., norm_arguments...); },
                cache_arguments);
@@ -576,7 +580,8 @@ void bind_append_kv_op(nb::module_& m) {
                const OptionalArray& k_cache, const OptionalArray& v_cache,
                const OptionalArray& kv_cache, embrope::KvCacheLayout kv_layout, float k_scale,
                float v_scale, const OptionalArray& slot_mapping, const OptionalArray& cache_offsets,
-               const OptionalArray& cu_seqlens, const embrope::QkNorm& norm_settings,
+               const OptionalArray& cu_seqlens, const OptionalArray& q_nope,
+               const OptionalArray& q_nope_out, const embrope::QkNorm& norm_settings,
                const OptionalArray& q_weight, const OptionalArray& k_weight,
                const embrope::RopeCache* cache, const OptionalArray& cos, const OptionalArray& sin,
                const embrope::RopeOptions& settings, const OptionalArray& q_out,
@@ -585,8 +590,9 @@ void bind_append_kv_op(nb::module_& m) {
           const embrope::QkNorm norm = qk_norm(op, norm_settings, q_weight, k_weight);
           body(q, k, v, positions,
                kv_cache_of(op, k_cache, v_cache, kv_cache, kv_layout, k_scale, v_scale),
-               kv_slots_of(op, slot_mapping, cache_offsets, cu_seqlens), &norm, cache, cos, sin,
-               settings, q_out, k_out, deferred, stream, q_out_head_scales, k_out_head_scales);
+               kv_slots_of(op, slot_mapping, cache_offsets, cu_seqlens), q_nope, q_nope_out, &norm,
+               cache, cos, sin, settings, q_out, k_out, deferred, stream, q_out_head_scales,
+               k_out_head_scales);
         },
         "norm"_a = embrope::QkNorm{}, "q_weight"_a.none() = nb::none(),
         "k_weight"_a.none() = nb::none());
@@ -596,6 +602,7 @@ void bind_append_kv_op(nb::module_& m) {
                   const OptionalArray& kv_cache, embrope::KvCacheLayout kv_layout, float k_scale,
                   float v_scale, const OptionalArray& slot_mapping,
                   const OptionalArray& cache_offsets, const OptionalArray& cu_seqlens,
+                  const OptionalArray& q_nope, const OptionalArray& q_nope_out,
                   const embrope::RopeCache* cache, const OptionalArray& cos,
                   const OptionalArray& sin, const embrope::RopeOptions& settings,
                   const OptionalArray& q_out, const OptionalArray& k_out,
@@ -603,8 +610,9 @@ void bind_append_kv_op(nb::module_& m) {
                   const OptionalArray& q_out_head_scales, const OptionalArray& k_out_head_scales) {
       body(q, k, v, positions,
            kv_cache_of(op, k_cache, v_cache, kv_cache, kv_layout, k_scale, v_scale),
-           kv_slots_of(op, slot_mapping, cache_offsets, cu_seqlens), nullptr, cache, cos, sin,
-           settings, q_out, k_out, deferred, stream, q_out_head_scales, k_out_head_scales);
+           kv_slots_of(op, slot_mapping, cache_offsets, cu_seqlens), q_nope, q_nope_out, nullptr,
+           cache, cos, sin, settings, q_out, k_out, deferred, stream, q_out_head_scales,
+           k_out_head_scales);
     });
   }
 }

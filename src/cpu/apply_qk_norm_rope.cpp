@@ -26,6 +26,9 @@ using detail::to_float;
 #include "vector_bodies.hpp"
 #define EMBROPE_VECTOR_BODY "apply_qk_norm_rope.inc"
 #include "vector_bodies.hpp"
+#define EMBROPE_VECTOR_BODY "float8.inc"
+#include "vector_bodies.hpp"
+#include "float8.hpp"
 
 namespace {
 
@@ -39,10 +42,10 @@ float row_rstd(const T* x, std::int64_t dim, float eps) {
   return detail::norm_rstd(sum, dim, eps);
 }
 
-// The portable path. Normalises and rotates one head row; `in` and `out` may be the same row (each
-// pair is read before it is written).
-template <typename T, typename C>
-void forward_row(const QkNormRopeParams& p, bool is_q, const T* in, T* out,
+// The portable path. Normalises and rotates one head row into O (T, or float32 for a float8
+// output); `in` and `out` may be the same row (each pair is read before it is written).
+template <typename T, typename C, typename O = T>
+void forward_row(const QkNormRopeParams& p, bool is_q, const T* in, O* out,
                  detail::TokenPositions pos, float sin_sign) {
   const detail::RopeParams& r = p.rope;
   const float rstd = row_rstd(in, r.head_dim, p.norm.eps);
@@ -56,10 +59,10 @@ void forward_row(const QkNormRopeParams& p, bool is_q, const T* in, T* out,
     detail::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, s);
     float a = normalized(ia), b = normalized(ib);
     detail::rotate_pair(a, b, c, s);
-    out[ia] = from_float<T>(a);
-    out[ib] = from_float<T>(b);
+    out[ia] = from_float<O>(a);
+    out[ib] = from_float<O>(b);
   }
-  for (std::int64_t j = r.rotary_dim; j < r.head_dim; ++j) out[j] = from_float<T>(normalized(j));
+  for (std::int64_t j = r.rotary_dim; j < r.head_dim; ++j) out[j] = from_float<O>(normalized(j));
 }
 
 template <typename T, typename C>
@@ -91,8 +94,8 @@ void forward(const QkNormRopeParams& p) {
 // The vector path (x86 with AVX2 or AVX-512): tokens in parallel; per token the cos/sin row
 // widened once (as apply_rope.inc widens it), per call the weight factors; each head row by an
 // instruction set's qk_norm_rope_row.
-template <typename T>
-using QkRow = void (*)(const T*, T*, std::int64_t, std::int64_t, RopeLayout, const float*,
+template <typename T, typename O = T>
+using QkRow = void (*)(const T*, O*, std::int64_t, std::int64_t, RopeLayout, const float*,
                        const float*, const float*, float, float*);
 
 // Floats of a token's scratch: cos, sin (rotary_dim each), then the row scratch (256 partials
@@ -111,13 +114,12 @@ void weight_factors(const QkNormRopeParams& p, float* weights) {
 }
 
 // Token t (its position valid): the cos/sin row widened once (as apply_rope.inc widens it)
-// into buffer, then each head row by row_fn.
-template <typename T, typename C>
-void forward_token(const QkNormRopeParams& p, std::int64_t t, QkRow<T> row_fn, const float* weights,
-                   float* buffer) {
+// into buffer, then row(h, cos_w, sin_w, scratch) for each head row h.
+template <typename C, typename Row>
+void for_each_row(const QkNormRopeParams& p, std::int64_t t, float* buffer, Row&& row) {
   const detail::RopeParams& r = p.rope;
   const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
-  const std::int64_t dim = r.head_dim, half = r.rotary_dim / 2;
+  const std::int64_t half = r.rotary_dim / 2;
   const float sin_sign = r.inverse ? -1.0f : 1.0f;
   const bool neox = r.layout == RopeLayout::neox;
   float* const cos_w = buffer;
@@ -137,11 +139,21 @@ void forward_token(const QkNormRopeParams& p, std::int64_t t, QkRow<T> row_fn, c
       sin_w[2 * i + 1] = sn;
     }
   }
-  for (std::int64_t h = 0; h < heads; ++h) {
-    const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, h);
-    row_fn(row.in, row.out, dim, r.rotary_dim, r.layout, weights + (h < r.q.heads ? 0 : dim), cos_w,
-           sin_w, p.norm.eps, scratch);
-  }
+  for (std::int64_t h = 0; h < heads; ++h) row(h, cos_w, sin_w, scratch);
+}
+
+// Token t's head rows by the instruction set's row_fn.
+template <typename T, typename C>
+void forward_token(const QkNormRopeParams& p, std::int64_t t, QkRow<T> row_fn, const float* weights,
+                   float* buffer) {
+  const detail::RopeParams& r = p.rope;
+  const std::int64_t b = t / r.seq, s = t % r.seq;
+  for_each_row<C>(
+      p, t, buffer, [&](std::int64_t h, const float* cos_w, const float* sin_w, float* scratch) {
+        const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, h);
+        row_fn(row.in, row.out, r.head_dim, r.rotary_dim, r.layout,
+               weights + (h < r.q.heads ? 0 : r.head_dim), cos_w, sin_w, p.norm.eps, scratch);
+      });
 }
 
 template <typename T, typename C>
@@ -176,15 +188,15 @@ void forward_by_token(const QkNormRopeParams& p, QkRow<T> row_fn) {
   });
 }
 
-// The instruction set's row function, or null for the portable path.
-template <typename T>
-QkRow<T> vector_row(Isa isa) {
+// The instruction set's row function into O (T, or float32), or null for the portable path.
+template <typename T, typename O = T>
+QkRow<T, O> vector_row(Isa isa) {
 #if EMBROPE_CPU_X86
   if constexpr (std::is_same_v<T, detail::BFloat16>) {
-    if (isa == Isa::avx512_bf16) return avx512_bf16::qk_norm_rope_row<T>;
+    if (isa == Isa::avx512_bf16) return avx512_bf16::qk_norm_rope_row<T, O>;
   }
-  if (isa >= Isa::avx512) return avx512::qk_norm_rope_row<T>;
-  if (isa == Isa::avx2) return avx2::qk_norm_rope_row<T>;
+  if (isa >= Isa::avx512) return avx512::qk_norm_rope_row<T, O>;
+  if (isa == Isa::avx2) return avx2::qk_norm_rope_row<T, O>;
 #endif
   (void)isa;
   return nullptr;
@@ -300,24 +312,58 @@ void apply_qk_norm_rope(const QkNormRopeParams& p) {
   });
 }
 
-std::int64_t qk_norm_token_floats(const detail::QkNormRopeParams& p) {
-  return 2 * p.rope.head_dim + token_floats(p.rope);
+void qk_norm_weight_factors(const detail::QkNormRopeParams& p, float* weights) {
+  weight_factors(p, weights);
 }
 
-void qk_norm_rope_one_token(const detail::QkNormRopeParams& token, float* scratch) {
+std::int64_t qk_norm_token_floats(const detail::QkNormRopeParams& p) {
+  // The token's scratch, and a float8 output's float32 row.
+  return token_floats(p.rope) + p.rope.head_dim;
+}
+
+void qk_norm_rope_one_token(const detail::QkNormRopeParams& token, const float* weights,
+                            float* scratch) {
   const Isa isa = active_isa();
   const detail::RopeParams& r = token.rope;
-  float* const weights = scratch;
-  weight_factors(token, weights);
+  float* const buffer = scratch;
+  const float sin_sign = r.inverse ? -1.0f : 1.0f;
   dispatch(token, [&](auto t, auto c) {
     using T = typename decltype(t)::type;
     using C = typename decltype(c)::type;
-    if (const QkRow<T> row_fn = vector_row<T>(isa)) {
-      return forward_token<T, C>(token, 0, row_fn, weights, weights + 2 * r.head_dim);
+    if (detail::rope_quantized(r)) {
+      // Float8 outputs: each row normalised and rotated into float32, then stored as
+      // O(value * scale), rounded once (apply_rope's float8 rule).
+      float* const row_f = buffer + token_floats(r);
+      return detail::dispatch_float8_dtype(r.out_dtype, [&](auto o) {
+        using O = typename decltype(o)::type;
+        const QuantizeValues<float, O> quantize_row = quantize_values_for<float, O>(isa);
+        const auto quantize = [&](std::int64_t h) {
+          quantize_row(row_f, detail::rope_row<T, O>(r, 0, 0, h).out, r.head_dim,
+                       detail::rope_out_scale(r, h));
+        };
+        if (const QkRow<T, float> row_fn = vector_row<T, float>(isa)) {
+          return for_each_row<C>(
+              token, 0, buffer,
+              [&](std::int64_t h, const float* cos_w, const float* sin_w, float* row_scratch) {
+                row_fn(detail::rope_row<T>(r, 0, 0, h).in, row_f, r.head_dim, r.rotary_dim,
+                       r.layout, weights + (h < r.q.heads ? 0 : r.head_dim), cos_w, sin_w,
+                       token.norm.eps, row_scratch);
+                quantize(h);
+              });
+        }
+        const detail::TokenPositions pos = detail::token_positions(r, 0, 0);
+        for (std::int64_t h = 0; h < detail::rope_rotated_heads(r); ++h) {
+          forward_row<T, C, float>(token, h < r.q.heads, detail::rope_row<T>(r, 0, 0, h).in, row_f,
+                                   pos, sin_sign);
+          quantize(h);
+        }
+      });
     }
-    const float sin_sign = r.inverse ? -1.0f : 1.0f;
+    if (const QkRow<T> row_fn = vector_row<T>(isa)) {
+      return forward_token<T, C>(token, 0, row_fn, weights, buffer);
+    }
     const detail::TokenPositions pos = detail::token_positions(r, 0, 0);
-    for (std::int64_t h = 0; h < r.q.heads + (r.has_k ? r.k.heads : 0); ++h) {
+    for (std::int64_t h = 0; h < detail::rope_rotated_heads(r); ++h) {
       const detail::RopeRow<T> row = detail::rope_row<T>(r, 0, 0, h);
       forward_row<T, C>(token, h < r.q.heads, row.in, row.out, pos, sin_sign);
     }

@@ -21,6 +21,9 @@ using detail::to_float;
 
 #define EMBROPE_VECTOR_BODY "apply_rope.inc"
 #include "vector_bodies.hpp"
+#define EMBROPE_VECTOR_BODY "float8.inc"
+#include "vector_bodies.hpp"
+#include "float8.hpp"
 
 namespace {
 
@@ -130,19 +133,14 @@ using RotateToken = void (*)(const detail::RopeParams&, std::int64_t, float*, fl
 // O(value * scale) with their head's scale, rounded once; zero codes for a bad token.
 template <typename T, typename O>
 void quantize_nope_rows(const detail::RopeParams& p, std::int64_t b, std::int64_t s, bool bad) {
+  const QuantizeValues<T, O> quantize = quantize_values_for<T, O>(active_isa());
   for (std::int64_t n = 0; n < detail::rope_nope_heads(p); ++n) {
     const detail::RopeNopeRow<T, O> row = detail::rope_nope_row<T, O>(p, b, s, n);
-    const T* in = row.in;
-    O* out = row.out;
     if (bad) {
-      std::fill(out, out + row.dim, from_float<O>(0.0f));
+      std::fill(row.out, row.out + row.dim, from_float<O>(0.0f));
       continue;
     }
-    const float scale = detail::rope_out_scale(p, row.head);
-#pragma omp simd
-    for (std::int64_t j = 0; j < row.dim; ++j) {
-      out[j] = detail::rope_output_value<T, O>(to_float(in[j]), scale);
-    }
+    quantize(row.in, row.out, row.dim, detail::rope_out_scale(p, row.head));
   }
 }
 
@@ -285,9 +283,39 @@ void dispatch_rotation(const detail::RopeParams& p, OnVector&& on_vector,
   });
 }
 
+// The float8 outputs' choice: on_rotation(t, o, rotate_token) with the active instruction set's
+// quantized token rotation (t, o: the value and float8 dtype tags).
+template <typename OnRotation>
+void dispatch_quantized_rotation(const detail::RopeParams& p, OnRotation&& on_rotation) {
+  const Isa isa = active_isa();
+  detail::dispatch_value_dtype(p.dtype, [&](auto t) {
+    detail::dispatch_value_dtype(p.table_dtype, [&](auto c) {
+      detail::dispatch_float8_dtype(p.out_dtype, [&](auto o) {
+        using T = typename decltype(t)::type;
+        using C = typename decltype(c)::type;
+        using O = typename decltype(o)::type;
+#if EMBROPE_CPU_X86
+        if (isa >= Isa::avx512) return on_rotation(t, o, avx512::rotate_token_quantized<T, C, O>);
+        if (isa == Isa::avx2) return on_rotation(t, o, avx2::rotate_token_quantized<T, C, O>);
+#endif
+        (void)isa;
+        on_rotation(t, o, rotate_token_quantized<T, C, O>);
+      });
+    });
+  });
+}
+
 }  // namespace
 
 void rotate_one_token(const detail::RopeParams& p, float* widened) {
+  if (detail::rope_quantized(p)) {
+    return dispatch_quantized_rotation(p, [&](auto t, auto o, auto rotate) {
+      using T = typename decltype(t)::type;
+      using O = typename decltype(o)::type;
+      if (detail::rope_nope_heads(p) > 0) quantize_nope_rows<T, O>(p, 0, 0, false);
+      rotate(p, 0, widened, widened + p.rotary_dim);
+    });
+  }
   dispatch_rotation(
       p, [&](auto, auto rotate) { rotate(p, 0, widened, widened + p.rotary_dim); },
       [&](auto t, auto c) {
@@ -295,28 +323,26 @@ void rotate_one_token(const detail::RopeParams& p, float* widened) {
       });
 }
 
+void zero_one_token(const detail::RopeParams& p) {
+  // Zero is all zero bits in every output dtype. Strides count the output's elements.
+  const std::int64_t size = dtype_size(p.out_dtype);
+  const auto zero_rows = [&](const detail::RopeHeads& x, std::int64_t dim) {
+    for (std::int64_t h = 0; h < x.heads; ++h) {
+      std::uint8_t* out = static_cast<std::uint8_t*>(x.out) + h * x.out_stride_h * size;
+      std::fill(out, out + dim * size, std::uint8_t{0});
+    }
+  };
+  zero_rows(p.q, p.head_dim);
+  if (p.has_k) zero_rows(p.k, p.head_dim);
+  zero_rows(p.q_nope, p.q_nope_dim);
+  zero_rows(p.k_nope, p.k_nope_dim);
+}
+
 void apply_rope(const detail::RopeParams& p) {
   if (detail::rope_quantized(p)) {
-    const Isa isa = active_isa();
-    detail::dispatch_value_dtype(p.dtype, [&](auto t) {
-      detail::dispatch_value_dtype(p.table_dtype, [&](auto c) {
-        detail::dispatch_float8_dtype(p.out_dtype, [&](auto o) {
-          using T = typename decltype(t)::type;
-          using C = typename decltype(c)::type;
-          using O = typename decltype(o)::type;
-#if EMBROPE_CPU_X86
-          if (isa >= Isa::avx512)
-            return rope_by_token<T, O>(p, avx512::rotate_token_quantized<T, C, O>);
-          if (isa == Isa::avx2) {
-            return rope_by_token<T, O>(p, avx2::rotate_token_quantized<T, C, O>);
-          }
-#endif
-          (void)isa;
-          rope_by_token<T, O>(p, rotate_token_quantized<T, C, O>);
-        });
-      });
+    return dispatch_quantized_rotation(p, [&](auto t, auto o, auto rotate) {
+      rope_by_token<typename decltype(t)::type, typename decltype(o)::type>(p, rotate);
     });
-    return;
   }
   dispatch_rotation(
       p, [&](auto t, auto rotate) { rope_by_token<typename decltype(t)::type>(p, rotate); },

@@ -11,12 +11,18 @@
 #include "../backend.hpp"
 #include "../dispatch.hpp"
 #include "embrope/detail/numeric_types.hpp"
+#include "isa.hpp"
 
 namespace embrope::cpu {
-namespace {
 
 using detail::from_float;
 using detail::to_float;
+
+#define EMBROPE_VECTOR_BODY "float8.inc"
+#include "vector_bodies.hpp"
+#include "float8.hpp"
+
+namespace {
 
 // heads rows of dim elements of T (row h at src + h * src_stride) into the cache rows of a
 // slot, converted to the cache dtype C (float8: value / scale).
@@ -30,10 +36,7 @@ void store_rows(const T* src, std::int64_t src_stride, const detail::KvCacheSide
       std::memcpy(out, in, static_cast<std::size_t>(cache.head_dim) * sizeof(T));
     } else if constexpr (std::is_same_v<C, detail::Float8E4M3> ||
                          std::is_same_v<C, detail::Float8E5M2>) {
-      const float scale = cache.scale;
-#pragma omp simd
-      for (std::int64_t e = 0; e < cache.head_dim; ++e)
-        out[e] = from_float<C>(to_float(in[e]) / scale);
+      divide_into_float8(in, out, cache.head_dim, cache.scale);
     } else {
 #pragma omp simd
       for (std::int64_t e = 0; e < cache.head_dim; ++e) out[e] = from_float<C>(to_float(in[e]));
@@ -49,23 +52,24 @@ void store_rows(const T* src, std::int64_t src_stride, const detail::KvCacheSide
   });
 }
 
-// The rotation parameters of token (b, s) alone: batch = seq = 1, every pointer at the token.
+// The rotation parameters of token (b, s) alone: batch = seq = 1, every pointer at the token
+// (strides count elements: q's output and q_nope's are in the output dtype).
 detail::RopeParams token_params(const detail::RopeParams& p, std::int64_t b, std::int64_t s) {
   detail::RopeParams t = p;
-  const std::int64_t size = dtype_size(p.dtype);
-  auto at = [&](const void* base, std::int64_t sb, std::int64_t ss) {
-    return static_cast<const char*>(base) + (b * sb + s * ss) * size;
-  };
   t.batch = 1;
   t.seq = 1;
   t.positions = static_cast<const char*>(p.positions) +
                 (b * p.position_stride_b + s * p.position_stride_s) * dtype_size(p.position_dtype);
   t.position_stride_b = t.position_stride_s = 0;
-  for (detail::RopeHeads* x : {&t.q, &t.k}) {
-    x->in = at(x->in, x->in_stride_b, x->in_stride_s);
-    x->out = const_cast<char*>(at(x->out, x->out_stride_b, x->out_stride_s));
-    x->in_stride_b = x->in_stride_s = x->out_stride_b = x->out_stride_s = 0;
-  }
+  const auto at_token = [&](detail::RopeHeads& x, std::int64_t out_size) {
+    x.in = static_cast<const char*>(x.in) +
+           (b * x.in_stride_b + s * x.in_stride_s) * dtype_size(p.dtype);
+    x.out = static_cast<char*>(x.out) + (b * x.out_stride_b + s * x.out_stride_s) * out_size;
+    x.in_stride_b = x.in_stride_s = x.out_stride_b = x.out_stride_s = 0;
+  };
+  at_token(t.q, dtype_size(p.out_dtype));
+  at_token(t.k, dtype_size(p.dtype));
+  at_token(t.q_nope, dtype_size(p.out_dtype));
   return t;
 }
 
@@ -76,6 +80,15 @@ void append_kv(const detail::RopeAppendKvParams& p) {
   const std::int64_t kv_heads = r.k.heads;
   const bool direct = p.k_cache.dtype == r.dtype;  // rotate k straight into the cache
   const bool k_written = p.write_k_out;
+  const bool quantized = detail::rope_quantized(r);  // q_out float8
+  // The qk-norm's weight factors (q's, then k's), once per call.
+  std::vector<float> weights(p.qk_norm ? static_cast<std::size_t>(2 * r.head_dim) : 0);
+  if (p.qk_norm) {
+    detail::QkNormRopeParams call;
+    call.rope = r;
+    call.norm = p.norm;
+    qk_norm_weight_factors(call, weights.data());
+  }
 
   // Token t: rotate, write its cache rows; returns its bad-index key.
   const auto token = [&](std::int64_t t, float* widened, T* scratch) -> std::int64_t {
@@ -84,15 +97,25 @@ void append_kv(const detail::RopeAppendKvParams& p) {
     const std::int64_t slot_key =
         detail::bad_index_key(t, p.slot_mapping != nullptr ? detail::BadIndexArg::slot_mapping
                                                            : detail::BadIndexArg::cache_offsets);
+    // A float8 q (the op's only float8 output) is rotated apart from k, whose rows keep k's
+    // dtype: q_part holds q's rows (and q_nope's), `one` k's.
+    detail::RopeParams one = token_params(r, b, s);
+    detail::RopeParams q_part = one;
+    q_part.has_k = false;
+    if (quantized) {
+      one.q.heads = 0;
+      one.q_nope.heads = 0;
+      one.out_dtype = r.dtype;
+    }
     if (detail::rope_bad_stream(r, b, s) >= 0) {
-      for (std::int64_t h = 0; h < r.q.heads + (k_written ? kv_heads : 0); ++h) {
-        T* out = detail::rope_row<T>(r, b, s, h).out;
+      zero_one_token(q_part);
+      for (std::int64_t h = 0; k_written && h < kv_heads; ++h) {
+        T* out = detail::rope_row<T>(r, b, s, r.q.heads + h).out;
         std::fill(out, out + r.head_dim, from_float<T>(0.0f));
       }
       return detail::bad_index_key(t, detail::BadIndexArg::positions);
     }
     const bool write = slot.state == detail::KvSlot::write;
-    detail::RopeParams one = token_params(r, b, s);
     // Where rotated k goes: k_out, the cache row itself, the scratch rows, or nowhere.
     const T* rotated_k = nullptr;
     std::int64_t rotated_stride = 0;
@@ -110,13 +133,16 @@ void append_kv(const detail::RopeAppendKvParams& p) {
     } else {
       one.has_k = false;
     }
-    if (p.qk_norm) {
-      detail::QkNormRopeParams normalized;
-      normalized.rope = one;
-      normalized.norm = p.norm;
-      qk_norm_rope_one_token(normalized, widened);
-    } else {
-      rotate_one_token(one, widened);
+    for (const detail::RopeParams* part : {quantized ? &q_part : nullptr, &one}) {
+      if (part == nullptr || detail::rope_rotated_heads(*part) == 0) continue;
+      if (p.qk_norm) {
+        detail::QkNormRopeParams normalized;
+        normalized.rope = *part;
+        normalized.norm = p.norm;
+        qk_norm_rope_one_token(normalized, weights.data(), widened);
+      } else {
+        rotate_one_token(*part, widened);
+      }
     }
     if (!write) return slot.state == detail::KvSlot::bad ? slot_key : detail::kNoBadIndex;
     if (rotated_k != nullptr) {
@@ -127,16 +153,17 @@ void append_kv(const detail::RopeAppendKvParams& p) {
     return detail::kNoBadIndex;
   };
 
-  // Per thread: the rotation's widened cos/sin row, or the qk-norm's weights and scratch.
+  // Per thread: the rotation's widened cos/sin row, or the qk-norm's scratch.
   detail::QkNormRopeParams normalized;
   normalized.rope = r;
   normalized.norm = p.norm;
   const std::size_t widened_floats =
-      static_cast<std::size_t>(p.qk_norm ? qk_norm_token_floats(normalized) : 2 * r.rotary_dim);
+      static_cast<std::size_t>(p.qk_norm ? qk_norm_token_floats(normalized) : 3 * r.rotary_dim);
   const std::size_t scratch_elements = static_cast<std::size_t>(kv_heads * r.head_dim);
   std::int64_t first_bad = detail::kNoBadIndex;
   const std::int64_t elements =
-      tokens * ((r.q.heads + kv_heads) * r.head_dim + kv_heads * p.v_cache.head_dim);
+      tokens * ((r.q.heads + kv_heads) * r.head_dim + kv_heads * p.v_cache.head_dim +
+                r.q_nope.heads * r.q_nope_dim);
   if (tokens <= 1 || elements < (1 << 15)) {
     std::vector<float> widened(widened_floats);
     std::vector<T> scratch(scratch_elements);

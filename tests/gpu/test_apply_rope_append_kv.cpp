@@ -42,6 +42,10 @@ struct AppendCase {
   // apply_qk_norm_rope_append_kv: weights of norm_dtype, or 1 + w.
   bool norm = false, unit_offset = false;
   DType norm_dtype = DType::float32;
+  // A float8 q_out (q_out set) with a scale and per-head scales; q_nope: q's non-rotary part
+  // [T, Hq, 24] held apart (apply_rope_append_kv).
+  DType q_dtype = DType::float32;  // float8: the q_out dtype
+  bool q_nope = false;
 };
 
 std::string describe(const AppendCase& c) {
@@ -52,7 +56,9 @@ std::string describe(const AppendCase& c) {
      << (c.packed_offsets ? " contiguous-packed" : " paged") << " T " << c.tokens << " Hq " << c.hq
      << " Hk " << c.hk << " D " << c.head_dim << " R " << c.rotary_dim << " Dv " << c.v_dim
      << " page " << c.page_size << (c.k_out ? " k_out" : "") << (c.q_out ? " q_out" : "")
-     << " bad slot at " << c.bad_slot_token << " bad position at " << c.bad_position_token;
+     << (embrope::is_float8_dtype(c.q_dtype) ? embrope::dtype_name(c.q_dtype) : "")
+     << (c.q_nope ? " q_nope" : "") << " bad slot at " << c.bad_slot_token << " bad position at "
+     << c.bad_position_token;
   if (c.norm) {
     os << " qk-norm " << embrope::dtype_name(c.norm_dtype) << (c.unit_offset ? " 1 + w" : "");
   }
@@ -66,7 +72,7 @@ std::vector<std::int64_t> cache_shape(const AppendCase& c, std::int64_t pages, s
 
 // The bytes a call leaves in its outputs, and its bad-index report.
 struct Result {
-  std::vector<unsigned char> q, k_out, k_cache, v_cache;
+  std::vector<unsigned char> q, k_out, k_cache, v_cache, q_nope_out;
   std::string error;
 };
 
@@ -79,8 +85,17 @@ void run_case(const AppendCase& c) {
   const std::int64_t k_elems = pages * c.page_size * c.hk * c.head_dim;
   const std::int64_t v_elems = pages * c.page_size * c.hk * c.v_dim;
   Buffer q(t * c.hq * c.head_dim * es), k(t * c.hk * c.head_dim * es), v(t * c.hk * c.v_dim * es);
-  Buffer q_out(c.q_out ? t * c.hq * c.head_dim * es : 0),
+  const bool q8 = embrope::is_float8_dtype(c.q_dtype);
+  const std::int64_t nope_dim = c.q_nope ? 24 : 0;
+  Buffer q_out(c.q_out ? t * c.hq * c.head_dim * (q8 ? 1 : es) : 0),
       k_out(c.k_out ? t * c.hk * c.head_dim * es : 0);
+  Buffer q_nope(t * c.hq * nope_dim * es), q_nope_out(t * c.hq * nope_dim);
+  Buffer q_scales(c.hq * 4);
+  fill_random(q_nope, c.dtype, t * c.hq * nope_dim, 16 + t);
+  for (std::int64_t h = 0; h < c.hq; ++h) {
+    const float scale = 0.25f + 0.5f * static_cast<float>(h % 4);
+    std::memcpy(q_scales.host.data() + 4 * h, &scale, 4);
+  }
   Buffer positions(3 * t * 8), slots(t * 8), offsets(sequences * 8), cu((sequences + 1) * 8);
   Buffer k_cache((c.combined ? 2 * k_elems : k_elems) * cs), v_cache(c.combined ? 0 : v_elems * cs);
   fill_random(q, c.dtype, t * c.hq * c.head_dim, 11 + t);
@@ -110,7 +125,8 @@ void run_case(const AppendCase& c) {
   const std::int64_t offset_values[3] = {1, 0, c.page_size - (t - t / 3)};
   for (int i = 0; i < 4; ++i) std::memcpy(cu.host.data() + 8 * i, &cu_values[i], 8);
   for (int i = 0; i < 3; ++i) std::memcpy(offsets.host.data() + 8 * i, &offset_values[i], 8);
-  for (Buffer* b : {&q, &k, &v, &positions, &slots, &offsets, &cu, &q_weight, &k_weight}) {
+  for (Buffer* b :
+       {&q, &k, &v, &positions, &slots, &offsets, &cu, &q_weight, &k_weight, &q_nope, &q_scales}) {
     b->upload();
   }
 
@@ -119,7 +135,7 @@ void run_case(const AppendCase& c) {
   auto run = [&](bool gpu) {
     const Device dev = gpu ? Device::cuda(0) : Device::cpu();
     // Fresh inputs (q is rotated in place) and poisoned outputs on the side that runs.
-    std::vector<Buffer*> outputs = {&q_out, &k_out, &k_cache, &v_cache};
+    std::vector<Buffer*> outputs = {&q_out, &k_out, &k_cache, &v_cache, &q_nope_out};
     for (Buffer* b : outputs) b->poison_both(0x7f);
     q.upload();
     auto ptr = [&](Buffer& b) -> void* {
@@ -148,7 +164,15 @@ void run_case(const AppendCase& c) {
     embrope::RopeOptions o;
     o.layout = c.interleaved ? embrope::RopeLayout::interleaved : embrope::RopeLayout::neox;
     if (c.mrope) o.mrope_section = {c.rotary_dim / 4, c.rotary_dim / 8, c.rotary_dim / 8};
-    if (c.q_out) o.q_out = tensor(q_out, c.dtype, {t, c.hq, c.head_dim});
+    if (c.q_out) o.q_out = tensor(q_out, q8 ? c.q_dtype : c.dtype, {t, c.hq, c.head_dim});
+    if (q8) {
+      o.q_out_scale = 3.0f;
+      o.q_out_head_scales = tensor(q_scales, DType::float32, {c.hq});
+    }
+    if (c.q_nope) {
+      o.q_nope = tensor(q_nope, c.dtype, {t, c.hq, nope_dim});
+      o.q_nope_out = tensor(q_nope_out, c.q_dtype, {t, c.hq, nope_dim});
+    }
     if (c.k_out) o.k_out = tensor(k_out, c.dtype, {t, c.hk, c.head_dim});
     embrope::DeferredStatus status(dev);
     o.deferred = &status;
@@ -174,6 +198,8 @@ void run_case(const AppendCase& c) {
       r.error = e.what();
     }
     r.q = gpu ? q.download() : q.host;
+    if (c.q_out) r.q = gpu ? q_out.download() : q_out.host;
+    r.q_nope_out = gpu ? q_nope_out.download() : q_nope_out.host;
     r.k_out = gpu ? k_out.download() : k_out.host;
     r.k_cache = gpu ? k_cache.download() : k_cache.host;
     r.v_cache = gpu ? v_cache.download() : v_cache.host;
@@ -188,6 +214,7 @@ void run_case(const AppendCase& c) {
   CHECK(gpu.k_out == cpu.k_out);
   CHECK(gpu.k_cache == cpu.k_cache);
   CHECK(gpu.v_cache == cpu.v_cache);
+  CHECK(gpu.q_nope_out == cpu.q_nope_out);
 }
 
 bool reduced_sweep() {
@@ -264,6 +291,30 @@ TEST_CASE("GPU apply_rope_append_kv: general path, partial rotary, mrope, output
   packed.cache_dtype = DType::float8_e5m2;
   packed.k_scale = 0.5f;
   run_case(packed);
+  for (DType q8 : {DType::float8_e4m3fn, DType::float8_e5m2}) {
+    // A float8 q_out (rope_quantize_fp8_append_paged_kv_cache) with head scales, a float8
+    // cache; MLA's shape with q_nope; and a bad position (zero codes).
+    AppendCase fp8;
+    fp8.q_out = true;
+    fp8.q_dtype = q8;
+    fp8.cache_dtype = q8;
+    fp8.k_scale = 0.25f;
+    fp8.tokens = 12;
+    fp8.hq = 4;
+    fp8.interleaved = q8 == DType::float8_e5m2;
+    fp8.bad_position_token = 5;
+    run_case(fp8);
+    AppendCase mla;  // DeepSeek MLA: q's rope slice (64) with q_nope, k_pe one kv head, kv_c v
+    mla.q_out = mla.q_nope = true;
+    mla.q_dtype = q8;
+    mla.hq = 4;
+    mla.hk = 1;
+    mla.head_dim = mla.rotary_dim = 64;
+    mla.v_dim = 128;
+    mla.interleaved = true;
+    mla.tokens = 7;
+    run_case(mla);
+  }
   AppendCase bad;  // a bad slot: reported alike, the same rows written
   bad.tokens = 16;
   bad.bad_slot_token = 6;
@@ -295,6 +346,20 @@ TEST_CASE("GPU apply_qk_norm_rope_append_kv: dtypes, caches, norms, bad slots an
           run_case(c);
         }
       }
+    }
+  }
+  for (DType q8 : {DType::float8_e4m3fn, DType::float8_e5m2}) {
+    for (std::int64_t tokens : {1, 20}) {  // a float8 q_out, decode and prefill
+      AppendCase c;
+      c.norm = true;
+      c.q_out = true;
+      c.q_dtype = q8;
+      c.cache_dtype = DType::float8_e4m3fn;
+      c.k_scale = 0.125f;
+      c.tokens = tokens;
+      c.hq = 4;
+      c.bad_position_token = tokens == 20 ? 3 : -1;
+      run_case(c);
     }
   }
   AppendCase gemma;  // Gemma 3: 1 + w, q_out and k_out, combined cache, interleaved pairs
