@@ -17,6 +17,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "embrope/detail/norm_math.hpp"
@@ -154,7 +155,8 @@ void rope_case(embrope::RopeLayout layout, bool inverse, bool in_place, int role
 }
 
 // apply_rope with float8 outputs: every byte is the portable arithmetic's, the rotation in
-// float32 then value * scale rounded once (specials included: NaN, infinities, saturation).
+// float32 then value * scale rounded once (specials included: NaN, infinities, saturation),
+// and q's non-rotary part held apart (q_nope, 37 elements a row) scaled and rounded alike.
 template <typename T, typename O>
 void rope_float8_case(embrope::RopeLayout layout, DType out_dtype) {
   const std::int64_t tokens = 700, heads = 3, dim = 76, rotary = 64, half = rotary / 2;
@@ -186,6 +188,13 @@ void rope_float8_case(embrope::RopeLayout layout, DType out_dtype) {
       for (std::int64_t i = rotary; i < dim; ++i) y[i] = from_float<O>(to_float(x[i]) * scale).bits;
     }
   }
+  const std::int64_t nope = 37;
+  std::vector<T> q_nope = make_values<T>(static_cast<std::size_t>(tokens * heads * nope), false, 8);
+  std::vector<std::uint8_t> nope_out(q_nope.size(), 0x55), want_nope(q_nope.size());
+  for (std::size_t i = 0; i < q_nope.size(); ++i) {
+    const float scale = 2.0f * scales[(i / nope) % heads];
+    want_nope[i] = from_float<O>(to_float(q_nope[i]) * scale).bits;
+  }
   std::vector<std::uint8_t> out(n, 0x55);
   std::vector<float> head_scales(scales, scales + heads);
   embrope::RopeOptions options;
@@ -193,13 +202,16 @@ void rope_float8_case(embrope::RopeLayout layout, DType out_dtype) {
   options.q_out = Tensor(out.data(), out_dtype, {tokens, heads, dim});
   options.q_out_scale = 2.0f;
   options.q_out_head_scales = Tensor(head_scales.data(), DType::float32, {heads});
+  options.q_nope = Tensor(q_nope.data(), dtype_of<T>(), {tokens, heads, nope});
+  options.q_nope_out = Tensor(nope_out.data(), out_dtype, {tokens, heads, nope});
   embrope::apply_rope(Tensor(q.data(), dtype_of<T>(), {tokens, heads, dim}), std::nullopt,
                       Tensor(positions.data(), DType::int64, {tokens}),
                       Tensor(cos.data(), DType::float32, {positions_count, half}),
                       Tensor(sin.data(), DType::float32, {positions_count, half}), options);
-  compare(std::string("apply_rope ") + name_of<T>() + " -> " + embrope::dtype_name(out_dtype) +
-              (neox ? " neox" : " interleaved"),
-          out, want);
+  const std::string what = std::string("apply_rope ") + name_of<T>() + " -> " +
+                           embrope::dtype_name(out_dtype) + (neox ? " neox" : " interleaved");
+  compare(what, out, want);
+  compare(what + " q_nope_out", nope_out, want_nope);
 }
 
 // embed with a scale, learned or sinusoidal positions and types (each optional), shard misses
@@ -342,9 +354,56 @@ void embed_norm_case(embrope::Normalization norm, bool unit_offset, std::int64_t
   compare(what + " pre_norm_out", pre, want_pre);
 }
 
-// qk-norm + RoPE ([T, 3, D] q and [T, 2, D] k, weights in float32 or T, partial rotary): the
-// vector bodies' sums of squares, rstd and rotations against detail/'s scalar forms.
+// The qk-norm + RoPE rows of x ([rows, D], row r at token r / heads) in float32, before the one
+// rounding: detail/'s scalar forms of the sum of squares, rstd, weight and rotation.
 template <typename T, typename W>
+std::vector<float> qk_norm_rope_reference(const std::vector<T>& x, const std::vector<W>& w,
+                                          std::int64_t heads, std::int64_t dim, std::int64_t rotary,
+                                          embrope::RopeLayout layout,
+                                          const std::vector<std::int64_t>& positions,
+                                          const std::vector<float>& cos_sin,
+                                          std::int64_t max_positions, float eps, bool unit_offset) {
+  const std::int64_t rows = static_cast<std::int64_t>(x.size()) / dim, half = rotary / 2;
+  std::vector<float> want(x.size());
+  for (std::int64_t row = 0; row < rows; ++row) {
+    const T* in = x.data() + row * dim;
+    float* n = want.data() + row * dim;
+    const float rstd = embrope::detail::norm_rstd(
+        embrope::detail::canonical_row_sum(dim,
+                                           [&](std::int64_t j) {
+                                             return embrope::detail::norm_square_term(
+                                                 to_float(in[j]), 0.0f);
+                                           }),
+        dim, eps);
+    for (std::int64_t j = 0; j < dim; ++j) {
+      n[j] = embrope::detail::norm_product(
+          embrope::detail::rms_normalized(to_float(in[j]), rstd),
+          embrope::detail::norm_weight_factor(to_float(w[j]), unit_offset));
+    }
+    const std::int64_t p = positions[row / heads];
+    for (std::int64_t i = 0; i < half; ++i) {
+      const bool neox = layout == embrope::RopeLayout::neox;
+      const std::int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+      // The cache's rows (copy_to_host layout): cos [P, R/2], then sin [P, R/2].
+      embrope::detail::rotate_pair(n[a], n[b], cos_sin[p * half + i],
+                                   cos_sin[max_positions * half + p * half + i]);
+    }
+  }
+  return want;
+}
+
+template <typename T>
+std::vector<T> rounded(const std::vector<float>& x) {
+  std::vector<T> y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = from_float<T>(x[i]);
+  return y;
+}
+
+// qk-norm + RoPE ([T, 3, D] q and [T, 2, D] k, weights in float32 or T, partial rotary): the
+// vector bodies' sums of squares, rstd and rotations against detail/'s scalar forms. With a
+// float8 O: apply_qk_norm_rope_append_kv's float8 q_out (value * scale, rounded once) and its
+// float8 cache (k rounded to T, then divided by k_scale), each a vector body of float8.inc.
+template <typename T, typename W, typename O = T>
 void qk_norm_rope_case(embrope::RopeLayout layout, std::int64_t dim, std::int64_t rotary,
                        bool unit_offset) {
   const std::int64_t tokens = 37, hq = 3, hk = 2, max_positions = 64;
@@ -358,40 +417,11 @@ void qk_norm_rope_case(embrope::RopeLayout layout, std::int64_t dim, std::int64_
   std::vector<float> cos_sin(static_cast<std::size_t>(max_positions * rotary));
   cache.copy_to_host(cos_sin.data(), cos_sin.data() + max_positions * rotary / 2);
   const float eps = 1e-6f;
-  const std::int64_t half = rotary / 2;
-  auto reference = [&](const std::vector<T>& x, const std::vector<W>& w, std::int64_t heads) {
-    std::vector<T> want(x.size());
-    for (std::int64_t row = 0; row < tokens * heads; ++row) {
-      const T* in = x.data() + row * dim;
-      const float rstd = embrope::detail::norm_rstd(
-          embrope::detail::canonical_row_sum(dim,
-                                             [&](std::int64_t j) {
-                                               return embrope::detail::norm_square_term(
-                                                   to_float(in[j]), 0.0f);
-                                             }),
-          dim, eps);
-      std::vector<float> n(static_cast<std::size_t>(dim));
-      for (std::int64_t j = 0; j < dim; ++j) {
-        n[j] = embrope::detail::norm_product(
-            embrope::detail::rms_normalized(to_float(in[j]), rstd),
-            embrope::detail::norm_weight_factor(to_float(w[j]), unit_offset));
-      }
-      const std::int64_t p = positions[row / heads];
-      for (std::int64_t i = 0; i < half; ++i) {
-        const bool neox = layout == embrope::RopeLayout::neox;
-        const std::int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-        float va = n[a], vb = n[b];
-        // The cache's rows (copy_to_host layout): cos [P, R/2], then sin [P, R/2].
-        embrope::detail::rotate_pair(va, vb, cos_sin[p * half + i],
-                                     cos_sin[max_positions * half + p * half + i]);
-        n[a] = va;
-        n[b] = vb;
-      }
-      for (std::int64_t j = 0; j < dim; ++j) want[row * dim + j] = from_float<T>(n[j]);
-    }
-    return want;
+  const auto reference = [&](const std::vector<T>& x, const std::vector<W>& w, std::int64_t h) {
+    return qk_norm_rope_reference(x, w, h, dim, rotary, layout, positions, cos_sin, max_positions,
+                                  eps, unit_offset);
   };
-  const std::vector<T> want_q = reference(q, wq, hq), want_k = reference(k, wk, hk);
+  const std::vector<float> want_q = reference(q, wq, hq), want_k = reference(k, wk, hk);
   embrope::QkNorm norm;
   norm.q_weight = Tensor(wq.data(), dtype_of<W>(), {dim});
   norm.k_weight = Tensor(wk.data(), dtype_of<W>(), {dim});
@@ -399,15 +429,41 @@ void qk_norm_rope_case(embrope::RopeLayout layout, std::int64_t dim, std::int64_
   norm.unit_offset = unit_offset;
   embrope::RopeOptions options;
   options.layout = layout;
-  embrope::apply_qk_norm_rope(Tensor(q.data(), dtype_of<T>(), {tokens, hq, dim}),
-                              Tensor(k.data(), dtype_of<T>(), {tokens, hk, dim}),
-                              Tensor(positions.data(), DType::int64, {tokens}), cache, norm,
-                              options);
-  const std::string what = std::string("qk_norm_rope ") + name_of<T>() + " weight " + name_of<W>() +
-                           " D " + std::to_string(dim) + " R " + std::to_string(rotary) +
-                           (layout == embrope::RopeLayout::neox ? " neox" : " interleaved");
-  compare(what + " q", q, want_q);
-  compare(what + " k", k, want_k);
+  const Tensor tq(q.data(), dtype_of<T>(), {tokens, hq, dim});
+  const Tensor tk(k.data(), dtype_of<T>(), {tokens, hk, dim});
+  const Tensor tp(positions.data(), DType::int64, {tokens});
+  std::string what = std::string("qk_norm_rope ") + name_of<T>() + " weight " + name_of<W>() +
+                     " D " + std::to_string(dim) + " R " + std::to_string(rotary) +
+                     (layout == embrope::RopeLayout::neox ? " neox" : " interleaved");
+  if constexpr (std::is_same_v<O, T>) {
+    embrope::apply_qk_norm_rope(tq, tk, tp, cache, norm, options);
+    compare(what + " q", q, rounded<T>(want_q));
+    compare(what + " k", k, rounded<T>(want_k));
+  } else {
+    constexpr DType out_dtype =
+        std::is_same_v<O, embrope::detail::Float8E4M3> ? DType::float8_e4m3fn : DType::float8_e5m2;
+    const float q_scale = 3.0f, k_scale = 0.5f;
+    std::vector<std::uint8_t> q_out(q.size(), 0x55), want_q8(q.size()), want_cache(k.size());
+    std::vector<std::uint8_t> k_cache(k.size(), 0x55), v_cache(k.size(), 0x55);
+    for (std::size_t i = 0; i < q.size(); ++i) want_q8[i] = from_float<O>(want_q[i] * q_scale).bits;
+    for (std::size_t i = 0; i < k.size(); ++i) {
+      want_cache[i] = from_float<O>(to_float(from_float<T>(want_k[i])) / k_scale).bits;
+    }
+    std::vector<std::int64_t> slots(static_cast<std::size_t>(tokens));
+    for (std::int64_t t = 0; t < tokens; ++t) slots[t] = t;
+    embrope::KvCache kv;
+    kv.k = Tensor(k_cache.data(), out_dtype, {1, tokens, hk, dim});
+    kv.v = Tensor(v_cache.data(), out_dtype, {1, tokens, hk, dim});
+    kv.k_scale = k_scale;
+    options.q_out = Tensor(q_out.data(), out_dtype, {tokens, hq, dim});
+    options.q_out_scale = q_scale;
+    embrope::apply_qk_norm_rope_append_kv(
+        tq, tk, tk, tp, cache, kv,
+        embrope::KvSlots::paged(Tensor(slots.data(), DType::int64, {tokens})), norm, options);
+    what += std::string(" append_kv -> ") + embrope::dtype_name(out_dtype);
+    compare(what + " q_out", q_out, want_q8);
+    compare(what + " k_cache", k_cache, want_cache);
+  }
 }
 
 template <typename T>
@@ -448,6 +504,8 @@ void all_cases_of() {
     qk_norm_rope_case<T, float>(layout, 256, 256, true);
     qk_norm_rope_case<T, T>(layout, 18, 12, false);
     qk_norm_rope_case<T, float>(layout, 300, 300, false);
+    qk_norm_rope_case<T, float, embrope::detail::Float8E4M3>(layout, 128, 128, false);
+    qk_norm_rope_case<T, T, embrope::detail::Float8E5M2>(layout, 80, 64, true);
   }
 }
 
