@@ -38,8 +38,12 @@ from typing import Any, Optional
 # Threads below this many bytes moved: the copy and the op both run on one thread and in cache.
 SMALL_BYTES = 256 * 1024
 
+ROPE_OPS = ("rope", "rope_backward", "rope_append_kv", "rope_fp8", "qk_norm_rope",
+            "qk_norm_rope_append_kv", "qk_norm_rope_append_kv_fp8", "mla_rope_fp8",
+            "mla_rope_append_kv")
 NAME = re.compile(
-    r"^(?P<op>rope_append_kv|rope_backward|rope_fp8|qk_norm_rope|rope|embed_backward|embed_layer_norm|embed)/(?P<rest>.*?)(?:/real_time|/manual_time)?$")
+    r"^(?P<op>" + "|".join(sorted(ROPE_OPS, key=len, reverse=True)) +
+    r"|embed_backward|embed_layer_norm|embed)/(?P<rest>.*?)(?:/real_time|/manual_time)?$")
 
 
 def parse_case(name: str) -> Optional[dict]:
@@ -49,7 +53,7 @@ def parse_case(name: str) -> Optional[dict]:
         return None
     op, parts = match.group("op"), match.group("rest").split("/")
     case = {"op": op, "variant": ""}
-    if op in ("rope", "rope_backward", "rope_append_kv", "rope_fp8", "qk_norm_rope"):
+    if op in ROPE_OPS:
         case.update(shape=parts[0], dtype=parts[1], tokens=int(parts[2][2:]))
         case["variant"] = "/".join(parts[3:])
     elif op in ("embed", "embed_layer_norm"):
@@ -133,7 +137,7 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
     positions: F.embedding plus a gathered position table (a sinusoid table precomputed, as a
     torch model would hold it). RoPE with float8 outputs: the same, then each output scaled,
     clamped to the finite range and converted (``.to(torch.float8_e4m3fn)``)."""
-    quantized = case["op"] == "rope_fp8"
+    quantized = case["op"] in ("rope_fp8", "qk_norm_rope_append_kv_fp8", "mla_rope_fp8")
     base = case["dtype"].split("->")[0] if quantized else case["dtype"]
     if base not in ("f32", "f16", "bf16"):
         return None  # a float8 KV cache: no eager counterpart here
@@ -171,9 +175,13 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
             return q_out, k_out
 
         return time_median(run, sync)
-    if case["op"] == "qk_norm_rope" and case["shape"] == "qwen3-8b":
+    if case["op"] in ("mla_rope_fp8", "mla_rope_append_kv") and case["shape"] == "deepseek-v3":
+        return mla_eager_seconds(torch, case["op"], tokens, dtype, device, sync)
+    if case["op"].startswith("qk_norm_rope") and case["shape"] == "qwen3-8b":
         # HF Qwen3's q_norm / k_norm (RMSNorm in float32, the weight times the normalised
-        # value in the input dtype), then the rotation as above.
+        # value in the input dtype), then the rotation as above; the cache-append rows then
+        # write k and v at their slots as vLLM's reshape_and_cache_flash does (index_copy_ into
+        # the paged cache; float8: each part scaled, clamped and converted, as bench.cpp's).
         q = tensor(torch, "q", (tokens, 32, 128), dtype, device)
         k = tensor(torch, "k", (tokens, 8, 128), dtype, device)
         wq = tensor(torch, "q_norm_weight", (128,), dtype, device)
@@ -195,7 +203,30 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
             cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
             return rotate_half(rms_norm(q, wq), cos, sin), rotate_half(rms_norm(k, wk), cos, sin)
 
-        return time_median(run_qk, sync)
+        if case["op"] == "qk_norm_rope":
+            return time_median(run_qk, sync)
+        v = tensor(torch, "v", (tokens, 8, 128), dtype, device)
+        pages = (tokens + 15) // 16
+        cache_dtype = torch.float8_e4m3fn if quantized else dtype
+        k_cache = torch.zeros(pages * 16, 8, 128, dtype=cache_dtype, device=device)
+        v_cache = torch.zeros(pages * 16, 8, 128, dtype=cache_dtype, device=device)
+        slots = torch.arange(tokens, device=device)
+
+        def to_fp8(x, scale):
+            return (x.float() * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+        def run_append():
+            q_rot, k_rot = run_qk()
+            if quantized:  # q x 0.5 into float8, the cache in float8 (scale 1), as bytes
+                q_rot = to_fp8(q_rot, 0.5)
+                k_cache.view(torch.uint8).index_copy_(0, slots, to_fp8(k_rot, 1.0).view(torch.uint8))
+                v_cache.view(torch.uint8).index_copy_(0, slots, to_fp8(v, 1.0).view(torch.uint8))
+                return q_rot
+            k_cache.index_copy_(0, slots, k_rot)
+            v_cache.index_copy_(0, slots, v)
+            return q_rot
+
+        return time_median(run_append, sync)
     if case["op"].startswith("embed ") and not case["op"].startswith("embed_backward"):
         kind = case["op"].split()[1]
         dim = int(case["shape"].split("=")[1])
@@ -223,6 +254,41 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
                 functional.embedding(ids, table) + functional.embedding(positions, position_table),
                 (dim,), weight, bias, 1e-12), sync)
     return None
+
+
+def mla_eager_seconds(torch, op: str, tokens: int, dtype, device: str, sync) -> float:
+    """DeepSeek-V3 MLA as bench.cpp's rows (q [T, 128, 128 | 64], kv_a [T, 512 | 64]): the rope
+    slices rotated with interleaved pairs (vLLM's forward_native with is_neox_style=False);
+    mla_rope_fp8 then quantizes every part to float8_e4m3fn (q's x 0.5, k's x 2; FlashInfer's
+    mla_rope_quantize_fp8), mla_rope_append_kv writes q's rotated slice back and kv_c beside
+    the rotated k_pe into the latent cache at the slots (vLLM's concat_and_cache_mla)."""
+    h, nope, rope, rank = 128, 128, 64, 512
+    q = tensor(torch, "mla_q", (tokens, h, nope + rope), dtype, device)
+    kv_a = tensor(torch, "mla_kv", (tokens, rank + rope), dtype, device)
+    cache = tensor(torch, "cos_sin_cache", (65536, rope), dtype, device)
+    positions = tensor(torch, "positions", (tokens,), None, device, integers=65536)
+    latent = torch.zeros((tokens + 15) // 16 * 16, rank + rope, dtype=dtype, device=device)
+    slots = torch.arange(tokens, device=device)
+
+    def rotate(x, cos, sin):
+        a, b = x[..., 0::2], x[..., 1::2]
+        return torch.stack((a * cos - b * sin, b * cos + a * sin), -1).flatten(-2)
+
+    def to_fp8(x, scale):
+        return (x.float() * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+    def run():
+        cos, sin = cache.index_select(0, positions).chunk(2, dim=-1)
+        q_pe = rotate(q[..., nope:], cos.unsqueeze(-2), sin.unsqueeze(-2))
+        k_pe = rotate(kv_a[:, rank:], cos, sin)
+        if op == "mla_rope_fp8":
+            return (to_fp8(q_pe, 0.5), to_fp8(q[..., :nope], 0.5), to_fp8(k_pe, 2.0),
+                    to_fp8(kv_a[:, :rank], 2.0))
+        q[..., nope:] = q_pe
+        latent.index_copy_(0, slots, torch.cat((kv_a[:, :rank], k_pe), -1))
+        return q
+
+    return time_median(run, sync)
 
 
 # --------------------------------------------------------------------------- output ----
@@ -267,10 +333,15 @@ NOTE = ("copy GB/s: a copy of the same bytes on the same threads (memcpy on the 
         "lookup, positions, then an add pass; RoPE + KV append: RoPE, then a copy; embed + "
         "LayerNorm: the lookup with positions, then a LayerNorm pass; qk-norm + RoPE: an "
         "RMSNorm pass over the head rows (embed with rms_norm), then RoPE; RoPE with float8 "
-        "outputs: RoPE out of place, then a quantize pass). vs torch eager: "
-        "PyTorch eager's median time over the op's, measured in the same run (qk-norm + RoPE: "
-        "HF Qwen3's RMSNorm, then vLLM's RoPE; float8 outputs: vLLM's RoPE, then scale, clamp "
-        "and .to(float8_e4m3fn)).")
+        "outputs: RoPE out of place, then a quantize pass; qk-norm + RoPE + KV append: qk-norm "
+        "+ RoPE, then the cache copy (float8: a quantize pass and a converting copy); MLA: "
+        "the rope slices' RoPE, then the nope parts' quantize pass or the latent cache copy). "
+        "vs torch eager: PyTorch eager's median time over the op's, measured in the same run "
+        "(qk-norm + RoPE: HF Qwen3's RMSNorm, then vLLM's RoPE; float8 outputs: vLLM's RoPE, "
+        "then scale, clamp and .to(float8_e4m3fn); KV append: index_copy_ into the paged "
+        "cache, as reshape_and_cache_flash writes it; MLA: interleaved RoPE of the rope "
+        "slices, then each part quantized, or kv_c and k_pe copied into the latent cache as "
+        "concat_and_cache_mla).")
 
 
 MODELS_NOTE = ("model rows: a 2-layer model of the family's head sizes (hidden 2048, 16 query "
