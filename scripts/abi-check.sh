@@ -11,7 +11,7 @@
 #   - the SONAME differs from the baseline's: the version was raised without regenerating
 #     the baseline (or the baseline without the version);
 #   - abidiff finds an incompatible change (a removed function, a struct or signature that
-#     changed) under the same SONAME: raise EMBROPE_ABI_VERSION in CMakeLists.txt and
+#     changed) under the same SONAME: raise EMBROPE_ABI_VERSION in include/embrope/version.hpp and
 #     regenerate, or make the change compatible (docs/abi.md).
 # A field added inside a struct's old tail padding is incompatible (scripts/abi_tail_check.py).
 # A compatible change (an added function, a field appended to a struct) fails too until the
@@ -65,7 +65,7 @@ if [ "$update" = 1 ]; then
   if same_soname && ! compare compatible; then
     cat "$build/abidiff-compatible.txt"
     echo "abi-check: not updated: this change is incompatible under the same SONAME"
-    echo "  $(soname "$current"): raise EMBROPE_ABI_VERSION in CMakeLists.txt first (docs/abi.md)"
+    echo "  $(soname "$current"): raise EMBROPE_ABI_VERSION in include/embrope/version.hpp first (docs/abi.md)"
     exit 1
   fi
   cp "$current" "$baseline"
@@ -82,7 +82,7 @@ if ! compare compatible; then
   cat "$build/abidiff-compatible.txt"
   echo "abi-check: the C ABI changed incompatibly under the same SONAME $(soname "$current")."
   echo "  Make it compatible (append struct fields past the previous sizeof, add functions:"
-  echo "  docs/abi.md), or raise EMBROPE_ABI_VERSION in CMakeLists.txt and run"
+  echo "  docs/abi.md), or raise EMBROPE_ABI_VERSION in include/embrope/version.hpp and run"
   echo "  scripts/abi-check.sh --update"
   exit 1
 fi

@@ -1,6 +1,7 @@
 // apply_qk_norm_rope and its backward: apply_rope's validation (prepare_rope, speaking of
 // the op's own names), the norm's weights, eps and gradients, then the CPU or CUDA kernel.
 #include "embrope/apply_qk_norm_rope.hpp"
+#include "embrope/version.hpp"
 
 #include <cmath>
 
@@ -8,7 +9,7 @@
 #include "backend.hpp"
 #include "validate.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 namespace {
 
 using detail::CosSinTable;
@@ -191,7 +192,9 @@ void backward(const Tensor& dq, const std::optional<Tensor>& dk, const Tensor& q
 
 }  // namespace
 
-namespace detail {
+EMBROPE_END_NAMESPACE
+
+namespace embrope::detail {
 
 QkNormWeights prepare_qk_norm(const char* op, const Tensor& q, const std::optional<Tensor>& k,
                               const QkNorm& norm) {
@@ -222,7 +225,9 @@ QkNormWeights prepare_qk_norm(const char* op, const Tensor& q, const std::option
   return w;
 }
 
-}  // namespace detail
+}  // namespace embrope::detail
+
+EMBROPE_BEGIN_NAMESPACE
 
 void apply_qk_norm_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
                         const RopeCache& cache, const QkNorm& norm, const RopeOptions& options) {
@@ -275,4 +280,4 @@ std::size_t apply_qk_norm_rope_backward_workspace_size(const Tensor& dq,
   return gpu::apply_qk_norm_rope_backward_workspace_size(p, dq.device());
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -3,8 +3,9 @@
 
 #include "backend.hpp"
 #include "validate.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 namespace {
 
 using detail::CosSinTable;
@@ -142,10 +143,14 @@ void fill_nope(const RopeNames& names, bool is_q, const char* nope_name,
 
 }  // namespace
 
+EMBROPE_END_NAMESPACE
+
+namespace embrope::detail {
+
 // Validates every argument and fills the parameters of the call.
-detail::RopeParams detail::prepare_rope(const RopeNames& names, const Tensor& q,
-                                        const std::optional<Tensor>& k, const Tensor& positions,
-                                        const CosSinTable& table, const RopeOptions& options) {
+RopeParams prepare_rope(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
+                        const Tensor& positions, const CosSinTable& table,
+                        const RopeOptions& options) {
   validate::check_view(names.op, names.q, q, 3, 4);
   validate::check_value_dtype(names.op, names.q, q);
   validate::check_last_contiguous(names.op, names.q, q);
@@ -360,6 +365,10 @@ detail::RopeParams detail::prepare_rope(const RopeNames& names, const Tensor& q,
   return p;
 }
 
+}  // namespace embrope::detail
+
+EMBROPE_BEGIN_NAMESPACE
+
 namespace {
 
 void apply(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
@@ -374,7 +383,9 @@ void apply(const RopeNames& names, const Tensor& q, const std::optional<Tensor>&
 
 }  // namespace
 
-namespace detail {
+EMBROPE_END_NAMESPACE
+
+namespace embrope::detail {
 
 CosSinTable cos_sin_table(const char* op, const RopeCache& cache) {
   if (cache.data() == nullptr) fail(op, "the cache was moved from");
@@ -414,7 +425,9 @@ void apply_rope_named(const RopeNames& names, const Tensor& q, const std::option
   apply(names, q, k, positions, cos_sin_table(names, cos, sin), options);
 }
 
-}  // namespace detail
+}  // namespace embrope::detail
+
+EMBROPE_BEGIN_NAMESPACE
 
 void apply_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
                 const RopeCache& cache, const RopeOptions& options) {
@@ -426,4 +439,4 @@ void apply_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& p
   detail::apply_rope_named(detail::kRopeForwardNames, q, k, positions, cos, sin, options);
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

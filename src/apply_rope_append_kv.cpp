@@ -3,12 +3,13 @@
 // apply_rope's, checked by its prepare_rope; the norm's are apply_qk_norm_rope's
 // (prepare_qk_norm). Errors name the op called.
 #include "embrope/apply_rope_append_kv.hpp"
+#include "embrope/version.hpp"
 
 #include "apply_rope.hpp"
 #include "backend.hpp"
 #include "validate.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 namespace {
 
 using detail::CosSinTable;
@@ -299,4 +300,4 @@ void apply_qk_norm_rope_append_kv(const Tensor& q, const Tensor& k, const Tensor
         options);
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

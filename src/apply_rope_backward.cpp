@@ -2,8 +2,9 @@
 // The forward's validation and kernels serve it, speaking of dq and dk; its kernels already
 // rotate by -theta when asked (docs/ops.md, "apply_rope_backward").
 #include "apply_rope.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 namespace {
 
 RopeOptions transposed(const RopeOptions& options) {
@@ -26,4 +27,4 @@ void apply_rope_backward(const Tensor& dq, const std::optional<Tensor>& dk, cons
                            transposed(options));
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -10,6 +10,7 @@
 #include "bad_index.hpp"
 #include "embrope/deferred_status.hpp"
 #include "embrope/types.hpp"
+#include "embrope/version.hpp"
 #include "params.hpp"
 
 namespace embrope::cpu {
@@ -82,7 +83,7 @@ void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rot
 
 }  // namespace embrope::gpu
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 // Runs an op's kernel on the tensors' device under the caller's bad-index policy: `bad` (the
 // params' record pointer) is pointed at the caller's DeferredStatus or at a record of this
@@ -101,4 +102,4 @@ void run_kernel(const char* op, Device device, Stream stream, DeferredStatus* de
   });
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

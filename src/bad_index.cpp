@@ -7,9 +7,10 @@
 
 #include "backend.hpp"
 #include "embrope/error.hpp"
+#include "embrope/version.hpp"
 #include "validate.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 using detail::BadIndexArg;
 using detail::BadIndexOp;
@@ -123,4 +124,4 @@ void run_with_bad_index_policy(const char* op, Device device, Stream stream,
   if (record.key != detail::kNoBadIndex) throw_bad_index(record);
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -14,6 +14,7 @@
 #include "embrope/deferred_status.hpp"
 #include "embrope/detail/config.hpp"
 #include "embrope/types.hpp"
+#include "embrope/version.hpp"
 
 namespace embrope::detail {
 
@@ -102,7 +103,7 @@ void lower_bad_index(BadIndexRecord* record, std::int64_t key, BadIndexOp op, De
 
 }  // namespace embrope::detail
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 std::string describe_bad_index(const detail::BadIndexRecord& record);
 [[noreturn]] void throw_bad_index(const detail::BadIndexRecord& record);
@@ -114,4 +115,4 @@ void run_with_bad_index_policy(const char* op, Device device, Stream stream,
                                DeferredStatus* deferred,
                                const std::function<void(detail::BadIndexRecord*)>& launch);
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

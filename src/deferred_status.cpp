@@ -1,12 +1,13 @@
 // DeferredStatus: a bad-index record that outlives the calls reporting to it
 // (deferred_status.hpp, docs/errors.md).
 #include "embrope/deferred_status.hpp"
+#include "embrope/version.hpp"
 
 #include "backend.hpp"
 #include "bad_index.hpp"
 #include "validate.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 using detail::BadIndexRecord;
 
@@ -53,4 +54,4 @@ bool DeferredStatus::ok(Stream stream) {
   return record.key == detail::kNoBadIndex;
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -11,8 +11,9 @@
 
 #include "c_enum.hpp"
 #include "embrope/error.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 namespace {
 
 [[noreturn]] void fail(const char* op, const std::string& message) {
@@ -153,4 +154,4 @@ Tensor tensor_from_dlpack(const DLTensor* t, const char* op, const char* name) {
   return Tensor(data, dtype, t->ndim, t->shape, strides, device_from_dlpack(t->device, op, name));
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -5,9 +5,10 @@
 #include "backend.hpp"
 #include "embed_args.hpp"
 #include "embrope/embed.hpp"
+#include "embrope/version.hpp"
 #include "validate.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 namespace {
 
 constexpr const char* kOp = "embed";
@@ -197,4 +198,4 @@ void embed(const Tensor& table, const Tensor& ids, const Tensor& out, const Embe
   run_kernel(kOp, table.device(), o.stream, o.deferred, p, p.bad, cpu::embed, gpu::embed);
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

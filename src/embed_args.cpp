@@ -2,8 +2,9 @@
 #include "embed_args.hpp"
 
 #include "validate.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 void set_rows(const Tensor& ids, const Tensor& out, detail::EmbedParams& p) {
   p.rows = ids.numel();
@@ -84,4 +85,4 @@ void set_row_types(const char* op, const Tensor& ids, const Tensor& type_ids,
   }
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -6,9 +6,10 @@
 #include <optional>
 
 #include "embrope/tensor.hpp"
+#include "embrope/version.hpp"
 #include "params.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 // The rows of a call: ids of any shape (one row each) and out's leading dimensions (out is
 // grad_out for the backward); D is out's last dimension. Fills rows, dim, the row index and
@@ -30,4 +31,4 @@ void set_row_positions(const char* op, const Tensor& ids, const std::optional<Te
 void set_row_types(const char* op, const Tensor& ids, const Tensor& type_ids,
                    std::int64_t num_types, detail::EmbedParams& p);
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -6,9 +6,10 @@
 #include "backend.hpp"
 #include "embed_args.hpp"
 #include "embrope/embed.hpp"
+#include "embrope/version.hpp"
 #include "validate.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 namespace {
 
 constexpr const char* kOp = "embed_backward";
@@ -155,4 +156,4 @@ std::size_t embed_backward_workspace_size(const Tensor& grad_out, const Tensor& 
   return gpu::embed_backward_workspace_size(p, ids.device());
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -14,9 +14,10 @@
 #include <utility>
 
 #include "embrope/error.hpp"
+#include "embrope/version.hpp"
 #include "validate.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 namespace {
 
 using json = nlohmann::json;
@@ -529,4 +530,4 @@ ModelConfig model_preset(std::string_view name) {
   fail("model_preset", "no preset named \"{}\" (known: {})", name, known);
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -1,11 +1,12 @@
 // packed_positions: validate the shapes once and fill PackedPositionsParams (prepare), then
 // run the CPU or CUDA kernel.
 #include "embrope/packed_positions.hpp"
+#include "embrope/version.hpp"
 
 #include "backend.hpp"
 #include "validate.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 namespace {
 
@@ -85,4 +86,4 @@ std::size_t packed_positions_workspace_size(const Tensor& cu_seqlens, const Tens
   return gpu::packed_positions_workspace_size(p, cu_seqlens.device());
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -9,9 +9,10 @@
 #include "backend.hpp"
 #include "rope_scaling.hpp"
 #include "embrope/error.hpp"
+#include "embrope/version.hpp"
 #include "validate.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 namespace {
 
 constexpr const char* kOp = "RopeCache";
@@ -386,4 +387,4 @@ std::shared_ptr<const RopeCache> AdaptiveRopeCache::get(std::int64_t sequence_le
   return current_;
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -1,10 +1,11 @@
 #include "backend.hpp"
 #include "embrope/embrope.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 int cuda_device_count() {
   return gpu::device_count();
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -4,8 +4,9 @@
 #include <string>
 
 #include "embrope/error.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
@@ -86,4 +87,4 @@ std::int64_t Tensor::numel() const {
   return n;
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -9,6 +9,8 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -55,6 +57,21 @@ TEST_CASE("embrope_version is the library's MAJOR.MINOR.PATCH", "[c_api]") {
   CHECK(std::string(v) == std::to_string(EMBROPE_VERSION_MAJOR) + "." +
                               std::to_string(EMBROPE_VERSION_MINOR) + "." +
                               std::to_string(EMBROPE_VERSION_PATCH));
+}
+
+TEST_CASE("the C++ API lives in the inline namespace of the ABI version", "[c_api][abi]") {
+  // Code names embrope::X; binaries record embrope::v<EMBROPE_ABI_VERSION>::X, so a program
+  // built against another ABI fails to link (docs/abi.md).
+  static_assert(EMBROPE_ABI_VERSION == 1, "the ABI version this test's names spell");
+  static_assert(std::is_same_v<embrope::Tensor, embrope::v1::Tensor>);
+  static_assert(std::is_same_v<embrope::RopeCache, embrope::v1::RopeCache>);
+  // The mangled names carry it (Itanium ABI: N7embrope2v1...E).
+  CHECK(std::string(typeid(embrope::Tensor).name()) == "N7embrope2v16TensorE");
+  CHECK(std::string(typeid(embrope::RopeOptions).name()) == "N7embrope2v111RopeOptionsE");
+  using RopeFn =
+      void (*)(const embrope::Tensor&, const std::optional<embrope::Tensor>&,
+               const embrope::Tensor&, const embrope::RopeCache&, const embrope::RopeOptions&);
+  CHECK(static_cast<RopeFn>(embrope::apply_rope) == static_cast<RopeFn>(embrope::v1::apply_rope));
 }
 
 TEST_CASE("embrope_last_error is empty on a fresh thread and names the failed function",

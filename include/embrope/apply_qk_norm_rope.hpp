@@ -9,8 +9,9 @@
 #include "embrope/export.hpp"
 #include "embrope/rope_cache.hpp"
 #include "embrope/tensor.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 // The per-head RMSNorm of q and k (Qwen3's q_norm / k_norm, Gemma 3's): each (token, head)
 // row x of length head_dim becomes x / sqrt(mean(x^2) + eps) * w, in float32.
@@ -84,4 +85,4 @@ EMBROPE_EXPORT void apply_qk_norm_rope_backward(const Tensor& dq, const std::opt
 EMBROPE_EXPORT std::size_t apply_qk_norm_rope_backward_workspace_size(
     const Tensor& dq, const std::optional<Tensor>& dk, const QkNormGradients& grads);
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

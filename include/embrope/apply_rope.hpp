@@ -11,8 +11,9 @@
 #include "embrope/rope_cache.hpp"
 #include "embrope/tensor.hpp"
 #include "embrope/types.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 struct RopeOptions {
   RopeLayout layout = RopeLayout::neox;
@@ -103,4 +104,4 @@ EMBROPE_EXPORT void apply_rope_backward(const Tensor& dq, const std::optional<Te
                                         const Tensor& positions, const Tensor& cos,
                                         const Tensor& sin, const RopeOptions& options = {});
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -11,8 +11,9 @@
 #include "embrope/rope_cache.hpp"
 #include "embrope/tensor.hpp"
 #include "embrope/types.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 // The KV cache a call writes: k and v tensors of the same layout, pages and page size, any
 // strides with the last one 1.
@@ -115,4 +116,4 @@ EMBROPE_EXPORT void apply_qk_norm_rope_append_kv(const Tensor& q, const Tensor& 
                                                  const KvSlots& slots, const QkNorm& norm,
                                                  const RopeOptions& options = {});
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -11,12 +11,13 @@
 
 #include "embrope/export.hpp"
 #include "embrope/types.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
-
-namespace detail {
+namespace embrope::detail {
 struct BadIndexRecord;  // what a kernel writes; defined by the library
-}  // namespace detail
+}  // namespace embrope::detail
+
+EMBROPE_BEGIN_NAMESPACE
 
 // Collects bad-index reports of any number of ops until check(). Not thread-safe: on the CPU
 // a call updates the record after its kernel with plain loads and stores, and check() reads
@@ -50,4 +51,4 @@ class EMBROPE_EXPORT DeferredStatus {
   detail::BadIndexRecord* record_ = nullptr;
 };
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -6,8 +6,9 @@
 
 #include "embrope/export.hpp"
 #include "embrope/tensor.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 // The view of `t`'s memory (data + byte_offset) with its dtype, shape, strides and device.
 // Throws Error(invalid_argument) "<op>: <name> ..." when the DLTensor is null, has more than
@@ -20,4 +21,4 @@ EMBROPE_EXPORT Device device_from_dlpack(DLDevice device, const char* op, const 
 
 EMBROPE_EXPORT Tensor tensor_from_dlpack(const DLTensor* t, const char* op, const char* name);
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -11,8 +11,9 @@
 #include "embrope/export.hpp"
 #include "embrope/tensor.hpp"
 #include "embrope/types.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 struct EmbedOptions {
   // Multiplies the looked-up token row (sqrt(D) for Gemma and T5-style models).
@@ -133,4 +134,4 @@ EMBROPE_EXPORT std::size_t embed_backward_workspace_size(const Tensor& grad_out,
                                                          const std::optional<Tensor>& grad_table,
                                                          const EmbedBackwardOptions& options = {});
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

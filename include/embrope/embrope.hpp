@@ -40,7 +40,7 @@
 #include "embrope/types.hpp"             // DType, Device, Stream, the options' enums
 #include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 // Number of CUDA devices usable by this build: 0 when built without CUDA, without a driver,
 // or without a device.
@@ -52,4 +52,4 @@ EMBROPE_EXPORT int cuda_device_count();
 // the same bits. Throws Error(invalid_argument) when EMBROPE_CPU_ISA names none of them.
 EMBROPE_EXPORT const char* cpu_isa();
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

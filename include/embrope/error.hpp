@@ -5,8 +5,9 @@
 #include <string>
 
 #include "embrope/export.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 // The same numbers as embrope_status_t in embrope.h.
 enum class ErrorCode : int {
@@ -30,4 +31,4 @@ class EMBROPE_EXPORT Error : public std::runtime_error {
   ErrorCode code_;
 };
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -14,8 +14,9 @@
 #include "embrope/export.hpp"
 #include "embrope/rope_cache.hpp"
 #include "embrope/types.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 enum class PositionKind : std::uint8_t {
   rope,        // rotary, applied to q and k (apply_rope with `rope`, `layout`, `mrope_section`)
@@ -76,4 +77,4 @@ EMBROPE_EXPORT ModelConfig model_config_from_hf_file(const std::string& path);
 EMBROPE_EXPORT ModelConfig model_config_from_hf_file(const std::string& path,
                                                      std::string_view layer_type);
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -7,8 +7,9 @@
 #include "embrope/deferred_status.hpp"
 #include "embrope/export.hpp"
 #include "embrope/tensor.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 struct PackedPositionsOptions {
   // [B] int32/int64: the position of each sequence's first token (for example the length of
@@ -45,4 +46,4 @@ EMBROPE_EXPORT void packed_positions(const Tensor& cu_seqlens, const Tensor& pos
 EMBROPE_EXPORT std::size_t packed_positions_workspace_size(
     const Tensor& cu_seqlens, const Tensor& positions, const PackedPositionsOptions& options = {});
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -10,8 +10,9 @@
 #include "embrope/export.hpp"
 #include "embrope/tensor.hpp"
 #include "embrope/types.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 // What a cos/sin cache is built from (docs/ops.md):
 //   inv_freq_i = base^(-2i / rotary_dim), i < rotary_dim / 2, modified by `scaling`;
@@ -138,4 +139,4 @@ class EMBROPE_EXPORT AdaptiveRopeCache {
   std::shared_ptr<const RopeCache> current_, short_, long_;
 };
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -6,8 +6,9 @@
 
 #include "embrope/export.hpp"
 #include "embrope/types.hpp"
+#include "embrope/version.hpp"
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 // Its name: "float32", "bfloat16", ...
 EMBROPE_EXPORT const char* dtype_name(DType dtype);
@@ -48,4 +49,4 @@ class EMBROPE_EXPORT Tensor {
   std::int64_t strides_[kMaxDims] = {};
 };
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

@@ -3,9 +3,11 @@
 // numerics in detail/, the kernels' parameters, the C API) can use it.
 #pragma once
 
+#include "embrope/version.hpp"
+
 #include <cstdint>
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 // float8_e4m3fn and float8_e5m2 (OCP 8-bit floating point, as in PyTorch and CUDA's
 // cuda_fp8.h) are storage formats: of KV caches (apply_rope_append_kv.hpp) and of
@@ -120,4 +122,4 @@ enum class BackwardMode : std::uint8_t {
   atomic,
 };
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE

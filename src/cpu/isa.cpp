@@ -10,6 +10,7 @@
 #endif
 
 #include "embrope/embrope.hpp"
+#include "embrope/version.hpp"
 
 namespace embrope::cpu {
 namespace {
@@ -68,10 +69,10 @@ const char* isa_name(Isa isa) {
 
 }  // namespace embrope::cpu
 
-namespace embrope {
+EMBROPE_BEGIN_NAMESPACE
 
 const char* cpu_isa() {
   return cpu::isa_name(cpu::active_isa());
 }
 
-}  // namespace embrope
+EMBROPE_END_NAMESPACE
