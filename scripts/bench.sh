@@ -27,8 +27,7 @@ if [ "$device" != cpu ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -
   cuda=AUTO
   export PATH="$PATH:/usr/local/cuda/bin"
 fi
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBROPE_CUDA=$cuda \
-  -DEMBROPE_BUILD_TESTS=OFF -DEMBROPE_BUILD_EXAMPLES=OFF -DEMBROPE_BUILD_BENCHMARKS=ON >/dev/null
+cmake --preset bench -B "$build" -DEMBROPE_CUDA=$cuda >/dev/null
 cmake --build "$build" -j "$jobs" --target embrope-bench
 
 # The report's Python: .venv's when there is one (torch there gives the eager column), with

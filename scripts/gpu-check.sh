@@ -67,7 +67,7 @@ fi
 cat "$out/device.txt" | tee -a "$log"
 
 build=build-gpu
-step configure cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DEMBROPE_CUDA=ON \
+step configure cmake --preset cuda -B $build \
   "${prefix_args[@]}" || { say "gpu-check: FAILED (configure)"; exit 1; }
 step build cmake --build $build -j "$(nproc)" || { say "gpu-check: FAILED (build)"; exit 1; }
 step static-checks scripts/check-cuda-binary.sh $build

@@ -4,14 +4,15 @@
 # .venv from this checkout, and its pytest suite. CUDA sources are compiled when nvcc is found
 # (EMBROPE_CUDA=AUTO), in both builds.
 #   scripts/test.sh [BUILD_DIR] [extra cmake arguments...]
-# -DNAME=VALUE arguments reach the Python build too.
+# The configuration is CMakePresets.json's "default"; the -D arguments reach the Python build
+# too (scikit-build-core's cmake.args).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 shift || true
 scripts/install-deps.sh
 jobs=$(nproc 2>/dev/null || echo 2)
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
+cmake --preset default -B "$build" "$@"
 cmake --build "$build" -j "$jobs"
 ctest --test-dir "$build" --output-on-failure -j "$jobs"
 
@@ -19,14 +20,10 @@ ctest --test-dir "$build" --output-on-failure -j "$jobs"
 # that it reuses .venv's nanobind and scikit-build-core), then pytest against the installed
 # package, not the source tree.
 scripts/install-deps.sh --python
-defines=()
+cmake_args=()
 for arg in "$@"; do
-  if [[ $arg == -D*=* ]]; then
-    name=${arg#-D}
-    name=${name%%=*}
-    defines+=("-Ccmake.define.${name%%:*}=${arg#*=}")
-  fi
+  [[ $arg == -D* ]] && cmake_args+=("-Ccmake.args=$arg")
 done
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation \
-  -Cbuild-dir="$build/python" "${defines[@]}" .
+  -Cbuild-dir="$build/python" "${cmake_args[@]}" .
 .venv/bin/python -m pytest tests/python -q -p no:cacheprovider
