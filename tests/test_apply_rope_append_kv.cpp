@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -890,6 +891,49 @@ TEST_CASE("apply_rope_append_kv argument errors", "[apply_rope_append_kv][errors
   KvCache kv_same = kv;
   kv_same.v = kv_same.k;
   expect(kv_same, slots, v, {"v_cache", "k_cache"});
+  // A float8 q_out's arguments: its head scales float32 [Hq] and apart from the cache, q_nope's
+  // output apart from the cache and v, k's float8 forms refused; nothing written.
+  {
+    ref::Buffer q8(DType::float8_e4m3fn, m.q.size()), nope8(DType::float8_e4m3fn, 12 * 4 * 8);
+    ref::Buffer half_scales(DType::float16, 4);
+    const auto cache_before = m.k_cache.snapshot();
+    const auto with = [&](const std::function<void(RopeOptions&)>& set,
+                          std::initializer_list<const char*> parts) {
+      RopeOptions o;
+      o.q_out = ref::view(q8, 0, {12, 4, 64});
+      set(o);
+      expect_error([&] { embrope::apply_rope_append_kv(q, k, v, pos, cache, kv, slots, o); },
+                   {ErrorCode::invalid_argument}, parts);
+      CHECK(m.k_cache.snapshot() == cache_before);
+    };
+    with([&](RopeOptions& o) { o.q_out_head_scales = ref::view(half_scales, 0, {4}); },
+         {"q_out_head_scales has dtype float16", "float32"});
+    with([&](RopeOptions& o) { o.q_out_head_scales = ref::view(m.k_cache, 0, {4}); },
+         {"k_cache", "overlaps", "q_out_head_scales"});
+    with([&](RopeOptions& o) { o.q_out_head_scales = ref::view(m.k_cache, 0, {3}); },
+         {"q_out_head_scales", "the heads of the output"});
+    with(
+        [&](RopeOptions& o) {
+          o.q_nope = ref::view(m.q, 0, {12, 4, 8});
+          o.q_nope_out = ref::view(m.v_cache, 0, {12, 4, 8});  // the cache's bytes, wrong dtype
+        },
+        {"q_nope_out"});
+    with(
+        [&](RopeOptions& o) {
+          o.q_nope = ref::view(m.q, 0, {12, 4, 8});
+          o.q_nope_out = Tensor(static_cast<unsigned char*>(q8.data()) + 64, DType::float8_e4m3fn,
+                                {12, 4, 8});  // over q_out's bytes
+        },
+        {"q_nope_out", "overlaps"});
+    with(
+        [&](RopeOptions& o) {
+          o.k_nope = ref::view(m.k, 0, {12, 2, 8});
+          o.k_nope_out = ref::view(nope8, 0, {12, 2, 8});
+        },
+        {"k_nope is given", "k_scale"});
+    with([&](RopeOptions& o) { o.k_out_head_scales = ref::view(half_scales, 0, {2}); },
+         {"k_out_head_scales is set", "k_scale"});
+  }
   expect_error(
       [&] {
         KvCache::combined(ref::view(m.k_cache, 0, {4, 3, 16, 2, 8}));
