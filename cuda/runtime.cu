@@ -2,7 +2,7 @@
 #include <atomic>
 #include <fmt/format.h>
 
-#include "../src/backend.hpp"
+#include "../src/device_runtime.hpp"
 #include "common.cuh"
 
 namespace embrope::gpu {

@@ -1,4 +1,5 @@
-// The entry points each backend provides, and the one way an op reaches them. src/<op>.cpp
+// The kernels each backend provides, and the one way an op reaches them (the device runtime's
+// memory and stream services are device_runtime.hpp's). src/<op>.cpp
 // validates its arguments and fills detail::<Op>Params (prepare), then calls run_kernel,
 // which applies the bad-index policy and calls cpu::<op> or gpu::<op>. Kernels trust their
 // parameters.
@@ -45,17 +46,6 @@ void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rot
 
 // The CUDA backend (cuda/; src/cuda_unavailable.cpp in a build without CUDA).
 namespace embrope::gpu {
-
-// Runtime services. Without CUDA (at build time or at run time) device_count() is 0 and the
-// rest throw Error(not_implemented).
-int device_count();
-void* allocate(std::size_t bytes, Device device);
-void release(void* pointer, Device device) noexcept;
-void copy_to_host(void* host, const void* device_pointer, std::size_t bytes, Device device,
-                  Stream stream);
-void copy_to_device(void* device_pointer, const void* host, std::size_t bytes, Device device,
-                    Stream stream);
-void synchronize(Stream stream, Device device);
 
 // Kernels: enqueue on the stream and return (no host synchronisation).
 void embed(const detail::EmbedParams& params, Device device, Stream stream);

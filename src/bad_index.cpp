@@ -5,7 +5,7 @@
 
 #include <unordered_map>
 
-#include "backend.hpp"
+#include "device_runtime.hpp"
 #include "embrope/error.hpp"
 #include "embrope/version.hpp"
 #include "validate.hpp"

@@ -1,5 +1,6 @@
 // The CUDA backend of a build without CUDA: no devices, and a clear error for CUDA tensors.
 #include "backend.hpp"
+#include "device_runtime.hpp"
 #include "embrope/error.hpp"
 
 namespace embrope::gpu {

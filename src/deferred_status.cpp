@@ -3,7 +3,7 @@
 #include "embrope/deferred_status.hpp"
 #include "embrope/version.hpp"
 
-#include "backend.hpp"
+#include "device_runtime.hpp"
 #include "bad_index.hpp"
 #include "validate.hpp"
 

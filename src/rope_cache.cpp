@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "device_runtime.hpp"
 #include "rope_scaling.hpp"
 #include "embrope/error.hpp"
 #include "embrope/version.hpp"

@@ -1,4 +1,4 @@
-#include "backend.hpp"
+#include "device_runtime.hpp"
 #include "embrope/embrope.hpp"
 #include "embrope/version.hpp"
 

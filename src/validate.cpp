@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend.hpp"
+#include "device_runtime.hpp"
 
 namespace embrope::validate {
 
