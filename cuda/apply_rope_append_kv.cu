@@ -9,6 +9,8 @@
 //   pairs (neox: kVec elements of each half; interleaved: kVec consecutive elements), whose
 //   cos/sin it loads once per token; threadIdx.y a head row (q heads, then k, then v);
 // - general: one pair per thread, scalar accesses, any table dtype, alignment or size.
+// A float8 q_out's rows (and q_nope's, rows after v's) are written pair by pair on either
+// path: rotated in float32, scaled by the head's scale, rounded once (rope_float8_code).
 // Blocks take whole tokens when there are enough to fill the GPU, and split a token's rows
 // otherwise (decode). Each thread owns whole pairs, so in place is race-free.
 #include <algorithm>
