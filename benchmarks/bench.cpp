@@ -757,131 +757,119 @@ void qk_norm_rope_case(benchmark::State& state, DType dtype, std::int64_t tokens
   run_timed(state, body, bytes);
 }
 
-// qk-norm + RoPE + KV-cache append of Qwen3-8B (q [T, 32, 128], k and v [T, 8, 128], a paged
-// NHD cache of the activations' dtype, pages of 16, slots in order): q in place, k and v
-// only read. Unfused: apply_qk_norm_rope (q in place, k into a scratch k_out), then the cache
-// write vLLM's reshape_and_cache_flash does, a copy of each token's k and v rows to its slot.
-void qk_norm_append_kv_case(benchmark::State& state, DType dtype, std::int64_t tokens, bool fused) {
-  const std::int64_t hq = 32, hk = 8, dim = 128, page = 16;
-  const std::int64_t pages = (tokens + page - 1) / page;
-  const int es = embrope::dtype_size(dtype);
-  const std::int64_t kv_row = hk * dim;
-  Memory& q = shared_values("kv_q", tokens * hq * dim * es, dtype);
-  Memory& k = shared_values("kv_k", tokens * kv_row * es, dtype);
-  Memory& v = shared_values("kv_v", tokens * kv_row * es, dtype);
-  Memory& k_tmp = shared("qk_k_out", tokens * kv_row * es, [](Memory&) {});
-  Memory& k_cache = shared("kv_k_cache/" + std::string(embrope::dtype_name(dtype)),
-                           pages * page * kv_row * es, [](Memory&) {});
-  Memory& v_cache = shared("kv_v_cache/" + std::string(embrope::dtype_name(dtype)),
-                           pages * page * kv_row * es, [](Memory&) {});
-  // Weights of 1: q is normalised in place call after call, and weights w would scale its
-  // elements by w again each time, down into subnormals (whose arithmetic is slow).
-  Memory& ones = shared("qk_norm_unit_weight", dim * 4, [](Memory& m) { m.fill_float32(1.0f); });
-  Memory& pos = shared_indices("positions", tokens, 65536, true);
-  Memory& slots = shared_indices("kv_slots", tokens, pages * page, true);
-  const embrope::RopeCache& cache = shared_cache(dim);
-  const Tensor tq(q.data(), dtype, {tokens, hq, dim}, device());
-  const Tensor tk(k.data(), dtype, {tokens, hk, dim}, device());
-  const Tensor tv(v.data(), dtype, {tokens, hk, dim}, device());
-  const Tensor tp(pos.data(), DType::int64, {tokens}, device());
+// Qwen3-8B's qk-norm + RoPE + KV-cache append (q [T, 32, 128], k and v [T, 8, 128], a paged
+// NHD cache, pages of 16, slots in order): the memory and views both of its cases share.
+struct Qwen3AppendKv {
+  static constexpr std::int64_t hq = 32, hk = 8, dim = 128, page = 16;
+  std::int64_t tokens, pages, kv_row, es;
+  Memory *q, *k, *v, *k_tmp, *k_cache, *v_cache, *slots;
+  const embrope::RopeCache* cache;
+  Tensor tq, tk, tv, tp;
   embrope::KvCache kv;
-  kv.k = Tensor(k_cache.data(), dtype, {pages, page, hk, dim}, device());
-  kv.v = Tensor(v_cache.data(), dtype, {pages, page, hk, dim}, device());
-  const embrope::KvSlots kv_slots =
-      embrope::KvSlots::paged(Tensor(slots.data(), DType::int64, {tokens}, device()));
+  embrope::KvSlots kv_slots;
   embrope::QkNorm norm;
-  norm.q_weight = norm.k_weight = Tensor(ones.data(), DType::float32, {dim}, device());
+
+  Qwen3AppendKv(DType dtype, std::int64_t t, DType cache_dtype)
+      : tokens(t), pages((t + page - 1) / page), kv_row(hk * dim), es(embrope::dtype_size(dtype)) {
+    const std::int64_t cache_bytes = pages * page * kv_row * embrope::dtype_size(cache_dtype);
+    const std::string cache_name = embrope::dtype_name(cache_dtype);
+    q = &shared_values("kv_q", tokens * hq * dim * es, dtype);
+    k = &shared_values("kv_k", tokens * kv_row * es, dtype);
+    v = &shared_values("kv_v", tokens * kv_row * es, dtype);
+    k_tmp = &shared("qk_k_out", tokens * kv_row * es, [](Memory&) {});
+    k_cache = &shared("kv_k_cache/" + cache_name, cache_bytes, [](Memory&) {});
+    v_cache = &shared("kv_v_cache/" + cache_name, cache_bytes, [](Memory&) {});
+    // Weights of 1: q is normalised in place call after call, and weights w would scale its
+    // elements by w again each time, down into subnormals (whose arithmetic is slow).
+    Memory& ones = shared("qk_norm_unit_weight", dim * 4, [](Memory& m) { m.fill_float32(1.0f); });
+    Memory& pos = shared_indices("positions", tokens, 65536, true);
+    slots = &shared_indices("kv_slots", tokens, pages * page, true);
+    cache = &shared_cache(dim);
+    tq = Tensor(q->data(), dtype, {tokens, hq, dim}, device());
+    tk = Tensor(k->data(), dtype, {tokens, hk, dim}, device());
+    tv = Tensor(v->data(), dtype, {tokens, hk, dim}, device());
+    tp = Tensor(pos.data(), DType::int64, {tokens}, device());
+    kv.k = Tensor(k_cache->data(), cache_dtype, {pages, page, hk, dim}, device());
+    kv.v = Tensor(v_cache->data(), cache_dtype, {pages, page, hk, dim}, device());
+    kv_slots = embrope::KvSlots::paged(Tensor(slots->data(), DType::int64, {tokens}, device()));
+    norm.q_weight = norm.k_weight = Tensor(ones.data(), DType::float32, {dim}, device());
+  }
+  const std::int64_t* slot_of() const { return static_cast<const std::int64_t*>(slots->data()); }
+};
+
+// In the activations' dtype: q in place, k and v only read. Unfused: apply_qk_norm_rope (q in
+// place, k into a scratch k_out), then the cache write vLLM's reshape_and_cache_flash does, a
+// copy of each token's k and v rows to its slot (CPU only: the GPU run times the fused op).
+void qk_norm_append_kv_case(benchmark::State& state, DType dtype, std::int64_t tokens, bool fused) {
+  const Qwen3AppendKv a(dtype, tokens, dtype);
   embrope::RopeOptions unfused;
-  unfused.k_out = Tensor(k_tmp.data(), dtype, {tokens, hk, dim}, device());
-  // The unfused cache write (CPU only: the GPU run has no such pass and times the fused op).
-  const std::int64_t* slot_of = static_cast<const std::int64_t*>(slots.data());
+  unfused.k_out = Tensor(a.k_tmp->data(), dtype, {tokens, a.hk, a.dim}, device());
   auto scatter = [&] {
-    const std::size_t row = static_cast<std::size_t>(kv_row * es);
+    const std::size_t row = static_cast<std::size_t>(a.kv_row * a.es);
+    const std::int64_t* slot_of = a.slot_of();
 #pragma omp parallel for schedule(static) if (tokens >= 64)
     for (std::int64_t t = 0; t < tokens; ++t) {
-      const std::int64_t slot = slot_of[t];
-      std::memcpy(static_cast<char*>(k_cache.data()) + slot * row,
-                  static_cast<const char*>(k_tmp.data()) + t * row, row);
-      std::memcpy(static_cast<char*>(v_cache.data()) + slot * row,
-                  static_cast<const char*>(v.data()) + t * row, row);
+      std::memcpy(static_cast<char*>(a.k_cache->data()) + slot_of[t] * row,
+                  static_cast<const char*>(a.k_tmp->data()) + t * row, row);
+      std::memcpy(static_cast<char*>(a.v_cache->data()) + slot_of[t] * row,
+                  static_cast<const char*>(a.v->data()) + t * row, row);
     }
   };
   // What the fused op must move: q read and written, k and v read, their cache rows written.
-  const std::int64_t bytes = 2 * tokens * hq * dim * es + 4 * tokens * kv_row * es;
+  const std::int64_t bytes = 2 * tokens * a.hq * a.dim * a.es + 4 * tokens * a.kv_row * a.es;
   run_timed(
       state,
       [&] {
         if (fused) {
-          embrope::apply_qk_norm_rope_append_kv(tq, tk, tv, tp, cache, kv, kv_slots, norm);
+          embrope::apply_qk_norm_rope_append_kv(a.tq, a.tk, a.tv, a.tp, *a.cache, a.kv, a.kv_slots,
+                                                a.norm);
         } else {
-          embrope::apply_qk_norm_rope(tq, tk, tp, cache, norm, unfused);
+          embrope::apply_qk_norm_rope(a.tq, a.tk, a.tp, *a.cache, a.norm, unfused);
           scatter();
         }
       },
       bytes);
 }
 
-// The same for a float8 attention kernel: q normalised and rotated into a float8_e4m3fn q_out
-// (scale 0.5) and a float8_e4m3fn cache (scales 1). Unfused: apply_qk_norm_rope into q's
-// dtype (q and k out of place), then a quantize pass over q and a converting copy of each
-// token's k and v rows to its slot (CPU only).
+// For a float8 attention kernel (bfloat16 activations): q normalised and rotated into a
+// float8_e4m3fn q_out (scale 0.5) and a float8_e4m3fn cache (scales 1). Unfused:
+// apply_qk_norm_rope into q's dtype (q and k out of place), then a quantize pass over q and a
+// converting copy of each token's k and v rows to its slot (CPU only).
 void qk_norm_append_kv_fp8_case(benchmark::State& state, std::int64_t tokens, bool fused) {
-  const DType dtype = DType::bfloat16;
-  const std::int64_t hq = 32, hk = 8, dim = 128, page = 16;
-  const std::int64_t pages = (tokens + page - 1) / page;
-  const int es = embrope::dtype_size(dtype);
-  const std::int64_t kv_row = hk * dim, q_elements = tokens * hq * dim;
-  Memory& q = shared_values("kv_q", q_elements * es, dtype);
-  Memory& k = shared_values("kv_k", tokens * kv_row * es, dtype);
-  Memory& v = shared_values("kv_v", tokens * kv_row * es, dtype);
+  using embrope::detail::BFloat16;
+  const Qwen3AppendKv a(DType::bfloat16, tokens, DType::float8_e4m3fn);
+  const std::int64_t q_elements = tokens * a.hq * a.dim;
   Memory& q8 = shared("fp8_q", q_elements, [](Memory&) {});
-  Memory& q_tmp = shared("fp8_q_tmp", q_elements * es, [](Memory&) {});
-  Memory& k_tmp = shared("qk_k_out", tokens * kv_row * es, [](Memory&) {});
-  Memory& k_cache = shared("kv_k_cache/fp8", pages * page * kv_row, [](Memory&) {});
-  Memory& v_cache = shared("kv_v_cache/fp8", pages * page * kv_row, [](Memory&) {});
-  Memory& weight = shared("qk_norm_unit_weight", dim * 4, [](Memory& m) { m.fill_float32(1.0f); });
-  Memory& pos = shared_indices("positions", tokens, 65536, true);
-  Memory& slots = shared_indices("kv_slots", tokens, pages * page, true);
-  const embrope::RopeCache& cache = shared_cache(dim);
-  const Tensor tq(q.data(), dtype, {tokens, hq, dim}, device());
-  const Tensor tk(k.data(), dtype, {tokens, hk, dim}, device());
-  const Tensor tv(v.data(), dtype, {tokens, hk, dim}, device());
-  const Tensor tp(pos.data(), DType::int64, {tokens}, device());
-  embrope::KvCache kv;
-  kv.k = Tensor(k_cache.data(), DType::float8_e4m3fn, {pages, page, hk, dim}, device());
-  kv.v = Tensor(v_cache.data(), DType::float8_e4m3fn, {pages, page, hk, dim}, device());
-  const embrope::KvSlots kv_slots =
-      embrope::KvSlots::paged(Tensor(slots.data(), DType::int64, {tokens}, device()));
-  embrope::QkNorm norm;
-  norm.q_weight = norm.k_weight = Tensor(weight.data(), DType::float32, {dim}, device());
   constexpr float kQScale = 0.5f;
   embrope::RopeOptions options;
   std::function<void()> body;
   if (fused) {
-    options.q_out = Tensor(q8.data(), DType::float8_e4m3fn, {tokens, hq, dim}, device());
+    options.q_out = Tensor(q8.data(), DType::float8_e4m3fn, {tokens, a.hq, a.dim}, device());
     options.q_out_scale = kQScale;
     body = [&, options] {
-      embrope::apply_qk_norm_rope_append_kv(tq, tk, tv, tp, cache, kv, kv_slots, norm, options);
+      embrope::apply_qk_norm_rope_append_kv(a.tq, a.tk, a.tv, a.tp, *a.cache, a.kv, a.kv_slots,
+                                            a.norm, options);
     };
   } else {
     if (g_gpu) {
       state.SkipWithError("the unfused quantize pass is CPU-only");
       return;
     }
-    options.q_out = Tensor(q_tmp.data(), dtype, {tokens, hq, dim}, device());
-    options.k_out = Tensor(k_tmp.data(), dtype, {tokens, hk, dim}, device());
-    const auto* slot_of = static_cast<const std::int64_t*>(slots.data());
-    using embrope::detail::BFloat16;
-    body = [&, options, slot_of] {
-      embrope::apply_qk_norm_rope(tq, tk, tp, cache, norm, options);
+    Memory& q_tmp = shared("fp8_q_tmp", q_elements * a.es, [](Memory&) {});
+    options.q_out = Tensor(q_tmp.data(), DType::bfloat16, {tokens, a.hq, a.dim}, device());
+    options.k_out = Tensor(a.k_tmp->data(), DType::bfloat16, {tokens, a.hk, a.dim}, device());
+    body = [&, options] {
+      embrope::apply_qk_norm_rope(a.tq, a.tk, a.tp, *a.cache, a.norm, options);
       quantize_e4m3(static_cast<const BFloat16*>(q_tmp.data()),
                     static_cast<std::uint8_t*>(q8.data()), q_elements, kQScale);
+      const std::int64_t* slot_of = a.slot_of();
+      const std::int64_t kv_row = a.kv_row;
 #pragma omp parallel for schedule(static) if (tokens >= 64)
       for (std::int64_t t = 0; t < tokens; ++t) {
-        auto* kc = static_cast<std::uint8_t*>(k_cache.data()) + slot_of[t] * kv_row;
-        auto* vc = static_cast<std::uint8_t*>(v_cache.data()) + slot_of[t] * kv_row;
-        const auto* kr = static_cast<const BFloat16*>(k_tmp.data()) + t * kv_row;
-        const auto* vr = static_cast<const BFloat16*>(v.data()) + t * kv_row;
+        auto* kc = static_cast<std::uint8_t*>(a.k_cache->data()) + slot_of[t] * kv_row;
+        auto* vc = static_cast<std::uint8_t*>(a.v_cache->data()) + slot_of[t] * kv_row;
+        const auto* kr = static_cast<const BFloat16*>(a.k_tmp->data()) + t * kv_row;
+        const auto* vr = static_cast<const BFloat16*>(a.v->data()) + t * kv_row;
 #pragma omp simd
         for (std::int64_t e = 0; e < kv_row; ++e) {
           kc[e] = embrope::detail::float_to_float8_e4m3(embrope::detail::to_float(kr[e]));
@@ -891,7 +879,7 @@ void qk_norm_append_kv_fp8_case(benchmark::State& state, std::int64_t tokens, bo
     };
   }
   // What the fused op must move: q, k and v read; q_out and the cache rows written in float8.
-  run_timed(state, body, q_elements * (es + 1) + 2 * tokens * kv_row * (es + 1));
+  run_timed(state, body, q_elements * (a.es + 1) + 2 * tokens * a.kv_row * (a.es + 1));
 }
 
 // DeepSeek-V3 MLA into float8 (FlashInfer's mla_rope_quantize_fp8): q [T, 128, 128 | 64]

@@ -54,6 +54,19 @@ class _Outputs:
         return q, k
 
 
+def _checked_nope(op: str, nope: Optional[dict]) -> dict:
+    """The float8 outputs' non-rotary tensors given (q_nope, q_nope_out, k_nope, k_nope_out),
+    checked: the inputs read, the outputs writable."""
+    given = {name: array for name, array in (nope or {}).items() if array is not None}
+    for name, array in given.items():
+        if name.endswith("_out"):
+            _arrays.check_optional(op, name, array, autograd=False)
+            _arrays.check_writable(op, name, array)
+        else:
+            _arrays.check_array(op, name, array)
+    return given
+
+
 def _rope_direction(op: str, backward: bool, q: Any, k: Any, positions: Any, cache: Any,
                     inplace: bool, q_out: Any, k_out: Any, deferred: Any, stream: Any,
                     q_out_head_scales: Any = None, k_out_head_scales: Any = None,
@@ -67,13 +80,7 @@ def _rope_direction(op: str, backward: bool, q: Any, k: Any, positions: Any, cac
     _arrays.check_array(op, "positions", positions)
     _arrays.check_optional(op, "q_out_head_scales", q_out_head_scales)
     _arrays.check_optional(op, "k_out_head_scales", k_out_head_scales)
-    nope = {name: array for name, array in (nope or {}).items() if array is not None}
-    for name, array in nope.items():
-        if name.endswith("_out"):
-            _arrays.check_optional(op, name, array, autograd=False)
-            _arrays.check_writable(op, name, array)
-        else:
-            _arrays.check_array(op, name, array)
+    nope = _checked_nope(op, nope)
     table = _native.rope_table(op, cache)
     out = _Outputs(op, q_name, k_name, q, k, inplace, q_out, k_out)
     native = _C.apply_rope_backward if backward else _C.apply_rope
@@ -456,13 +463,7 @@ def _append_kv(op: str, norm: Optional[dict], q: Any, k: Any, v: Any, positions:
                         ("q_out", q_out), ("k_out", k_out)):  # written: check_writable below
         _arrays.check_optional(op, name, array, autograd=False)
     _arrays.check_optional(op, "q_out_head_scales", q_out_head_scales)
-    nope = {name: array for name, array in nope.items() if array is not None}
-    for name, array in nope.items():
-        if name.endswith("_out"):
-            _arrays.check_optional(op, name, array, autograd=False)
-            _arrays.check_writable(op, name, array)
-        else:
-            _arrays.check_array(op, name, array)
+    nope = _checked_nope(op, nope)
     if kv_cache is None and (k_cache is None or v_cache is None):
         raise _C.InvalidArgumentError(f"{op}: give k_cache and v_cache, or kv_cache")
     if kv_cache is not None and (k_cache is not None or v_cache is not None):
