@@ -273,8 +273,8 @@ __global__ void __launch_bounds__(kLanes, 16)
   const int lane = threadIdx.x;
   const std::int64_t dim = r.head_dim;
   const std::int64_t tokens = r.batch * r.seq;
-  const std::int64_t q_chunks = detail::qk_chunks(tokens * r.q.heads);
-  const std::int64_t k_chunks = r.has_k ? detail::qk_chunks(tokens * r.k.heads) : 0;
+  const std::int64_t q_chunks = detail::weight_grad_chunks(tokens * r.q.heads);
+  const std::int64_t k_chunks = r.has_k ? detail::weight_grad_chunks(tokens * r.k.heads) : 0;
   const float sin_sign = r.inverse ? -1.0f : 1.0f;
   for (std::int64_t block = blockIdx.x; block < q_chunks + k_chunks; block += gridDim.x) {
     const bool is_q = block < q_chunks;
@@ -376,8 +376,8 @@ PartialsLayout lay_out(const QkNormRopeParams& p, WorkspaceLayout& layout) {
   const detail::RopeParams& r = p.rope;
   const std::int64_t tokens = r.batch * r.seq;
   PartialsLayout out;
-  out.q_chunks = detail::qk_chunks(tokens * r.q.heads);
-  out.k_chunks = r.has_k ? detail::qk_chunks(tokens * r.k.heads) : 0;
+  out.q_chunks = detail::weight_grad_chunks(tokens * r.q.heads);
+  out.k_chunks = r.has_k ? detail::weight_grad_chunks(tokens * r.k.heads) : 0;
   const auto dim = static_cast<std::size_t>(r.head_dim);
   if (p.q_weight_grad != nullptr) out.q = layout.take<float>(out.q_chunks * dim);
   if (p.k_weight_grad != nullptr) out.k = layout.take<float>(out.k_chunks * dim);

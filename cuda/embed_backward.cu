@@ -38,16 +38,21 @@
 #include "../src/dispatch.hpp"
 #include "../src/embed_row.hpp"
 #include "bad_index.cuh"
+#include "block_shared.cuh"
 #include "common.cuh"
 #include "embrope/detail/embed_backward_math.hpp"
+#include "embrope/detail/norm_math.hpp"
 #include "embrope/detail/numeric_types.hpp"
+#include "norm_reduce.cuh"
 #include "vector.cuh"
 #include "workspace.cuh"
 
 namespace embrope::gpu {
 namespace {
 
+using detail::BFloat16;
 using detail::from_float;
+using detail::Half;
 using detail::to_float;
 using Params = detail::EmbedBackwardParams;
 
@@ -224,13 +229,217 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
           for (int w = 0; w < W; ++w) total[w] += part[w];
         }
       }
+      // float32 or grad_out's dtype, or any of the three after a norm (dx is float32).
       if (g.dtype == DType::float32) {
         write_gradient<float, W>(static_cast<float*>(g.grad) + row * g.stride + j, total, g.weight);
+      } else if (g.dtype == DType::float16) {
+        write_gradient<Half, W>(static_cast<Half*>(g.grad) + row * g.stride + j, total, g.weight);
       } else {
-        write_gradient<T, W>(static_cast<T*>(g.grad) + row * g.stride + j, total, g.weight);
+        write_gradient<BFloat16, W>(static_cast<BFloat16*>(g.grad) + row * g.stride + j, total,
+                                    g.weight);
       }
     }
   }
+}
+
+// ------------------------------------------------------------------ the norm's backward ----
+// With embed's norm (docs/ops.md, "embed_backward"), before the tables' pass:
+//   N1. norm_rows_kernel: 32 lanes per row (lane l owning elements 256 t + 8 l + w, the
+//       partials of detail/norm_math.hpp, combined in shared memory in the CPU's order), in
+//       blocks of kNormBlockRows rows walked in lockstep like embed_norm_kernel: mean and
+//       rstd from the saved pre-norm row, the sums of u * xhat and u, then dx as float32
+//       into the workspace; each row's statistics (and whether it is good) for N2;
+//   N2. norm_partials_kernel: a thread per (chunk of kWeightGradRows rows, column): the
+//       chunk's sums of g * xhat and g, rows in order;
+//   N3. norm_gradients_kernel: a thread per column: the chunk partials summed in order into
+//       grad_norm_weight and grad_norm_bias.
+// The tables' pass then reads dx in the place of grad_out (detail::norm_scatter_params).
+
+// The statistics of a row for norm_partials_kernel; a bad row (good 0) gives nothing to any
+// gradient.
+struct RowStats {
+  float mean;
+  float rstd;
+  int good;
+};
+
+// Elements j0 .. j0 + kNormLaneWidth - 1 of a row of V at `row`, as float32 (0 past dim): in
+// 16-byte loads when the lane's elements are whole and aligned, else one by one.
+template <typename V>
+__device__ __forceinline__ void load_lane_values(const V* row, std::int64_t j0, std::int64_t dim,
+                                                 float* v) {
+  constexpr int kWidth = detail::kNormLaneWidth;
+  const V* at = row + j0;
+  if (j0 + kWidth <= dim && reinterpret_cast<std::uintptr_t>(at) % 16 == 0) {
+#pragma unroll
+    for (int c = 0; c < kWidth; c += kVec16<V>) load_chunk<V, kVec16<V>>(at + c, v + c);
+  } else {
+#pragma unroll
+    for (int w = 0; w < kWidth; ++w) v[w] = j0 + w < dim ? detail::to_float(at[w]) : 0.0f;
+  }
+}
+
+// The same for a float32, float16 or bfloat16 row (the dtype is the same for every lane).
+__device__ __forceinline__ void load_lane_values(const void* base, DType dtype, std::int64_t offset,
+                                                 std::int64_t j0, std::int64_t dim, float* v) {
+  if (dtype == DType::float32) {
+    load_lane_values(static_cast<const float*>(base) + offset, j0, dim, v);
+  } else if (dtype == DType::float16) {
+    load_lane_values(static_cast<const Half*>(base) + offset, j0, dim, v);
+  } else {
+    load_lane_values(static_cast<const BFloat16*>(base) + offset, j0, dim, v);
+  }
+}
+
+// The weight factor of element j (1 without a weight).
+__device__ __forceinline__ float norm_weight_at(const Params& p, std::int64_t j) {
+  return p.rows.norm_weight == nullptr
+             ? 1.0f
+             : detail::norm_weight_factor(
+                   detail::load_vector_value(p.rows.norm_weight, p.rows.norm_weight_dtype, j),
+                   p.rows.norm_unit_offset);
+}
+
+constexpr int kNormRowThreads = kNormBlockRows * detail::kNormLanes;
+
+// N1. dx of each good row into dx [rows, D], and every row's statistics into `stats`.
+__global__ void __launch_bounds__(kNormRowThreads)
+    norm_rows_kernel(const __grid_constant__ Params p, float* dx, RowStats* stats) {
+  constexpr int kLanes = detail::kNormLanes;
+  constexpr int kWidth = detail::kNormLaneWidth;
+  const int lane = threadIdx.x;
+  const int slot = threadIdx.y;
+  const std::int64_t dim = p.rows.dim;
+  const bool layer = p.rows.norm == Normalization::layer_norm;
+  auto reduce = [&](const float* part) { return reduce_norm_partials(part, slot, lane); };
+  const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * kNormBlockRows;
+  for (std::int64_t first = blockIdx.x * static_cast<std::int64_t>(kNormBlockRows);
+       first < p.rows.rows; first += row_stride) {
+    const std::int64_t n = first + slot;
+    detail::EmbedRow r;
+    if (n < p.rows.rows) r = detail::resolve_embed_row(p.rows, n);
+    const bool good = n < p.rows.rows && r.bad_key == detail::kNoBadIndex;
+    float part[kWidth], x[kWidth];
+    auto pre = [&](std::int64_t j0) {
+      load_lane_values(p.pre_norm, p.pre_norm_dtype, r.pre_norm_offset, j0, dim, x);
+    };
+
+    // The statistics, in the forward's order (embed_norm_kernel's passes 1 and 2).
+    detail::NormStats s;
+    if (layer) {
+#pragma unroll
+      for (int w = 0; w < kWidth; ++w) part[w] = 0.0f;
+      for (std::int64_t j0 = lane * kWidth; good && j0 < dim; j0 += kLanes * kWidth) {
+        pre(j0);
+#pragma unroll
+        for (int w = 0; w < kWidth; ++w) part[w] += x[w];  // zeros past D add nothing
+      }
+      s.mean = detail::norm_mean(reduce(part), dim);
+    }
+#pragma unroll
+    for (int w = 0; w < kWidth; ++w) part[w] = 0.0f;
+    for (std::int64_t j0 = lane * kWidth; good && j0 < dim; j0 += kLanes * kWidth) {
+      pre(j0);
+#pragma unroll
+      for (int w = 0; w < kWidth; ++w) {
+        if (j0 + w < dim) part[w] += detail::norm_square_term(x[w], s.mean);
+      }
+    }
+    s.rstd = detail::norm_rstd(reduce(part), dim, p.rows.norm_eps);
+
+    // The sums of u * xhat and of u (layer_norm), u = w * g.
+    float part_u[kWidth];
+#pragma unroll
+    for (int w = 0; w < kWidth; ++w) part[w] = part_u[w] = 0.0f;
+    for (std::int64_t j0 = lane * kWidth; good && j0 < dim; j0 += kLanes * kWidth) {
+      float g[kWidth];
+      pre(j0);
+      load_lane_values(p.rows.out, p.rows.dtype, r.out_offset, j0, dim, g);
+#pragma unroll
+      for (int w = 0; w < kWidth; ++w) {
+        if (j0 + w >= dim) continue;
+        const float u = detail::norm_product(norm_weight_at(p, j0 + w), g[w]);
+        part[w] += detail::norm_product(u, detail::norm_normalized(x[w], s));
+        part_u[w] += u;
+      }
+    }
+    const float c = detail::rms_backward_factor(reduce(part), dim, s.rstd);
+    const float e = layer ? detail::rms_backward_factor(reduce(part_u), dim, s.rstd) : 0.0f;
+    if (n < p.rows.rows && lane == 0) {
+      stats[n] = RowStats{s.mean, s.rstd, good ? 1 : 0};
+    }
+    if (!good) continue;
+
+    // dx: two float4 stores per lane and step where the lane's 8 elements are whole and
+    // aligned, else scalar ones.
+    float* out = dx + n * dim;
+    for (std::int64_t j0 = lane * kWidth; j0 < dim; j0 += kLanes * kWidth) {
+      float g[kWidth], gp[kWidth], result[kWidth];
+      pre(j0);
+      load_lane_values(p.rows.out, p.rows.dtype, r.out_offset, j0, dim, g);
+      if (p.grad_pre_norm != nullptr) {
+        load_lane_values(p.grad_pre_norm, p.grad_pre_norm_dtype, r.grad_pre_norm_offset, j0, dim,
+                         gp);
+      } else {
+#pragma unroll
+        for (int w = 0; w < kWidth; ++w) gp[w] = 0.0f;
+      }
+#pragma unroll
+      for (int w = 0; w < kWidth; ++w) {
+        const float u = detail::norm_product(norm_weight_at(p, j0 + w < dim ? j0 + w : 0), g[w]);
+        result[w] =
+            detail::norm_backward_value(u, detail::norm_normalized(x[w], s), s.rstd, c, e, gp[w]);
+      }
+      if (j0 + kWidth <= dim && reinterpret_cast<std::uintptr_t>(out + j0) % 16 == 0) {
+#pragma unroll
+        for (int c4 = 0; c4 < kWidth; c4 += 4) {
+          *reinterpret_cast<float4*>(out + j0 + c4) =
+              make_float4(result[c4], result[c4 + 1], result[c4 + 2], result[c4 + 3]);
+        }
+      } else {
+        for (int w = 0; w < kWidth && j0 + w < dim; ++w) out[j0 + w] = result[w];
+      }
+    }
+  }
+}
+
+// N2. A thread per (chunk, column j): the chunk's partial sums of g_j * xhat_j (weight) and
+// g_j (bias) over its good rows, in row order, into weight_partials / bias_partials
+// [chunks, D] (null: not requested).
+__global__ void __launch_bounds__(256)
+    norm_partials_kernel(const __grid_constant__ Params p, const RowStats* stats,
+                         float* weight_partials, float* bias_partials) {
+  const std::int64_t dim = p.rows.dim;
+  const std::int64_t j = blockIdx.y * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  const std::int64_t chunk = blockIdx.x;
+  if (j >= dim) return;
+  const std::int64_t end = min(p.rows.rows, (chunk + 1) * detail::kWeightGradRows);
+  float weight_sum = 0.0f, bias_sum = 0.0f;
+  for (std::int64_t n = chunk * detail::kWeightGradRows; n < end; ++n) {
+    const RowStats rs = stats[n];
+    if (rs.good == 0) continue;
+    std::int64_t offsets[detail::RowIndex::count];
+    detail::row_offsets(p.rows.index, n, offsets);
+    const float x = detail::load_vector_value(p.pre_norm, p.pre_norm_dtype,
+                                              offsets[detail::RowIndex::pre_norm_out] + j);
+    const float g =
+        detail::load_vector_value(p.rows.out, p.rows.dtype, offsets[detail::RowIndex::out] + j);
+    weight_sum +=
+        detail::norm_product(g, detail::norm_normalized(x, detail::NormStats{rs.mean, rs.rstd}));
+    bias_sum += g;
+  }
+  if (weight_partials != nullptr) weight_partials[chunk * dim + j] = weight_sum;
+  if (bias_partials != nullptr) bias_partials[chunk * dim + j] = bias_sum;
+}
+
+// N3. A thread per column: the chunk partials in order (0 chunks: 0).
+__global__ void __launch_bounds__(256) norm_gradients_kernel(std::int64_t dim, std::int64_t chunks,
+                                                             const float* partials, float* grad) {
+  const std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= dim) return;
+  float sum = 0.0f;
+  for (std::int64_t chunk = 0; chunk < chunks; ++chunk) sum += partials[chunk * dim + j];
+  grad[j] = sum;
 }
 
 // --------------------------------------------------------------------- atomic mode ----
@@ -453,18 +662,88 @@ void run(const Params& p, cudaStream_t stream) {
   }
 }
 
+// Bytes of workspace the tables' pass needs (without a norm: the whole call's).
+std::size_t tables_workspace_size(const Params& p) {
+  if (uses_atomics(p) || p.rows.rows == 0) return 0;
+  return plan(key_layout(p), p.rows.dim, nullptr, cudaStream_t{}).required_bytes;
+}
+
+// The pieces of the norm's workspace, before the tables' pass's own.
+struct NormPieces {
+  float* dx = nullptr;
+  RowStats* stats = nullptr;
+  float* weight_partials = nullptr;
+  float* bias_partials = nullptr;
+  std::size_t required_bytes = 0;
+};
+
+NormPieces plan_norm(const Params& p, char* base) {
+  const auto rows = static_cast<std::size_t>(p.rows.rows);
+  const auto dim = static_cast<std::size_t>(p.rows.dim);
+  const auto partials = static_cast<std::size_t>(detail::weight_grad_chunks(p.rows.rows)) * dim;
+  NormPieces w;
+  WorkspaceLayout layout(base);
+  w.dx = layout.take<float>(rows * dim);
+  w.stats = layout.take<RowStats>(rows);
+  if (p.grad_norm_weight != nullptr) w.weight_partials = layout.take<float>(partials);
+  if (p.grad_norm_bias != nullptr) w.bias_partials = layout.take<float>(partials);
+  w.required_bytes = layout.required_bytes();
+  return w;
+}
+
+// embed_backward with a norm: N1-N3, then the tables' pass over dx.
+void run_with_norm(const Params& p, cudaStream_t stream) {
+  const std::size_t norm_bytes = plan_norm(p, nullptr).required_bytes;
+  Params tables = detail::norm_scatter_params(p, nullptr);
+  const std::size_t tables_bytes = tables_workspace_size(tables);
+  const Workspace workspace(p.workspace, norm_bytes + tables_bytes, stream, "embed_backward");
+  const NormPieces w = plan_norm(p, workspace.base());
+  const std::int64_t dim = p.rows.dim;
+  const std::int64_t chunks = detail::weight_grad_chunks(p.rows.rows);
+  if (p.rows.rows > 0) {
+    norm_rows_kernel<<<grid_for(p.rows.rows, kNormBlockRows),
+                       dim3(detail::kNormLanes, kNormBlockRows), 0, stream>>>(p, w.dx, w.stats);
+    check_launch("norm_rows_kernel");
+    if (w.weight_partials != nullptr || w.bias_partials != nullptr) {
+      if (chunks > INT32_MAX) too_large("too many rows for the norm's gradients");
+      const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>((dim + 255) / 256));
+      norm_partials_kernel<<<grid, 256, 0, stream>>>(p, w.stats, w.weight_partials,
+                                                     w.bias_partials);
+      check_launch("norm_partials_kernel");
+    }
+  }
+  for (auto [partials, grad] : {std::pair{w.weight_partials, p.grad_norm_weight},
+                                std::pair{w.bias_partials, p.grad_norm_bias}}) {
+    if (grad == nullptr) continue;
+    norm_gradients_kernel<<<grid_for(dim, 256), 256, 0, stream>>>(dim, chunks, partials, grad);
+    check_launch("norm_gradients_kernel");
+  }
+  if (p.rows.rows == 0) return;
+  tables = detail::norm_scatter_params(p, w.dx);
+  tables.workspace = tables_bytes == 0 ? nullptr : workspace.base() + norm_bytes;
+  tables.workspace_bytes = tables_bytes;
+  run<float>(tables, stream);
+}
+
 }  // namespace
 
 void embed_backward(const detail::EmbedBackwardParams& p, Device device, Stream stream) {
   DeviceGuard guard(device);
+  if (p.rows.norm != Normalization::none) {
+    run_with_norm(p, to_cuda(stream));
+    return;
+  }
   detail::dispatch_value_dtype(
       p.rows.dtype, [&](auto t) { run<typename decltype(t)::type>(p, to_cuda(stream)); });
 }
 
 std::size_t embed_backward_workspace_size(const detail::EmbedBackwardParams& p, Device device) {
-  if (uses_atomics(p)) return 0;
   DeviceGuard guard(device);
-  return plan(key_layout(p), p.rows.dim, nullptr, cudaStream_t{}).required_bytes;
+  if (p.rows.norm != Normalization::none) {
+    return plan_norm(p, nullptr).required_bytes +
+           tables_workspace_size(detail::norm_scatter_params(p, nullptr));
+  }
+  return tables_workspace_size(p);
 }
 
 }  // namespace embrope::gpu

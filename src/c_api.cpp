@@ -52,6 +52,20 @@ std::optional<Tensor> to_optional(const char* function, const char* name, const 
   return to_tensor(function, name, t);
 }
 
+// A C normalization enum, read as the int a C caller stored.
+embrope::Normalization normalization_of(const char* function, embrope_normalization_t norm) {
+  switch (raw_enum(norm)) {
+    case EMBROPE_NORM_NONE:
+      return embrope::Normalization::none;
+    case EMBROPE_NORM_LAYER_NORM:
+      return embrope::Normalization::layer_norm;
+    case EMBROPE_NORM_RMS_NORM:
+      return embrope::Normalization::rms_norm;
+    default:
+      fail(function, fmt::format("norm {} is not an embrope_normalization_t", raw_enum(norm)));
+  }
+}
+
 embrope_status_t to_status(ErrorCode code) {
   return static_cast<embrope_status_t>(code);
 }
@@ -589,19 +603,7 @@ embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const
       options.type_table = to_optional(fn, "type_table", o->type_table);
       options.type_ids = to_optional(fn, "type_ids", o->type_ids);
       if (o->deferred != nullptr) options.deferred = &o->deferred->status;
-      switch (raw_enum(o->norm)) {
-        case EMBROPE_NORM_NONE:
-          options.norm = embrope::Normalization::none;
-          break;
-        case EMBROPE_NORM_LAYER_NORM:
-          options.norm = embrope::Normalization::layer_norm;
-          break;
-        case EMBROPE_NORM_RMS_NORM:
-          options.norm = embrope::Normalization::rms_norm;
-          break;
-        default:
-          fail(fn, fmt::format("norm {} is not an embrope_normalization_t", raw_enum(o->norm)));
-      }
+      options.norm = normalization_of(fn, o->norm);
       options.norm_weight = to_optional(fn, "norm_weight", o->norm_weight);
       options.norm_bias = to_optional(fn, "norm_bias", o->norm_bias);
       options.norm_eps = o->norm_eps;
@@ -633,6 +635,14 @@ void embrope_embed_backward_options_init_size(embrope_embed_backward_options_t* 
   options->workspace = nullptr;
   options->workspace_bytes = 0;
   options->deferred = nullptr;
+  options->norm = EMBROPE_NORM_NONE;
+  options->pre_norm = nullptr;
+  options->norm_weight = nullptr;
+  options->norm_eps = 1e-5f;
+  options->norm_unit_offset = 0;
+  options->grad_pre_norm = nullptr;
+  options->grad_norm_weight = nullptr;
+  options->grad_norm_bias = nullptr;
   write_defaults(out, struct_size, defaults);
 }
 
@@ -698,6 +708,14 @@ embrope::EmbedBackwardOptions embed_backward_options(const char* fn,
   options.workspace = o->workspace;
   options.workspace_bytes = o->workspace_bytes;
   if (o->deferred != nullptr) options.deferred = &o->deferred->status;
+  options.norm = normalization_of(fn, o->norm);
+  options.pre_norm = to_optional(fn, "pre_norm", o->pre_norm);
+  options.norm_weight = to_optional(fn, "norm_weight", o->norm_weight);
+  options.norm_eps = o->norm_eps;
+  options.norm_unit_offset = o->norm_unit_offset != 0;
+  options.grad_pre_norm = to_optional(fn, "grad_pre_norm", o->grad_pre_norm);
+  options.grad_norm_weight = to_optional(fn, "grad_norm_weight", o->grad_norm_weight);
+  options.grad_norm_bias = to_optional(fn, "grad_norm_bias", o->grad_norm_bias);
   return options;
 }
 

@@ -31,6 +31,94 @@ void check_grad(const char* name, const Tensor& t, const Tensor& grad_out, std::
   target.weight = weight;
 }
 
+// A tensor shaped like grad_out (pre_norm, grad_pre_norm), float32 or grad_out's dtype; its
+// leading strides go to RowIndex operand `operand`.
+void check_like_grad_out(const char* name, const Tensor& t, const Tensor& grad_out,
+                         detail::RowIndex::Operand operand, Params& p) {
+  validate::check_view(kOp, name, t, grad_out.ndim(), grad_out.ndim());
+  validate::check_same_device(kOp, name, t, "grad_out", grad_out.device());
+  validate::check_float32_or_dtype(kOp, name, t, "grad_out", grad_out.dtype());
+  validate::check_last_contiguous(kOp, name, t);
+  for (int d = 0; d < grad_out.ndim(); ++d) {
+    validate::check_dim(kOp, name, t, d, grad_out.shape(d), "the shape of grad_out");
+  }
+  for (int d = 0; d + 1 < grad_out.ndim(); ++d) p.rows.index.stride[operand][d] = t.stride(d);
+}
+
+// A [D] vector on grad_out's device: the norm weight (float32 or grad_out's dtype) or one of
+// the norm's gradients (float32).
+void check_norm_vector(const char* name, const Tensor& t, const Tensor& grad_out, bool gradient) {
+  validate::check_view(kOp, name, t, 1, 1);
+  validate::check_same_device(kOp, name, t, "grad_out", grad_out.device());
+  if (gradient) {
+    validate::check_same_dtype(kOp, name, t, "a norm gradient", DType::float32);
+  } else {
+    validate::check_float32_or_dtype(kOp, name, t, "grad_out", grad_out.dtype());
+  }
+  validate::check_last_contiguous(kOp, name, t);
+  validate::check_dim(kOp, name, t, 0, grad_out.shape(grad_out.ndim() - 1),
+                      "the embedding dim D of grad_out");
+}
+
+// The norm's options (EmbedBackwardOptions::norm and the tensors that go with it).
+void set_norm(const Tensor& grad_out, const EmbedBackwardOptions& o, Params& p) {
+  if (o.norm == Normalization::none) {
+    if (o.pre_norm || o.norm_weight || o.grad_pre_norm || o.grad_norm_weight || o.grad_norm_bias) {
+      fail(kOp,
+           "pre_norm, norm_weight, grad_pre_norm, grad_norm_weight or grad_norm_bias is given "
+           "but norm is none");
+    }
+    if (o.norm_unit_offset) fail(kOp, "norm_unit_offset is set but norm is none");
+    return;
+  }
+  if (o.norm != Normalization::layer_norm && o.norm != Normalization::rms_norm) {
+    fail(kOp, "norm {} is not a Normalization", static_cast<int>(o.norm));
+  }
+  if (o.vocab_shard) {
+    fail(kOp,
+         "norm cannot be combined with vocab_shard: a shard's rows are partial sums, normalised "
+         "after the sum over shards");
+  }
+  if (!(std::isfinite(o.norm_eps) && o.norm_eps >= 0.0f)) {
+    fail(kOp, "norm_eps {} must be finite and >= 0", o.norm_eps);
+  }
+  if (o.norm_unit_offset && !o.norm_weight) {
+    fail(kOp, "norm_unit_offset is set without a norm_weight (the weight applied is 1 + w)");
+  }
+  if (!o.pre_norm) {
+    fail(kOp, "norm is set but pre_norm (the forward's pre_norm_out) is not given");
+  }
+  if (o.grad_norm_bias && o.norm != Normalization::layer_norm) {
+    fail(kOp, "grad_norm_bias is given but norm is rms_norm (a bias is for layer_norm only)");
+  }
+  detail::EmbedParams& r = p.rows;
+  r.norm = o.norm;
+  r.norm_eps = o.norm_eps;
+  r.norm_unit_offset = o.norm_unit_offset;
+  check_like_grad_out("pre_norm", *o.pre_norm, grad_out, detail::RowIndex::pre_norm_out, p);
+  p.pre_norm = o.pre_norm->data();
+  p.pre_norm_dtype = o.pre_norm->dtype();
+  if (o.grad_pre_norm) {
+    check_like_grad_out("grad_pre_norm", *o.grad_pre_norm, grad_out,
+                        detail::RowIndex::grad_pre_norm, p);
+    p.grad_pre_norm = o.grad_pre_norm->data();
+    p.grad_pre_norm_dtype = o.grad_pre_norm->dtype();
+  }
+  if (o.norm_weight) {
+    check_norm_vector("norm_weight", *o.norm_weight, grad_out, false);
+    r.norm_weight = o.norm_weight->data();
+    r.norm_weight_dtype = o.norm_weight->dtype();
+  }
+  if (o.grad_norm_weight) {
+    check_norm_vector("grad_norm_weight", *o.grad_norm_weight, grad_out, true);
+    p.grad_norm_weight = static_cast<float*>(o.grad_norm_weight->data());
+  }
+  if (o.grad_norm_bias) {
+    check_norm_vector("grad_norm_bias", *o.grad_norm_bias, grad_out, true);
+    p.grad_norm_bias = static_cast<float*>(o.grad_norm_bias->data());
+  }
+}
+
 // Validates every argument and fills the parameters of the call.
 Params prepare(const Tensor& grad_out, const Tensor& ids, const std::optional<Tensor>& grad_table,
                const EmbedBackwardOptions& o) {
@@ -94,30 +182,37 @@ Params prepare(const Tensor& grad_out, const Tensor& ids, const std::optional<Te
     r.type_table = o.grad_type_table->data();
     r.type_table_stride = o.grad_type_table->stride(0);
   }
-  if (!grad_table && !o.grad_position_table && !o.grad_type_table) {
-    fail(kOp, "no gradient is given: pass grad_table, grad_position_table or grad_type_table");
+  set_norm(grad_out, o, p);
+  if (!grad_table && !o.grad_position_table && !o.grad_type_table && !o.grad_norm_weight &&
+      !o.grad_norm_bias) {
+    fail(kOp,
+         "no gradient is given: pass grad_table, grad_position_table, grad_type_table, "
+         "grad_norm_weight or grad_norm_bias");
   }
 
-  // The gradients are written (accumulated into): none may share memory with an input, with
-  // another gradient or with itself.
-  const std::pair<const char*, const std::optional<Tensor>*> grads[] = {
-      {"grad_table", &grad_table},
-      {"grad_position_table", &o.grad_position_table},
-      {"grad_type_table", &o.grad_type_table}};
-  const std::pair<const char*, const std::optional<Tensor>*> inputs[] = {
-      {"position_ids", &o.position_ids},
-      {"position_offsets", &o.position_offsets},
-      {"type_ids", &o.type_ids}};
-  for (std::size_t i = 0; i < 3; ++i) {
+  // The gradients are written (accumulated into, or overwritten): none may share memory with
+  // an input, with another gradient or with itself.
+  using Named = std::pair<const char*, const std::optional<Tensor>*>;
+  const Named grads[] = {{"grad_table", &grad_table},
+                         {"grad_position_table", &o.grad_position_table},
+                         {"grad_type_table", &o.grad_type_table},
+                         {"grad_norm_weight", &o.grad_norm_weight},
+                         {"grad_norm_bias", &o.grad_norm_bias}};
+  const std::optional<Tensor> grad_out_view = grad_out, ids_view = ids;
+  const Named inputs[] = {
+      {"grad_out", &grad_out_view},      {"ids", &ids_view},
+      {"position_ids", &o.position_ids}, {"position_offsets", &o.position_offsets},
+      {"type_ids", &o.type_ids},         {"pre_norm", &o.pre_norm},
+      {"norm_weight", &o.norm_weight},   {"grad_pre_norm", &o.grad_pre_norm}};
+  constexpr std::size_t kGrads = sizeof grads / sizeof grads[0];
+  for (std::size_t i = 0; i < kGrads; ++i) {
     if (!*grads[i].second) continue;
     const Tensor& g = **grads[i].second;
     validate::check_no_self_overlap(kOp, grads[i].first, g);
-    validate::check_no_overlap(kOp, grads[i].first, g, "grad_out", grad_out);
-    validate::check_no_overlap(kOp, grads[i].first, g, "ids", ids);
     for (const auto& [name, input] : inputs) {
       if (*input) validate::check_no_overlap(kOp, grads[i].first, g, name, **input);
     }
-    for (std::size_t j = i + 1; j < 3; ++j) {
+    for (std::size_t j = i + 1; j < kGrads; ++j) {
       if (*grads[j].second) {
         validate::check_no_overlap(kOp, grads[i].first, g, grads[j].first, **grads[j].second);
       }
@@ -136,7 +231,9 @@ void embed_backward(const Tensor& grad_out, const Tensor& ids,
                     const std::optional<Tensor>& grad_table, const EmbedBackwardOptions& o) {
   Params p = prepare(grad_out, ids, grad_table, o);
   const Device device = ids.device();
-  if (p.rows.rows == 0 || p.rows.dim == 0) return;
+  // No rows: the tables are unchanged, but the norm's gradients (sums over no rows) are zero.
+  const bool norm_gradients = p.grad_norm_weight != nullptr || p.grad_norm_bias != nullptr;
+  if (p.rows.dim == 0 || (p.rows.rows == 0 && !norm_gradients)) return;
   if (device.kind == DeviceKind::cuda && p.workspace != nullptr) {
     const std::size_t needed = gpu::embed_backward_workspace_size(p, device);
     if (p.workspace_bytes < needed) {

@@ -13,14 +13,15 @@
 namespace embrope::detail {
 
 struct EmbedRow {
-  std::int64_t out_offset = 0;         // element offset of the row in out
-  std::int64_t pre_norm_offset = 0;    // element offset of the row in pre_norm_out
-  std::int64_t token = 0;              // row of the token table (valid when token_hit)
-  bool token_hit = true;               // false: a shard miss, the token part is zero
-  std::int64_t position = 0;           // position (learned or sinusoidal)
-  std::int64_t type = 0;               // row of the type table
-  std::int64_t bad_key = kNoBadIndex;  // bad_index_key of the first bad argument, if any
-  BadIndexValue bad;                   // and its value and range
+  std::int64_t out_offset = 0;            // element offset of the row in out
+  std::int64_t pre_norm_offset = 0;       // element offset of the row in pre_norm_out
+  std::int64_t grad_pre_norm_offset = 0;  // embed_backward: the row in grad_pre_norm
+  std::int64_t token = 0;                 // row of the token table (valid when token_hit)
+  bool token_hit = true;                  // false: a shard miss, the token part is zero
+  std::int64_t position = 0;              // position (learned or sinusoidal)
+  std::int64_t type = 0;                  // row of the type table
+  std::int64_t bad_key = kNoBadIndex;     // bad_index_key of the first bad argument, if any
+  BadIndexValue bad;                      // and its value and range
 };
 
 EMBROPE_HD void mark_bad(EmbedRow& r, std::int64_t row, BadIndexArg arg, std::int64_t value,
@@ -36,6 +37,7 @@ EMBROPE_HD EmbedRow resolve_embed_row(const EmbedParams& p, std::int64_t row) {
   EmbedRow r;
   r.out_offset = offsets[RowIndex::out];
   r.pre_norm_offset = offsets[RowIndex::pre_norm_out];
+  r.grad_pre_norm_offset = offsets[RowIndex::grad_pre_norm];
   const std::int64_t id = load_index(p.ids, p.id_dtype, offsets[RowIndex::ids]);
   // Compared before subtracting: no overflow for any id (INT64_MIN included).
   r.token_hit = id >= p.vocab_start && id - p.vocab_start < p.vocab_size;
@@ -101,6 +103,22 @@ EMBROPE_HD BackwardRow resolve_backward_row(const EmbedBackwardParams& p, std::i
     b.target[EmbedBackwardParams::type] = r.type;
   }
   return b;
+}
+
+// The table gradients' pass of an embed_backward with a norm: the same call, reading in the
+// place of grad_out the float32 rows dx [ids.shape..., D] (contiguous) that the norm's
+// backward wrote.
+inline EmbedBackwardParams norm_scatter_params(const EmbedBackwardParams& p, float* dx) {
+  EmbedBackwardParams s = p;
+  s.rows.out = dx;
+  s.rows.dtype = DType::float32;
+  std::int64_t stride = p.rows.dim;
+  for (int d = p.rows.index.ndim - 1; d >= 0; --d) {
+    s.rows.index.stride[RowIndex::out][d] = stride;
+    stride *= p.rows.index.shape[d];
+  }
+  s.rows.norm = Normalization::none;
+  return s;
 }
 
 }  // namespace embrope::detail

@@ -77,7 +77,15 @@ EMBROPE_HD std::int64_t rope_nope_heads(const RopeParams& p) {
 // Row n of an embed call (a flat row-major index over ids' shape) maps to element offsets in
 // ids, out (its leading dimensions), position_ids, type_ids and pre_norm_out.
 struct RowIndex {
-  enum Operand { ids = 0, out = 1, position_ids = 2, type_ids = 3, pre_norm_out = 4, count = 5 };
+  enum Operand {
+    ids = 0,
+    out = 1,
+    position_ids = 2,
+    type_ids = 3,
+    pre_norm_out = 4,   // embed's pre_norm_out; embed_backward's saved pre_norm
+    grad_pre_norm = 5,  // embed_backward's grad_pre_norm
+    count = 6
+  };
   int ndim = 0;
   std::int64_t shape[kMaxDims] = {};
   std::int64_t stride[count][kMaxDims] = {};
@@ -370,12 +378,6 @@ EMBROPE_HD float qk_norm_weight(const QkNormWeights& n, bool is_q, std::int64_t 
                             n.unit_offset);
 }
 
-// Chunks of kWeightGradRows rows of q and of k (the weight gradient's order): q's chunks come
-// first, then k's.
-EMBROPE_HD std::int64_t qk_chunks(std::int64_t rows) {
-  return (rows + kWeightGradRows - 1) / kWeightGradRows;
-}
-
 // The saved forward input of head h of token (b, s) of q (is_q) or k.
 template <typename T>
 EMBROPE_HD const T* qk_saved_row(const QkNormRopeParams& p, bool is_q, std::int64_t b,
@@ -555,6 +557,19 @@ struct EmbedBackwardParams {
   BackwardMode mode = BackwardMode::deterministic;
   void* workspace = nullptr;  // CUDA deterministic mode; null: allocate on the stream
   std::size_t workspace_bytes = 0;
+
+  // embed's norm, differentiated first (norm_backward_row on the CPU, the norm kernels on the
+  // GPU): rows.norm, rows.norm_weight (and its dtype), rows.norm_eps and
+  // rows.norm_unit_offset are the forward's; pre_norm (offsets: RowIndex::pre_norm_out) is
+  // the saved pre-norm row; grad_pre_norm (RowIndex::grad_pre_norm) the gradient it received
+  // directly, or null. The table gradients then sum the float32 rows dx the norm's backward
+  // wrote (norm_scatter_params).
+  const void* pre_norm = nullptr;
+  DType pre_norm_dtype = DType::float32;
+  const void* grad_pre_norm = nullptr;
+  DType grad_pre_norm_dtype = DType::float32;
+  float* grad_norm_weight = nullptr;  // [D] float32, overwritten; null: not requested
+  float* grad_norm_bias = nullptr;    // the same for the bias (layer_norm)
 };
 
 }  // namespace embrope::detail

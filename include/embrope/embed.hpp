@@ -98,6 +98,28 @@ struct EmbedBackwardOptions {
   std::optional<Tensor> grad_type_table;
   std::optional<Tensor> type_ids;
 
+  // embed's norm (EmbedOptions::norm), differentiated before the tables: grad_out is then the
+  // gradient of the normalised output, and every table receives, for each row,
+  //   dx = (the norm's backward of grad_out at pre_norm) + grad_pre_norm
+  // in float32 (docs/ops.md, "embed_backward"). pre_norm is the forward's pre_norm_out (the
+  // summed row before the norm, [ids.shape..., D] in float32 or grad_out's dtype, as saved),
+  // from which mean and rstd are recomputed in the forward's order, as torch's LayerNorm
+  // backward does from its saved input; norm_weight [D], norm_eps and norm_unit_offset are the
+  // forward's (the bias does not enter the gradient). Cannot be combined with vocab_shard.
+  Normalization norm = Normalization::none;
+  std::optional<Tensor> pre_norm;
+  std::optional<Tensor> norm_weight;
+  float norm_eps = 1e-5f;
+  bool norm_unit_offset = false;
+  // The gradient of the forward's pre_norm_out when it was used (the residual stream of
+  // pre-norm models): like grad_out, float32 or grad_out's dtype. Absent: zero.
+  std::optional<Tensor> grad_pre_norm;
+  // The norm's parameter gradients, [D] float32, overwritten (not accumulated, unlike the
+  // tables') with sum over rows of grad_out * xhat (weight) and of grad_out (bias, layer_norm
+  // only), in a fixed order, the same on the CPU and the GPU. Rows found bad give nothing.
+  std::optional<Tensor> grad_norm_weight;
+  std::optional<Tensor> grad_norm_bias;
+
   BackwardMode mode = BackwardMode::deterministic;
   // GPU deterministic mode: device memory of at least embed_backward_workspace_size() bytes
   // on the tensors' device, used only by this call's work on `stream` (so reusable by the
@@ -122,7 +144,7 @@ struct EmbedBackwardOptions {
 // last and the result rounded once to the gradient's dtype. A row with a bad id, position or
 // type id (the forward zero-filled it) gives no gradient to any table and is reported like
 // the forward's. At least one gradient must be given; grad_table may be absent (a frozen
-// token table). Gradients must not overlap each other or grad_out.
+// token table), or only the norm's. Gradients must not overlap each other or an input.
 EMBROPE_EXPORT void embed_backward(const Tensor& grad_out, const Tensor& ids,
                                    const std::optional<Tensor>& grad_table,
                                    const EmbedBackwardOptions& options = {});

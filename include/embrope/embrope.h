@@ -383,6 +383,17 @@ typedef struct embrope_embed_backward_options_t {
   void* workspace;        /* GPU: NULL (default) allocates with cudaMallocAsync on the stream */
   size_t workspace_bytes; /* at least embrope_embed_backward_workspace_size() when given */
   embrope_deferred_status_t* deferred; /* NULL (default): a bad row fails the call */
+  /* embed's norm, differentiated before the tables (embed.hpp, EmbedBackwardOptions): grad_out
+   * is the normalised output's gradient; each table receives the norm's backward at pre_norm
+   * plus grad_pre_norm. */
+  embrope_normalization_t norm;     /* the forward's; default NONE */
+  const DLTensor* pre_norm;         /* the forward's pre_norm_out (needed with a norm) */
+  const DLTensor* norm_weight;      /* the forward's [D] weight; NULL: 1 */
+  float norm_eps;                   /* the forward's; default 1e-5 */
+  int32_t norm_unit_offset;         /* the forward's; default 0 */
+  const DLTensor* grad_pre_norm;    /* the gradient of pre_norm_out, like grad_out, or NULL */
+  const DLTensor* grad_norm_weight; /* [D] float32, overwritten, or NULL */
+  const DLTensor* grad_norm_bias;   /* [D] float32, overwritten (layer_norm), or NULL */
 } embrope_embed_backward_options_t;
 
 EMBROPE_API void embrope_embed_backward_options_init_size(embrope_embed_backward_options_t* options,
@@ -391,7 +402,8 @@ static inline void embrope_embed_backward_options_init(embrope_embed_backward_op
   embrope_embed_backward_options_init_size(options, sizeof(*options));
 }
 
-/* The backward of embrope_embed: grad_table[ids[n] - vocab_start] += scale * grad_out[n],
+/* The backward of embrope_embed (with options->norm, of its norm first: see above):
+ * grad_table[ids[n] - vocab_start] += scale * grad_out[n],
  * grad_position_table[pos_n] += grad_out[n], grad_type_table[type_ids[n]] += grad_out[n]
  * for the gradients given (grad_table may be NULL when another one is given). grad_out
  * [ids.shape..., D] is float32, float16 or bfloat16; each gradient is float32 or grad_out's

@@ -127,27 +127,33 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
     return (out, pre_norm_out) if return_pre_norm else out
 
 
-def _backward_call(op: str, grad_out: Any, ids: Any, grad_table: Any, scale: float,
-                   vocab_start: int, vocab_shard: bool, padding_idx: Optional[int],
-                   grad_position_table: Any, position_ids: Any, position_offsets: Any,
-                   grad_type_table: Any, type_ids: Any, mode: str, workspace: Any) -> dict:
-    """The checked keyword arguments of the native embed_backward (and its size query)."""
+# The arrays embed_backward reads and those it writes, by keyword (besides grad_out, ids and
+# grad_table).
+_BACKWARD_INPUTS = ("position_ids", "position_offsets", "type_ids", "pre_norm", "norm_weight",
+                    "grad_pre_norm")
+_BACKWARD_OUTPUTS = ("grad_position_table", "grad_type_table", "grad_norm_weight",
+                     "grad_norm_bias")
+_BACKWARD_SETTINGS = ("scale", "vocab_start", "vocab_shard", "padding_idx", "mode", "norm",
+                      "norm_eps", "norm_unit_offset")
+
+
+def _backward_call(op: str, grad_out: Any, ids: Any, grad_table: Any, workspace: Any,
+                   arguments: dict) -> dict:
+    """The checked keyword arguments of the native embed_backward (and its size query);
+    `arguments` holds the other keywords of :func:`embed_backward`, by name."""
     _arrays.check_array(op, "grad_out", grad_out)
     _arrays.check_array(op, "ids", ids)
-    for name, value in (("position_ids", position_ids), ("position_offsets", position_offsets),
-                        ("type_ids", type_ids)):
-        _arrays.check_optional(op, name, value)
-    for name, value in (("grad_table", grad_table), ("grad_position_table", grad_position_table),
-                        ("grad_type_table", grad_type_table), ("workspace", workspace)):
+    for name in _BACKWARD_INPUTS:
+        _arrays.check_optional(op, name, arguments[name])
+    for name, value in [("grad_table", grad_table), ("workspace", workspace)] + [
+            (name, arguments[name]) for name in _BACKWARD_OUTPUTS]:
         if value is not None:
             _arrays.check_writable(op, name, value)
     return dict(
         grad_out=grad_out, ids=ids, grad_table=grad_table,
-        options=_native.embed_backward_options(op, scale=scale, vocab_start=vocab_start,
-                                               vocab_shard=vocab_shard,
-                                               padding_idx=padding_idx, mode=mode),
-        grad_position_table=grad_position_table, position_ids=position_ids,
-        position_offsets=position_offsets, grad_type_table=grad_type_table, type_ids=type_ids)
+        options=_native.embed_backward_options(
+            op, **{name: arguments[name] for name in _BACKWARD_SETTINGS}),
+        **{name: arguments[name] for name in _BACKWARD_INPUTS + _BACKWARD_OUTPUTS})
 
 
 def embed_backward(grad_out: Any, ids: Any, grad_table: Any = None, *, scale: float = 1.0,
@@ -155,16 +161,22 @@ def embed_backward(grad_out: Any, ids: Any, grad_table: Any = None, *, scale: fl
                    padding_idx: Optional[int] = None, grad_position_table: Any = None,
                    position_ids: Any = None, position_offsets: Any = None,
                    grad_type_table: Any = None, type_ids: Any = None,
-                   mode: str = "deterministic", workspace: Any = None, deferred: Any = None,
+                   norm: Optional[str] = None, pre_norm: Any = None, norm_weight: Any = None,
+                   norm_eps: float = 1e-5, norm_unit_offset: bool = False,
+                   grad_pre_norm: Any = None, grad_norm_weight: Any = None,
+                   grad_norm_bias: Any = None, mode: str = "deterministic",
+                   workspace: Any = None, deferred: Any = None,
                    stream: Any = None) -> tuple[Any, Any, Any]:
-    """The gradients of :func:`embed` with respect to its tables, accumulated (``+=``).
+    """The gradients of :func:`embed` with respect to its tables, accumulated (``+=``), and
+    of its norm's weight and bias.
 
-    For every row n: ``grad_table[ids[n] - vocab_start] += scale * grad_out[n]`` (not for
+    For every row n: ``grad_table[ids[n] - vocab_start] += scale * dx[n]`` (not for
     `padding_idx` or, with `vocab_shard`, ids another shard owns),
-    ``grad_position_table[pos_n] += grad_out[n]`` and
-    ``grad_type_table[type_ids[n]] += grad_out[n]``. Sums are formed in float32 in a fixed
-    order (the same on CPU and GPU in "deterministic" mode); the existing value is added last
-    and the result rounded once.
+    ``grad_position_table[pos_n] += dx[n]`` and ``grad_type_table[type_ids[n]] += dx[n]``,
+    where dx is grad_out, or with a `norm` the norm's backward of grad_out at `pre_norm`
+    plus `grad_pre_norm`, in float32 (as torch's ``layer_norm`` backward computes it from its
+    saved input). Sums are formed in float32 in a fixed order (the same on CPU and GPU in
+    "deterministic" mode); the existing value is added last and the result rounded once.
 
     Parameters
     ----------
@@ -172,11 +184,24 @@ def embed_backward(grad_out: Any, ids: Any, grad_table: Any = None, *, scale: fl
         The gradient of embed's output (float32, float16 or bfloat16).
     ids : array of int32 / int64
     grad_table, grad_position_table, grad_type_table : arrays, optional
-        ``[rows, D]`` in float32 or grad_out's dtype, accumulated in place; at least one.
+        ``[rows, D]`` in float32 or grad_out's dtype (any of the three with a norm),
+        accumulated in place; at least one of them or of the norm's gradients.
     scale, vocab_start, vocab_shard, position_ids, position_offsets, type_ids
         Those of the forward call.
     padding_idx : int, optional
         Rows with this id give no gradient to grad_table (torch.nn.Embedding's padding_idx).
+    norm : {None, "layer_norm", "rms_norm"}
+        The forward's norm, differentiated first (not with `vocab_shard`).
+    pre_norm : array [*ids.shape, D]
+        The forward's pre-norm row (its `pre_norm_out`), float32 or grad_out's dtype; needed
+        with a norm. Mean and rstd are recomputed from it in the forward's order.
+    norm_weight, norm_eps, norm_unit_offset
+        Those of the forward call (the bias does not enter the gradient).
+    grad_pre_norm : array [*ids.shape, D], optional
+        The gradient of the forward's pre-norm output, added to the norm's; absent: zero.
+    grad_norm_weight, grad_norm_bias : arrays [D] of float32, optional
+        Overwritten (not accumulated) with the sums over rows of ``grad_out * xhat`` and of
+        ``grad_out`` (bias: layer_norm only), in a fixed order, the same on CPU and GPU.
     mode : {"deterministic", "atomic"}
         GPU summation: sorted and bitwise reproducible, or float32 atomics (faster, rounding
         varies from run to run). The CPU is always deterministic.
@@ -186,13 +211,13 @@ def embed_backward(grad_out: Any, ids: Any, grad_table: Any = None, *, scale: fl
     Returns
     -------
     (grad_table, grad_position_table, grad_type_table)
-        The arrays given (None where absent).
+        The arrays given (None where absent); the norm's gradients are written into the
+        arrays given.
     """
     op = "embed_backward"
-    call = _backward_call(op, grad_out, ids, grad_table, scale, vocab_start, vocab_shard,
-                          padding_idx, grad_position_table, position_ids, position_offsets,
-                          grad_type_table, type_ids, mode, workspace)
-    with _arrays.writes(grad_table, grad_position_table, grad_type_table, workspace):
+    call = _backward_call(op, grad_out, ids, grad_table, workspace, locals())
+    with _arrays.writes(grad_table, grad_position_table, grad_type_table, grad_norm_weight,
+                        grad_norm_bias, workspace):
         _native.call(_C.embed_backward, **call, workspace=workspace,
                      deferred=_status.native(deferred),
                      stream=_arrays.stream_handle(stream, grad_out))
@@ -204,10 +229,13 @@ def embed_backward_workspace_size(grad_out: Any, ids: Any, grad_table: Any = Non
                                   vocab_shard: bool = False, padding_idx: Optional[int] = None,
                                   grad_position_table: Any = None, position_ids: Any = None,
                                   position_offsets: Any = None, grad_type_table: Any = None,
-                                  type_ids: Any = None, mode: str = "deterministic") -> int:
+                                  type_ids: Any = None, norm: Optional[str] = None,
+                                  pre_norm: Any = None, norm_weight: Any = None,
+                                  norm_eps: float = 1e-5, norm_unit_offset: bool = False,
+                                  grad_pre_norm: Any = None, grad_norm_weight: Any = None,
+                                  grad_norm_bias: Any = None,
+                                  mode: str = "deterministic") -> int:
     """Bytes of GPU workspace the same :func:`embed_backward` call needs (0 on the CPU).
     Validates the arguments like embed_backward; reads no array data."""
-    call = _backward_call("embed_backward", grad_out, ids, grad_table, scale, vocab_start,
-                          vocab_shard, padding_idx, grad_position_table, position_ids,
-                          position_offsets, grad_type_table, type_ids, mode, None)
+    call = _backward_call("embed_backward", grad_out, ids, grad_table, None, locals())
     return _native.call(_C.embed_backward_workspace_size, **call)

@@ -155,9 +155,12 @@ def embed_settings(op: str, *, scale: float = 1.0, vocab_start: int = 0,
 
 
 def embed_backward_options(op: str, *, scale: float, vocab_start: int, vocab_shard: bool,
-                           padding_idx: Optional[int], mode: Any) -> Any:
-    """The ``EmbedBackwardOptions`` settings of an embed_backward call."""
+                           padding_idx: Optional[int], mode: Any, norm: Optional[str] = None,
+                           norm_eps: float = 1e-5, norm_unit_offset: bool = False) -> Any:
+    """The ``EmbedBackwardOptions`` settings of an embed_backward call (norm None: no norm)."""
     return _arrays.settings(
         op, _C.EmbedBackwardOptions, scale=float(scale), vocab_start=int(vocab_start),
         vocab_shard=bool(vocab_shard),
-        padding_idx=None if padding_idx is None else int(padding_idx), mode=mode)
+        padding_idx=None if padding_idx is None else int(padding_idx), mode=mode,
+        norm="none" if norm is None else norm,
+        norm_eps=float(norm_eps), norm_unit_offset=bool(norm_unit_offset))

@@ -9,9 +9,11 @@ graph break, and with autograd where it has a gradient:
   own gradient is ``embrope::apply_rope`` again (double backward works).
 - :func:`apply_qk_norm_rope` (``embrope::apply_qk_norm_rope``): per-head RMSNorm, then RoPE;
   its gradient (q, k and both norm weights) is ``embrope::apply_qk_norm_rope_backward``.
-- :func:`embed` (``embrope::embed``, or ``embrope::embed_norm`` with a norm): its gradients with respect to the token, position and
-  type tables come from ``embrope::embed_backward``, the deterministic backward (sorted,
-  summed in a fixed order: the same bits from run to run, on CPU and GPU alike).
+- :func:`embed` (``embrope::embed``, or ``embrope::embed_norm`` with a norm): its gradients
+  with respect to the token, position and type tables come from ``embrope::embed_backward``
+  (``embrope::embed_norm_backward`` with a norm, which also gives the norm's weight and
+  bias theirs), the deterministic backward (sorted, summed in a fixed order: the same bits
+  from run to run, on CPU and GPU alike).
 - :func:`apply_rope_append_kv` (``embrope::apply_rope_append_kv_``): RoPE fused with the
   KV-cache write, in place (serving; no autograd); :func:`apply_qk_norm_rope_append_kv`
   (``embrope::apply_qk_norm_rope_append_kv_``), the same with the per-head RMSNorm first.
@@ -872,33 +874,70 @@ def _embed_norm_setup_context(ctx, inputs, output):
     ctx.bias = None if norm_bias is None else (norm_bias.requires_grad, norm_bias.dtype)
 
 
+@torch.library.custom_op("embrope::embed_norm_backward", mutates_args=())
+def _embed_norm_backward_op(grad_out: Tensor, grad_pre_norm: Optional[Tensor], ids: Tensor,
+                            position_ids: Optional[Tensor], position_offsets: Optional[Tensor],
+                            type_ids: Optional[Tensor], pre_norm: Tensor,
+                            norm_weight: Optional[Tensor], table_rows: int, position_rows: int,
+                            type_rows: int, dtype: torch.dtype, scale: float, vocab_start: int,
+                            padding_idx: Optional[int], norm: int, norm_eps: float,
+                            norm_unit_offset: bool, weight_grad: bool,
+                            bias_grad: bool) -> List[Tensor]:
+    """embed_backward with the norm: the three tables' zero-initialised gradients [rows, D]
+    (0 rows: not wanted) in `dtype`, then the norm weight's and bias's [D] float32 (0
+    elements: not wanted)."""
+    width = grad_out.shape[-1]
+    op = "embed_backward"
+    rows = (table_rows, position_rows, type_rows)
+    grads = [_empty(op, (n, width), dtype, grad_out.device, zeros=True) for n in rows]
+    norm_grads = [_empty(op, (width if wanted else 0,), torch.float32, grad_out.device)
+                  for wanted in (weight_grad, bias_grad)]
+    wanted = [g if n > 0 else None for g, n in zip(grads, rows)]
+    _call_native(
+        _C.embed_backward,
+        grad_out.detach(), ids, wanted[0],
+        options=_native.embed_backward_options(
+            op, scale=scale, vocab_start=vocab_start, vocab_shard=False, padding_idx=padding_idx,
+            mode="deterministic", norm=_C.Normalization(norm), norm_eps=norm_eps,
+            norm_unit_offset=norm_unit_offset),
+        grad_position_table=wanted[1], position_ids=position_ids if position_rows > 0 else None,
+        position_offsets=position_offsets if position_rows > 0 else None,
+        grad_type_table=wanted[2], type_ids=type_ids if type_rows > 0 else None,
+        pre_norm=pre_norm.detach(), norm_weight=_detach(norm_weight),
+        grad_pre_norm=_detach(grad_pre_norm),
+        grad_norm_weight=norm_grads[0] if weight_grad else None,
+        grad_norm_bias=norm_grads[1] if bias_grad else None,
+        deferred=_deferred(op, grad_out), stream=_stream(grad_out))
+    return grads + norm_grads
+
+
+@_embed_norm_backward_op.register_fake
+def _(grad_out, grad_pre_norm, ids, position_ids, position_offsets, type_ids, pre_norm,
+      norm_weight, table_rows, position_rows, type_rows, dtype, scale, vocab_start, padding_idx,
+      norm, norm_eps, norm_unit_offset, weight_grad, bias_grad):
+    width = grad_out.shape[-1]
+    return ([grad_out.new_empty((rows, width), dtype=dtype)
+             for rows in (table_rows, position_rows, type_rows)]
+            + [grad_out.new_empty((width if wanted else 0,), dtype=torch.float32)
+               for wanted in (weight_grad, bias_grad)])
+
+
 def _embed_norm_backward(ctx, grad_out, grad_pre):
-    """The norm's backward in float32 from the saved pre-norm row (as torch's LayerNorm
-    saves its input), then embed_backward of the summed gradient."""
+    """The library's embed_backward with the norm (torch's LayerNorm backward, from the saved
+    pre-norm row as torch saves its input), for the tables and the norm's weight and bias."""
     ids, position_ids, position_offsets, type_ids, pre, weight = ctx.saved_tensors
     norm, eps, unit_offset = ctx.norm
-    x = pre.float()
-    width = x.shape[-1]
-    layer = norm == _C.Normalization.layer_norm.value
-    centred = x - x.mean(-1, keepdim=True) if layer else x
-    rstd = torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
-    xhat = centred * rstd
-    g = torch.zeros_like(x) if grad_out is None else grad_out.float()
-    w = torch.ones(width, device=x.device) if weight is None else weight.float()
-    gw = g * (1.0 + w if unit_offset else w)
-    dx = gw - xhat * (gw * xhat).mean(-1, keepdim=True)
-    if layer:
-        dx = dx - gw.mean(-1, keepdim=True)
-    dx = rstd * dx
-    if grad_pre is not None:
-        dx = dx + grad_pre.float()
-    grads = _embed_backward_op(dx.contiguous(), ids, position_ids, position_offsets, type_ids,
-                               *ctx.rows, torch.float32, *ctx.options)
-    wanted = [g_.to(ctx.dtype) if rows > 0 else None for g_, rows in zip(grads, ctx.rows)]
-    d_weight = (g * xhat).reshape(-1, width).sum(0).to(weight.dtype) if ctx.weight_grad else None
-    d_bias = None
-    if ctx.bias is not None and ctx.bias[0]:
-        d_bias = g.reshape(-1, width).sum(0).to(ctx.bias[1])
+    if grad_out is None:
+        grad_out = torch.zeros_like(pre)
+    scale, vocab_start, _, padding_idx = ctx.options
+    bias_grad = ctx.bias is not None and ctx.bias[0]
+    grads = _embed_norm_backward_op(
+        _unit_last_stride(grad_out), _unit_last_stride(grad_pre),
+        ids, position_ids, position_offsets, type_ids, pre, weight, *ctx.rows, ctx.dtype, scale,
+        vocab_start, padding_idx, norm, eps, unit_offset, ctx.weight_grad, bias_grad)
+    wanted = [g if rows > 0 else None for g, rows in zip(grads, ctx.rows)]
+    d_weight = grads[3].to(weight.dtype) if ctx.weight_grad else None
+    d_bias = grads[4].to(ctx.bias[1]) if bias_grad else None
     return (wanted[0], None, wanted[1], None, None, wanted[2], None, d_weight, d_bias, None,
             None, None, None, None, None, None, None, None)
 

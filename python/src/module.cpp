@@ -329,7 +329,10 @@ void bind_options(nb::module_& m) {
       .def_rw("vocab_start", &EmbedBackwardOptions::vocab_start)
       .def_rw("vocab_shard", &EmbedBackwardOptions::vocab_shard)
       .def_rw("padding_idx", &EmbedBackwardOptions::padding_idx)
-      .def_rw("mode", &EmbedBackwardOptions::mode);
+      .def_rw("mode", &EmbedBackwardOptions::mode)
+      .def_rw("norm", &EmbedBackwardOptions::norm)
+      .def_rw("norm_eps", &EmbedBackwardOptions::norm_eps)
+      .def_rw("norm_unit_offset", &EmbedBackwardOptions::norm_unit_offset);
 }
 
 // ------------------------------------------------------------------- RoPE family ----
@@ -667,7 +670,10 @@ EmbedBackwardCall embed_backward_call(
     const Array& grad_out, const Array& ids, const OptionalArray& grad_table,
     const embrope::EmbedBackwardOptions& settings, const OptionalArray& grad_position_table,
     const OptionalArray& position_ids, const OptionalArray& position_offsets,
-    const OptionalArray& grad_type_table, const OptionalArray& type_ids) {
+    const OptionalArray& grad_type_table, const OptionalArray& type_ids,
+    const OptionalArray& pre_norm, const OptionalArray& norm_weight,
+    const OptionalArray& grad_pre_norm, const OptionalArray& grad_norm_weight,
+    const OptionalArray& grad_norm_bias) {
   const char* op = "embed_backward";
   EmbedBackwardCall c{view(grad_out, op, "grad_out"), view(ids, op, "ids"),
                       view(grad_table, op, "grad_table"), settings};
@@ -677,6 +683,11 @@ EmbedBackwardCall embed_backward_call(
   o.position_offsets = view(position_offsets, op, "position_offsets");
   o.grad_type_table = view(grad_type_table, op, "grad_type_table");
   o.type_ids = view(type_ids, op, "type_ids");
+  o.pre_norm = view(pre_norm, op, "pre_norm");
+  o.norm_weight = view(norm_weight, op, "norm_weight");
+  o.grad_pre_norm = view(grad_pre_norm, op, "grad_pre_norm");
+  o.grad_norm_weight = view(grad_norm_weight, op, "grad_norm_weight");
+  o.grad_norm_bias = view(grad_norm_bias, op, "grad_norm_bias");
   return c;
 }
 
@@ -685,7 +696,10 @@ auto embed_backward_arguments() {
       "grad_out"_a, "ids"_a, "grad_table"_a.none() = nb::none(), nb::kw_only(),
       "options"_a = embrope::EmbedBackwardOptions{}, "grad_position_table"_a.none() = nb::none(),
       "position_ids"_a.none() = nb::none(), "position_offsets"_a.none() = nb::none(),
-      "grad_type_table"_a.none() = nb::none(), "type_ids"_a.none() = nb::none());
+      "grad_type_table"_a.none() = nb::none(), "type_ids"_a.none() = nb::none(),
+      "pre_norm"_a.none() = nb::none(), "norm_weight"_a.none() = nb::none(),
+      "grad_pre_norm"_a.none() = nb::none(), "grad_norm_weight"_a.none() = nb::none(),
+      "grad_norm_bias"_a.none() = nb::none());
 }
 
 void bind_embed_backward(nb::module_& m) {
@@ -697,11 +711,15 @@ void bind_embed_backward(nb::module_& m) {
                const embrope::EmbedBackwardOptions& settings,
                const OptionalArray& grad_position_table, const OptionalArray& position_ids,
                const OptionalArray& position_offsets, const OptionalArray& grad_type_table,
-               const OptionalArray& type_ids, const OptionalArray& workspace,
-               embrope::DeferredStatus* deferred, std::uintptr_t stream) {
-              EmbedBackwardCall c =
-                  embed_backward_call(grad_out, ids, grad_table, settings, grad_position_table,
-                                      position_ids, position_offsets, grad_type_table, type_ids);
+               const OptionalArray& type_ids, const OptionalArray& pre_norm,
+               const OptionalArray& norm_weight, const OptionalArray& grad_pre_norm,
+               const OptionalArray& grad_norm_weight, const OptionalArray& grad_norm_bias,
+               const OptionalArray& workspace, embrope::DeferredStatus* deferred,
+               std::uintptr_t stream) {
+              EmbedBackwardCall c = embed_backward_call(
+                  grad_out, ids, grad_table, settings, grad_position_table, position_ids,
+                  position_offsets, grad_type_table, type_ids, pre_norm, norm_weight, grad_pre_norm,
+                  grad_norm_weight, grad_norm_bias);
               std::tie(c.options.workspace, c.options.workspace_bytes) = workspace_of(workspace);
               c.options.deferred = deferred;
               c.options.stream = stream_of(stream);
@@ -716,10 +734,13 @@ void bind_embed_backward(nb::module_& m) {
                const embrope::EmbedBackwardOptions& settings,
                const OptionalArray& grad_position_table, const OptionalArray& position_ids,
                const OptionalArray& position_offsets, const OptionalArray& grad_type_table,
-               const OptionalArray& type_ids) {
-              const EmbedBackwardCall c =
-                  embed_backward_call(grad_out, ids, grad_table, settings, grad_position_table,
-                                      position_ids, position_offsets, grad_type_table, type_ids);
+               const OptionalArray& type_ids, const OptionalArray& pre_norm,
+               const OptionalArray& norm_weight, const OptionalArray& grad_pre_norm,
+               const OptionalArray& grad_norm_weight, const OptionalArray& grad_norm_bias) {
+              const EmbedBackwardCall c = embed_backward_call(
+                  grad_out, ids, grad_table, settings, grad_position_table, position_ids,
+                  position_offsets, grad_type_table, type_ids, pre_norm, norm_weight, grad_pre_norm,
+                  grad_norm_weight, grad_norm_bias);
               return embrope::embed_backward_workspace_size(c.grad_out, c.ids, c.grad_table,
                                                             c.options);
             },

@@ -246,7 +246,7 @@ std::int64_t backward_side(const QkNormRopeParams& p, bool is_q) {
   const std::int64_t rows = r.batch * r.seq * side_heads;
   const std::int64_t dim = r.head_dim;
   float* const weight_grad = is_q ? p.q_weight_grad : p.k_weight_grad;
-  const std::int64_t chunks = detail::qk_chunks(rows);
+  const std::int64_t chunks = detail::weight_grad_chunks(rows);
   std::vector<float> partials(weight_grad != nullptr ? static_cast<std::size_t>(chunks * dim) : 0,
                               0.0f);
   const float sin_sign = r.inverse ? -1.0f : 1.0f;

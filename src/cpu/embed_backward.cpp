@@ -6,6 +6,12 @@
 // order) and writes that part of the table row once. Each element's sum is therefore formed
 // in one fixed order whatever the number of threads, the same order as the GPU's
 // deterministic mode.
+//
+// With embed's norm, the norm's backward runs first (norm_backward): the rows, in chunks of
+// detail::kWeightGradRows, each row's dx written as float32 to a scratch [rows, D] and its
+// terms of the norm's weight and bias gradients summed into the chunk's partials, which are
+// then summed in chunk order (detail/norm_math.hpp). The tables' pass then reads dx in the
+// place of grad_out.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -14,6 +20,7 @@
 #include "../dispatch.hpp"
 #include "../embed_row.hpp"
 #include "embrope/detail/embed_backward_math.hpp"
+#include "embrope/detail/norm_math.hpp"
 #include "embrope/detail/numeric_types.hpp"
 
 namespace embrope::cpu {
@@ -70,6 +77,101 @@ void reduce_runs(const Params& p, const detail::GradTable& target,
   }
 }
 
+// A row of `dim` float32, float16 or bfloat16 values at `base` + `offset`, as float32.
+void load_row(const void* base, DType dtype, std::int64_t offset, std::int64_t dim, float* to) {
+  detail::dispatch_value_dtype(dtype, [&](auto t) {
+    const auto* from = static_cast<const typename decltype(t)::type*>(base) + offset;
+#pragma omp simd
+    for (std::int64_t j = 0; j < dim; ++j) to[j] = to_float(from[j]);
+  });
+}
+
+// The norm's backward of one good row into dx[0, D) (float32); its terms of the weight and
+// bias gradients are added to weight_partial and bias_partial (null: not requested).
+// weight: the weight factors w_j (or 1 + w_j); scratch: 3 D floats.
+void norm_backward_row(const Params& p, const detail::EmbedRow& r, const float* weight,
+                       float* scratch, float* dx, float* weight_partial, float* bias_partial) {
+  const std::int64_t dim = p.rows.dim;
+  float* x = scratch;  // the pre-norm row, then xhat
+  float* g = scratch + dim;
+  float* u = scratch + 2 * dim;
+  load_row(p.pre_norm, p.pre_norm_dtype, r.pre_norm_offset, dim, x);
+  load_row(p.rows.out, p.rows.dtype, r.out_offset, dim, g);
+  const bool layer = p.rows.norm == Normalization::layer_norm;
+  const detail::NormStats stats = detail::row_norm_stats(x, dim, layer, p.rows.norm_eps);
+  for (std::int64_t j = 0; j < dim; ++j) {
+    x[j] = detail::norm_normalized(x[j], stats);
+    u[j] = detail::norm_product(weight[j], g[j]);
+  }
+  const float c = detail::rms_backward_factor(
+      detail::canonical_row_sum(dim,
+                                [&](std::int64_t j) { return detail::norm_product(u[j], x[j]); }),
+      dim, stats.rstd);
+  const float e = layer ? detail::rms_backward_factor(
+                              detail::canonical_row_sum(dim, [&](std::int64_t j) { return u[j]; }),
+                              dim, stats.rstd)
+                        : 0.0f;
+  if (p.grad_pre_norm != nullptr) {
+    load_row(p.grad_pre_norm, p.grad_pre_norm_dtype, r.grad_pre_norm_offset, dim, dx);
+  } else {
+    std::fill(dx, dx + dim, 0.0f);
+  }
+  for (std::int64_t j = 0; j < dim; ++j) {
+    dx[j] = detail::norm_backward_value(u[j], x[j], stats.rstd, c, e, dx[j]);
+  }
+  if (weight_partial != nullptr) {
+    for (std::int64_t j = 0; j < dim; ++j) weight_partial[j] += detail::norm_product(g[j], x[j]);
+  }
+  if (bias_partial != nullptr) {
+    for (std::int64_t j = 0; j < dim; ++j) bias_partial[j] += g[j];
+  }
+}
+
+// dx of every row into `dx` ([rows, D] float32; bad rows are left as they are: the tables'
+// pass skips them), and the norm's weight and bias gradients (overwritten).
+void norm_backward(const Params& p, float* dx) {
+  const std::int64_t rows = p.rows.rows;
+  const std::int64_t dim = p.rows.dim;
+  std::vector<float> weight(static_cast<std::size_t>(dim), 1.0f);
+  if (p.rows.norm_weight != nullptr) {
+    for (std::int64_t j = 0; j < dim; ++j) {
+      weight[j] = detail::norm_weight_factor(
+          detail::load_vector_value(p.rows.norm_weight, p.rows.norm_weight_dtype, j),
+          p.rows.norm_unit_offset);
+    }
+  }
+  const std::int64_t chunks = detail::weight_grad_chunks(rows);
+  const auto partial_floats = static_cast<std::size_t>(chunks * dim);
+  std::vector<float> weight_partials(p.grad_norm_weight != nullptr ? partial_floats : 0, 0.0f);
+  std::vector<float> bias_partials(p.grad_norm_bias != nullptr ? partial_floats : 0, 0.0f);
+  const bool threaded = rows * dim >= (1 << 15);
+#pragma omp parallel if (threaded)
+  {
+    std::vector<float> scratch(static_cast<std::size_t>(3 * dim));
+#pragma omp for schedule(static)
+    for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+      float* wp = weight_partials.empty() ? nullptr : weight_partials.data() + chunk * dim;
+      float* bp = bias_partials.empty() ? nullptr : bias_partials.data() + chunk * dim;
+      const std::int64_t end = std::min(rows, (chunk + 1) * detail::kWeightGradRows);
+      for (std::int64_t n = chunk * detail::kWeightGradRows; n < end; ++n) {
+        const detail::EmbedRow r = detail::resolve_embed_row(p.rows, n);
+        if (r.bad_key != detail::kNoBadIndex) continue;
+        norm_backward_row(p, r, weight.data(), scratch.data(), dx + n * dim, wp, bp);
+      }
+    }
+  }
+  for (auto [partials, grad] : {std::pair{&weight_partials, p.grad_norm_weight},
+                                std::pair{&bias_partials, p.grad_norm_bias}}) {
+    if (grad == nullptr) continue;
+#pragma omp parallel for schedule(static) if (threaded)
+    for (std::int64_t j = 0; j < dim; ++j) {
+      float sum = 0.0f;
+      for (std::int64_t chunk = 0; chunk < chunks; ++chunk) sum += (*partials)[chunk * dim + j];
+      grad[j] = sum;
+    }
+  }
+}
+
 template <typename T>
 void embed_backward_kernel(const Params& p) {
   const std::int64_t rows = p.rows.rows;
@@ -109,11 +211,12 @@ void embed_backward_kernel(const Params& p) {
       }
     }
     run_start.push_back(static_cast<std::int64_t>(order.size()));
-    if (p.targets[t].dtype == DType::float32) {
-      reduce_runs<T, float>(p, p.targets[t], order, run_start, key, offsets, threaded);
-    } else {
-      reduce_runs<T, T>(p, p.targets[t], order, run_start, key, offsets, threaded);
-    }
+    // A gradient is float32 or grad_out's dtype, or any of the three after a norm (dx is
+    // float32).
+    detail::dispatch_value_dtype(p.targets[t].dtype, [&](auto g) {
+      reduce_runs<T, typename decltype(g)::type>(p, p.targets[t], order, run_start, key, offsets,
+                                                 threaded);
+    });
   }
 
   detail::lower_bad_index(
@@ -125,6 +228,12 @@ void embed_backward_kernel(const Params& p) {
 }  // namespace
 
 void embed_backward(const detail::EmbedBackwardParams& p) {
+  if (p.rows.norm != Normalization::none) {
+    std::vector<float> dx(static_cast<std::size_t>(p.rows.rows * p.rows.dim));
+    norm_backward(p, dx.data());
+    embed_backward_kernel<float>(detail::norm_scatter_params(p, dx.data()));
+    return;
+  }
   detail::dispatch_value_dtype(
       p.rows.dtype, [&](auto t) { embed_backward_kernel<typename decltype(t)::type>(p); });
 }

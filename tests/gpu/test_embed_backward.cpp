@@ -278,3 +278,110 @@ TEST_CASE("GPU embed_backward: bad ids are reported, too small a workspace is re
   atomic.mode = embrope::BackwardMode::atomic;
   REQUIRE(embrope::embed_backward_workspace_size(g, i, t, atomic) == 0);
 }
+
+// ------------------------------------------------------------------- with a norm ----
+
+namespace {
+
+// embed_backward with a norm on the CPU and the GPU (deterministic mode, then with a caller
+// workspace; atomic mode with float32 gradients), from the same inputs: token and position
+// gradients (float32 or the model's dtype) and the norm's weight and bias gradients.
+void check_norm_backward(DType dtype, DType pre_dtype, DType grad_dtype,
+                         embrope::Normalization norm, std::int64_t d, bool grad_pre,
+                         embrope::BackwardMode mode) {
+  INFO("dtype " << embrope::dtype_name(dtype) << " pre " << embrope::dtype_name(pre_dtype)
+                << " grads " << embrope::dtype_name(grad_dtype) << " norm "
+                << static_cast<int>(norm) << " D " << d << " grad_pre " << grad_pre << " mode "
+                << static_cast<int>(mode));
+  const std::int64_t n = 300, vocab = 40, max_p = 64;  // 5 chunks of the weight gradients
+  const int es = embrope::dtype_size(dtype), ps = embrope::dtype_size(pre_dtype);
+  const int gs = embrope::dtype_size(grad_dtype);
+  Buffer grad_out(n * d * es), pre(n * d * ps), gp(n * d * es), weight(d * 4), ids(n * 8),
+      pids(n * 4), grads((vocab + max_p) * d * gs), norm_grads(2 * d * 4);
+  fill_random(grad_out, dtype, n * d, 111);
+  fill_random(pre, pre_dtype, n * d, 112);
+  fill_random(gp, dtype, n * d, 113);
+  fill_random(weight, DType::float32, d, 114);
+  std::mt19937_64 rng(115);
+  for (std::int64_t r = 0; r < n; ++r) {
+    const std::int64_t id = static_cast<std::int64_t>(rng() % vocab);
+    // Row 77 has a position outside the table: no gradient anywhere, reported.
+    const std::int32_t p =
+        r == 77 ? static_cast<std::int32_t>(max_p) : static_cast<std::int32_t>(rng() % max_p);
+    std::memcpy(ids.host.data() + 8 * r, &id, 8);
+    std::memcpy(pids.host.data() + 4 * r, &p, 4);
+  }
+  grads.poison_both(0);  // zero-initialised gradients
+  for (Buffer* b : {&grad_out, &pre, &gp, &weight, &ids, &pids}) b->upload();
+
+  auto call = [&](bool gpu, void* workspace, std::size_t bytes) {
+    const Device dev = gpu ? Device::cuda(0) : Device::cpu();
+    auto ptr = [&](Buffer& b) -> unsigned char* {
+      return static_cast<unsigned char*>(gpu ? b.device : static_cast<void*>(b.host.data()));
+    };
+    embrope::EmbedBackwardOptions o;
+    o.scale = 1.5f;
+    o.mode = mode;
+    o.norm = norm;
+    o.norm_eps = 1e-5f;
+    o.pre_norm = Tensor(ptr(pre), pre_dtype, {n, d}, dev);
+    o.norm_weight = Tensor(ptr(weight), DType::float32, {d}, dev);
+    if (grad_pre) o.grad_pre_norm = Tensor(ptr(gp), dtype, {n, d}, dev);
+    o.grad_norm_weight = Tensor(ptr(norm_grads), DType::float32, {d}, dev);
+    if (norm == embrope::Normalization::layer_norm) {
+      o.grad_norm_bias = Tensor(ptr(norm_grads) + d * 4, DType::float32, {d}, dev);
+    }
+    o.grad_position_table = Tensor(ptr(grads) + vocab * d * gs, grad_dtype, {max_p, d}, dev);
+    o.position_ids = Tensor(ptr(pids), DType::int32, {n}, dev);
+    o.workspace = workspace;
+    o.workspace_bytes = bytes;
+    embrope::DeferredStatus status(dev);
+    o.deferred = &status;
+    const Tensor g(ptr(grad_out), dtype, {n, d}, dev);
+    const Tensor i(ptr(ids), DType::int64, {n}, dev);
+    const Tensor t(ptr(grads), grad_dtype, {vocab, d}, dev);
+    if (workspace != nullptr) REQUIRE(embrope::embed_backward_workspace_size(g, i, t, o) <= bytes);
+    embrope::embed_backward(g, i, t, o);
+    REQUIRE_THROWS_WITH(status.check(), Catch::Contains("position_ids[77] = 64"));
+    return embrope::embed_backward_workspace_size(g, i, t, o);
+  };
+  call(false, nullptr, 0);
+  const std::size_t bytes = call(true, nullptr, 0);
+  cuda_check(cudaDeviceSynchronize());
+  const std::vector<unsigned char> gpu_grads = grads.download(), gpu_norm = norm_grads.download();
+  const std::int64_t norm_floats = norm == embrope::Normalization::layer_norm ? 2 * d : d;
+  // The norm's gradients are sums in the same fixed order on both: bit for bit, in every mode.
+  CHECK(std::memcmp(gpu_norm.data(), norm_grads.host.data(), norm_floats * 4) == 0);
+  if (mode == embrope::BackwardMode::deterministic) {
+    CHECK(gpu_grads == grads.host);
+    // Again into zeroed gradients, with a caller workspace.
+    cuda_check(cudaMemset(grads.device, 0, grads.host.size()));
+    void* workspace = nullptr;
+    cuda_check(cudaMalloc(&workspace, bytes));
+    call(true, workspace, bytes);
+    cuda_check(cudaDeviceSynchronize());
+    cudaFree(workspace);
+    CHECK(grads.download() == grads.host);
+  } else {
+    compare_rows(gpu_grads, grads.host, grad_dtype, (vocab + max_p) * d, d);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("GPU embed_backward with a norm equals the CPU bit for bit",
+          "[gpu][embed_backward][norm]") {
+  using embrope::Normalization;
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
+    for (Normalization norm : {Normalization::layer_norm, Normalization::rms_norm}) {
+      for (std::int64_t d : {64, 100, 768}) {
+        const DType pre_dtype = d == 100 ? DType::float32 : dtype;
+        const DType grad_dtype = d == 768 ? dtype : DType::float32;
+        check_norm_backward(dtype, pre_dtype, grad_dtype, norm, d, d != 64,
+                            embrope::BackwardMode::deterministic);
+      }
+    }
+  }
+  check_norm_backward(DType::bfloat16, DType::bfloat16, DType::float32,
+                      embrope::Normalization::layer_norm, 128, true, embrope::BackwardMode::atomic);
+}

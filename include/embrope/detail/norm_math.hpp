@@ -154,7 +154,43 @@ EMBROPE_HD float rms_backward_value(float u, float xhat, float rstd, float c) {
 // The weight gradient's deterministic order: the rows of q (of k), in their flat (token, head)
 // order, are cut into chunks of kWeightGradRows; a chunk's partial sums its rows in ascending
 // order from +0, and dw_j sums the chunk partials in ascending order from +0. Both backends.
+// embed_backward's norm weight and bias gradients take the same order over the rows of ids.
 constexpr std::int64_t kWeightGradRows = 64;
+
+// The chunks of kWeightGradRows rows that `rows` rows make.
+EMBROPE_HD std::int64_t weight_grad_chunks(std::int64_t rows) {
+  return (rows + kWeightGradRows - 1) / kWeightGradRows;
+}
+
+// ------------------------------------------ embed's norm backward (embed_backward) ----
+// The gradient of embed's LayerNorm / RMSNorm y_j = xhat_j * w_j + b_j, xhat_j = (x_j - mean)
+// * rstd, from the pre-norm row x and the output's gradient g (torch's native_layer_norm
+// backward, written as for the qk-norm above), with u_j = w_j * g_j:
+//   dx_j = rstd * u_j - xhat_j * c - e,   c = (sum_i u_i * xhat_i / D) * rstd,
+//                                          e = (sum_i u_i / D) * rstd  (0 for rms_norm)
+//   dw_j = sum over rows of g_j * xhat_j,  db_j = sum over rows of g_j
+// (d mean / d x_i = 1 / D and d rstd / d x_i = -rstd^3 (x_i - mean) / D). e is the term the
+// mean adds; c and e are both rms_backward_factor of their sums. Each step is rounded in
+// float32; the row sums take the canonical order, the weight sums the chunk order above.
+
+// xhat = (x - mean) * rstd (for rms_norm, mean is 0 and this is rms_normalized's x * rstd).
+EMBROPE_HD float norm_normalized(float x, NormStats s) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(__fsub_rn(x, s.mean), s.rstd);
+#else
+  return (x - s.mean) * s.rstd;
+#endif
+}
+
+// dx = (rstd * u - xhat * c) - e, plus the gradient the pre-norm row receives directly.
+EMBROPE_HD float norm_backward_value(float u, float xhat, float rstd, float c, float e,
+                                     float grad_pre) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(__fsub_rn(rms_backward_value(u, xhat, rstd, c), e), grad_pre);
+#else
+  return rms_backward_value(u, xhat, rstd, c) - e + grad_pre;
+#endif
+}
 
 // The statistics of a float32 row a[0 .. dim) (the CPU's form): the mean (layer_norm; 0 for
 // rms_norm) and rstd, with the sums in the order above.
