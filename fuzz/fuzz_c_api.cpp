@@ -4,7 +4,7 @@
 // embrope_embed_backward, embrope_apply_qk_norm_rope (and its backward),
 // embrope_apply_rope_append_kv (paged and contiguous caches, float8; with the qk-norm first,
 // embrope_apply_qk_norm_rope_append_kv) or the cos/sin cache
-// functions (every scaling variant), with embed's norm options, and
+// functions (every scaling variant), with embed's norm options (and embed_backward's), and
 // arbitrary shapes, strides, dtypes, byte offsets, devices, options and contents (NaN,
 // infinity, ids and positions at the int32/int64 limits), tensors that may alias one another,
 // and deferred bad-index statuses.
@@ -628,6 +628,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     set_enum(o.mode, in.chance(8) ? static_cast<int>(in.u64()) : in.u8() % 2);
     o.deferred = deferred;
+    // embed's norm: read after every older decision, so that older inputs (whose bytes have
+    // run out here: 0) decode as they did, without a norm.
+    if (in.u8() >= 160) {
+      set_enum(o.norm, in.chance(8) ? static_cast<int>(in.u64()) : 1 + in.u8() % 2);
+      if (in.chance(240)) o.pre_norm = call.tensor(ids_rank + 1, true, 0);
+      if (in.chance(128)) o.norm_weight = call.tensor(1, true, 0);
+      if (in.chance(32)) {
+        std::uint32_t bits = static_cast<std::uint32_t>(in.u64());
+        std::memcpy(&o.norm_eps, &bits, 4);
+      }
+      o.norm_unit_offset = in.chance(32) ? 1 : 0;
+      if (in.chance(96)) o.grad_pre_norm = call.tensor(ids_rank + 1, true, 0);
+      if (in.chance(160)) o.grad_norm_weight = call.tensor(1, true, 0);
+      if (in.chance(96)) o.grad_norm_bias = call.tensor(1, true, 0);
+    }
     const std::vector<unsigned char> before = call.snapshot();
     check("embrope_embed_backward",
           embrope_embed_backward(grad_out, ids, grad_table, in.chance(16) ? nullptr : &o, nullptr),

@@ -52,8 +52,9 @@ std::optional<Tensor> to_optional(const char* function, const char* name, const 
   return to_tensor(function, name, t);
 }
 
-// A C normalization enum, read as the int a C caller stored.
-embrope::Normalization normalization_of(const char* function, embrope_normalization_t norm) {
+// A C normalization enum, read as the int a C caller stored (by reference: loading a C enum
+// outside its enumerators as a value is undefined in C++).
+embrope::Normalization normalization_of(const char* function, const embrope_normalization_t& norm) {
   switch (raw_enum(norm)) {
     case EMBROPE_NORM_NONE:
       return embrope::Normalization::none;

@@ -952,6 +952,76 @@ TEST_CASE("C embed_backward status codes", "[c_api][embed_backward][errors]") {
         EMBROPE_ERROR_INVALID_ARGUMENT);
 }
 
+TEST_CASE("C embed_backward with embed's norm is the C++ call; an older struct has no norm",
+          "[c_api][embed_backward][norm][abi]") {
+  const std::int64_t n = 6, d = 16, v = 5;
+  ref::Buffer grad_out(DType::float32, n * d), pre(DType::float32, n * d), ids(DType::int64, n);
+  ref::Buffer weight(DType::float32, d);
+  ref::fill_random(grad_out, 71);
+  ref::fill_random(pre, 72);
+  ref::fill_random(weight, 73);
+  ref::fill_random_indices(ids, 74, 0, v - 1);
+  struct Grads {
+    ref::Buffer table{DType::float32, v*d}, weight{DType::float32, d}, bias{DType::float32, d};
+  };
+  const auto zeroed = [] {
+    Grads g;
+    for (std::int64_t k = 0; k < v * d; ++k) g.table.set(k, 0.0);
+    return g;
+  };
+  // The C++ calls: with the norm, and without.
+  Grads cpp = zeroed(), plain = zeroed();
+  embrope::EmbedBackwardOptions co;
+  co.norm = embrope::Normalization::layer_norm;
+  co.pre_norm = ref::view(pre, 0, {n, d});
+  co.norm_weight = ref::view(weight, 0, {d});
+  co.grad_norm_weight = ref::view(cpp.weight, 0, {d});
+  co.grad_norm_bias = ref::view(cpp.bias, 0, {d});
+  embrope::embed_backward(ref::view(grad_out, 0, {n, d}), ref::view(ids, 0, {n}),
+                          ref::view(cpp.table, 0, {v, d}), co);
+  embrope::embed_backward(ref::view(grad_out, 0, {n, d}), ref::view(ids, 0, {n}),
+                          ref::view(plain.table, 0, {v, d}));
+
+  Grads c = zeroed();
+  DL g(grad_out, {n, d}), i(ids, {n}), pr(pre, {n, d}), w(weight, {d}), t(c.table, {v, d}),
+      gw(c.weight, {d}), gb(c.bias, {d});
+  embrope_embed_backward_options_t o;
+  embrope_embed_backward_options_init(&o);
+  o.norm = EMBROPE_NORM_LAYER_NORM;
+  o.pre_norm = &pr.t;
+  o.norm_weight = &w.t;
+  o.grad_norm_weight = &gw.t;
+  o.grad_norm_bias = &gb.t;
+  REQUIRE(embrope_embed_backward(&g.t, &i.t, &t.t, &o, nullptr) == EMBROPE_OK);
+  CHECK(c.table.snapshot() == cpp.table.snapshot());
+  CHECK(c.weight.snapshot() == cpp.weight.snapshot());
+  CHECK(c.bias.snapshot() == cpp.bias.snapshot());
+  CHECK(c.table.snapshot() != plain.table.snapshot());  // the norm matters
+
+  o.pre_norm = nullptr;
+  CHECK(embrope_embed_backward(&g.t, &i.t, &t.t, &o, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(),
+             Catch::Contains("embrope_embed_backward") && Catch::Contains("pre_norm"));
+  const int bad_norm = 5;
+  std::memcpy(&o.norm, &bad_norm, sizeof bad_norm);
+  CHECK(embrope_embed_backward(&g.t, &i.t, &t.t, &o, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("norm 5"));
+
+  // A header before the norm fields: its struct ends at `norm`; the bytes past it (0xAB,
+  // which as norm would be an error) are not read: no norm.
+  const std::size_t older = offsetof(embrope_embed_backward_options_t, norm);
+  alignas(embrope_embed_backward_options_t) unsigned char
+      bytes[sizeof(embrope_embed_backward_options_t)];
+  std::memset(bytes, 0xAB, sizeof bytes);
+  auto* old_options = reinterpret_cast<embrope_embed_backward_options_t*>(bytes);
+  embrope_embed_backward_options_init_size(old_options, older);
+  for (std::size_t k = older; k < sizeof bytes; ++k) REQUIRE(bytes[k] == 0xAB);
+  Grads from_old = zeroed();
+  DL t_old(from_old.table, {v, d});
+  REQUIRE(embrope_embed_backward(&g.t, &i.t, &t_old.t, old_options, nullptr) == EMBROPE_OK);
+  CHECK(from_old.table.snapshot() == plain.table.snapshot());
+}
+
 TEST_CASE("C apply_rope_backward undoes apply_rope, with the cache and with cos/sin",
           "[c_api][rope_backward]") {
   const std::int64_t t = 5, h = 3, d = 32;

@@ -14,6 +14,7 @@
 // place of grad_out.
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "../backend.hpp"
@@ -160,13 +161,16 @@ void norm_backward(const Params& p, float* dx) {
       }
     }
   }
-  for (auto [partials, grad] : {std::pair{&weight_partials, p.grad_norm_weight},
-                                std::pair{&bias_partials, p.grad_norm_bias}}) {
+  const std::pair<const std::vector<float>*, float*> sums[] = {
+      {&weight_partials, p.grad_norm_weight}, {&bias_partials, p.grad_norm_bias}};
+  for (const auto& sum_of : sums) {
+    const float* partials = sum_of.first->data();
+    float* grad = sum_of.second;
     if (grad == nullptr) continue;
 #pragma omp parallel for schedule(static) if (threaded)
     for (std::int64_t j = 0; j < dim; ++j) {
       float sum = 0.0f;
-      for (std::int64_t chunk = 0; chunk < chunks; ++chunk) sum += (*partials)[chunk * dim + j];
+      for (std::int64_t chunk = 0; chunk < chunks; ++chunk) sum += partials[chunk * dim + j];
       grad[j] = sum;
     }
   }
