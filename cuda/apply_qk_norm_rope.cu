@@ -37,8 +37,8 @@ namespace embrope::gpu {
 namespace {
 
 using detail::from_float;
-using detail::QkNormRopeParams;
 using detail::to_float;
+using internal::QkNormRopeParams;
 
 constexpr int kLanes = detail::kNormLanes;
 constexpr int kWidth = detail::kNormLaneWidth;
@@ -85,7 +85,7 @@ struct BlockRow {
   bool active;
   std::int64_t t, h, b, s;
 };
-__device__ __forceinline__ BlockRow block_row(const detail::RopeParams& r, std::int64_t n,
+__device__ __forceinline__ BlockRow block_row(const internal::RopeParams& r, std::int64_t n,
                                               std::int64_t rows, std::int64_t heads) {
   const bool active = n < rows;
   const std::int64_t t = active ? n / heads : 0;
@@ -98,21 +98,21 @@ __device__ __forceinline__ BlockRow block_row(const detail::RopeParams& r, std::
 // the caller: to T, or once to a float8 output), to store(j, value). A pair is read and written by
 // one thread, so in place is race-free.
 template <typename T, typename C, typename Store>
-__device__ __forceinline__ void normalize_rotate_row(const detail::RopeParams& r,
-                                                     const detail::QkNormWeights& norm, bool is_q,
+__device__ __forceinline__ void normalize_rotate_row(const internal::RopeParams& r,
+                                                     const internal::QkNormWeights& norm, bool is_q,
                                                      const T* in, float rstd, std::int64_t b,
                                                      std::int64_t s, int lane, Store&& store) {
   const float sin_sign = r.inverse ? -1.0f : 1.0f;
-  const detail::TokenPositions pos = detail::token_positions(r, b, s);
+  const internal::TokenPositions pos = internal::token_positions(r, b, s);
   auto normalized = [&](std::int64_t j) {
     return detail::norm_product(detail::rms_normalized(to_float(in[j]), rstd),
-                                detail::qk_norm_weight(norm, is_q, j));
+                                internal::qk_norm_weight(norm, is_q, j));
   };
   for (std::int64_t i = lane; i < r.rotary_dim / 2; i += kLanes) {
-    const std::int64_t ia = detail::rope_pair_first(r, i);
-    const std::int64_t ib = detail::rope_pair_second(r, i);
+    const std::int64_t ia = internal::rope_pair_first(r, i);
+    const std::int64_t ib = internal::rope_pair_second(r, i);
     float c, sn;
-    detail::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, sn);
+    internal::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, sn);
     float a = normalized(ia), v = normalized(ib);
     detail::rotate_pair(a, v, c, sn);
     store(ia, a);
@@ -126,7 +126,7 @@ __device__ __forceinline__ void normalize_rotate_row(const detail::RopeParams& r
 template <typename T, typename C, bool kVector>
 __global__ void __launch_bounds__(kForwardThreads)
     qk_norm_rope_kernel(const __grid_constant__ QkNormRopeParams p) {
-  const detail::RopeParams& r = p.rope;
+  const internal::RopeParams& r = p.rope;
   const int lane = threadIdx.x;
   const int slot = threadIdx.y;
   const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
@@ -138,12 +138,12 @@ __global__ void __launch_bounds__(kForwardThreads)
     const BlockRow row_at = block_row(r, first + slot, rows, heads);
     const bool active = row_at.active;
     const std::int64_t t = row_at.t, h = row_at.h, b = row_at.b, s = row_at.s;
-    const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, h);
-    const bool bad = active && detail::rope_bad_stream(r, b, s) >= 0;
+    const internal::RopeRow<T> row = internal::rope_row<T>(r, b, s, h);
+    const bool bad = active && internal::rope_bad_stream(r, b, s) >= 0;
     if (bad) {
       zero_row(row.out, dim, lane);
       if (lane == 0)
-        report_bad_row(r.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+        report_bad_row(r.bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
     }
     const bool good = active && !bad;
     float part[kWidth];
@@ -170,8 +170,8 @@ __global__ void __launch_bounds__(kForwardThreads)
 // 16-bit instantiations; 8 blocks (16 warps) leave it 128 registers.
 template <typename T, typename C, bool kVector>
 __global__ void __launch_bounds__(kForwardThreads, 8)
-    qk_norm_rope_append_kv_kernel(const __grid_constant__ detail::RopeAppendKvParams p) {
-  const detail::RopeParams& r = p.rope;
+    qk_norm_rope_append_kv_kernel(const __grid_constant__ internal::RopeAppendKvParams p) {
+  const internal::RopeParams& r = p.rope;
   const int lane = threadIdx.x;
   const int slot = threadIdx.y;
   const std::int64_t qk_heads = r.q.heads + r.k.heads;
@@ -185,27 +185,28 @@ __global__ void __launch_bounds__(kForwardThreads, 8)
     const bool active = row_at.active;
     const std::int64_t t = row_at.t, h = row_at.h, b = row_at.b, s = row_at.s;
     const bool is_v = h >= qk_heads;
-    const bool bad_position = active && detail::rope_bad_stream(r, b, s) >= 0;
-    const detail::KvSlot cache_slot =
-        active ? detail::kv_slot(p, b, s) : detail::KvSlot{detail::KvSlot::skip, 0, 0, {}};
-    const bool write = !bad_position && cache_slot.state == detail::KvSlot::write;
+    const bool bad_position = active && internal::rope_bad_stream(r, b, s) >= 0;
+    const internal::KvSlot cache_slot =
+        active ? internal::kv_slot(p, b, s) : internal::KvSlot{internal::KvSlot::skip, 0, 0, {}};
+    const bool write = !bad_position && cache_slot.state == internal::KvSlot::write;
     if (active && h == 0 && lane == 0) {
       if (bad_position) {
-        report_bad_row(r.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
-      } else if (cache_slot.state == detail::KvSlot::bad) {
-        report_bad_row(r.bad, detail::bad_index_key(t, p.slot_mapping != nullptr
-                                                           ? detail::BadIndexArg::slot_mapping
-                                                           : detail::BadIndexArg::cache_offsets));
+        report_bad_row(r.bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
+      } else if (cache_slot.state == internal::KvSlot::bad) {
+        report_bad_row(r.bad,
+                       internal::bad_index_key(t, p.slot_mapping != nullptr
+                                                      ? internal::BadIndexArg::slot_mapping
+                                                      : internal::BadIndexArg::cache_offsets));
       }
     }
     const bool is_q = h < r.q.heads;
-    const detail::RopeRow<T> row =
-        is_v ? detail::RopeRow<T>{nullptr, nullptr} : detail::rope_row<T>(r, b, s, h);
+    const internal::RopeRow<T> row =
+        is_v ? internal::RopeRow<T>{nullptr, nullptr} : internal::rope_row<T>(r, b, s, h);
     // q's output always (float8: q8, its codes); k's only into k_out.
-    const bool q_float8 = is_q && detail::rope_quantized(r);
+    const bool q_float8 = is_q && internal::rope_quantized(r);
     T* const out = (is_q && !q_float8) || (!is_q && p.write_k_out) ? row.out : nullptr;
     std::uint8_t* const q8 =
-        q_float8 && active ? detail::heads_row<T, std::uint8_t>(r.q, b, s, h).out : nullptr;
+        q_float8 && active ? internal::heads_row<T, std::uint8_t>(r.q, b, s, h).out : nullptr;
     if (active && !is_v && bad_position) {
       if (out != nullptr) zero_row(out, dim, lane);
       if (q8 != nullptr) zero_row(q8, dim, lane);
@@ -227,11 +228,11 @@ __global__ void __launch_bounds__(kForwardThreads, 8)
     if (!good || (out == nullptr && q8 == nullptr && !to_cache)) continue;
     const std::int64_t at =
         to_cache ? cache_row(p.k_cache, cache_slot.page, cache_slot.offset, h - r.q.heads) : 0;
-    const float q8_scale = q8 != nullptr ? detail::rope_out_scale(r, h) : 1.0f;
+    const float q8_scale = q8 != nullptr ? internal::rope_out_scale(r, h) : 1.0f;
     normalize_rotate_row<T, C>(r, p.norm, is_q, row.in, rstd, b, s, lane,
                                [&](std::int64_t j, float y) {
                                  if (q8 != nullptr) {
-                                   q8[j] = detail::rope_float8_code(y, q8_scale, r.out_dtype);
+                                   q8[j] = internal::rope_float8_code(y, q8_scale, r.out_dtype);
                                    return;
                                  }
                                  const T value = from_float<T>(y);
@@ -247,14 +248,14 @@ __global__ void __launch_bounds__(kForwardThreads, 8)
 // g_j: the gradient of the normalised element j, the output's gradient dy rotated back (the
 // same rotate_pair as the CPU's, so the same bits whichever element of the pair is wanted).
 template <typename T, typename C>
-__device__ __forceinline__ float normalized_gradient(const detail::RopeParams& r, const T* dy,
+__device__ __forceinline__ float normalized_gradient(const internal::RopeParams& r, const T* dy,
                                                      std::int64_t j,
-                                                     const detail::TokenPositions& pos,
+                                                     const internal::TokenPositions& pos,
                                                      float sin_sign) {
   if (j >= r.rotary_dim) return to_float(dy[j]);
-  const detail::RopePairOf pair = detail::rope_pair_of(r, j);
+  const internal::RopePairOf pair = internal::rope_pair_of(r, j);
   float c, sn;
-  detail::rope_pair_cos_sin<C>(r, pos, pair.pair, sin_sign, c, sn);
+  internal::rope_pair_cos_sin<C>(r, pos, pair.pair, sin_sign, c, sn);
   float a = to_float(dy[pair.first ? j : pair.partner]);
   float v = to_float(dy[pair.first ? pair.partner : j]);
   detail::rotate_pair(a, v, c, sn);
@@ -269,7 +270,7 @@ template <typename T, typename C, bool kVector>
 __global__ void __launch_bounds__(kLanes, 16)
     qk_norm_rope_backward_kernel(const __grid_constant__ QkNormRopeParams p, float* q_partials,
                                  float* k_partials) {
-  const detail::RopeParams& r = p.rope;
+  const internal::RopeParams& r = p.rope;
   const int lane = threadIdx.x;
   const std::int64_t dim = r.head_dim;
   const std::int64_t tokens = r.batch * r.seq;
@@ -292,15 +293,15 @@ __global__ void __launch_bounds__(kLanes, 16)
       const std::int64_t h = n - t * side_heads;
       const std::int64_t b = t / r.seq;
       const std::int64_t s = t - b * r.seq;
-      const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, is_q ? h : r.q.heads + h);
-      if (detail::rope_bad_stream(r, b, s) >= 0) {  // the same for every lane: no barrier skew
+      const internal::RopeRow<T> row = internal::rope_row<T>(r, b, s, is_q ? h : r.q.heads + h);
+      if (internal::rope_bad_stream(r, b, s) >= 0) {  // the same for every lane: no barrier skew
         zero_row(row.out, dim, lane);
         if (lane == 0)
-          report_bad_row(r.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+          report_bad_row(r.bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
         continue;
       }
-      const T* x = detail::qk_saved_row<T>(p, is_q, b, s, h);
-      const detail::TokenPositions pos = detail::token_positions(r, b, s);
+      const T* x = internal::qk_saved_row<T>(p, is_q, b, s, h);
+      const internal::TokenPositions pos = internal::token_positions(r, b, s);
       float part[kWidth];
       square_partials<T, kVector>(x, dim, lane, true, part);
       const float rstd = detail::norm_rstd(reduce_norm_partials(part, 0, lane), dim, p.norm.eps);
@@ -317,7 +318,7 @@ __global__ void __launch_bounds__(kLanes, 16)
             const float xhat = detail::rms_normalized(to_float(x[j]), rstd);
             if (partial != nullptr) partial[j] += detail::norm_product(g, xhat);
             part[w] += detail::norm_product(
-                detail::norm_product(detail::qk_norm_weight(p.norm, is_q, j), g), xhat);
+                detail::norm_product(internal::qk_norm_weight(p.norm, is_q, j), g), xhat);
           }
         }
       }
@@ -326,15 +327,15 @@ __global__ void __launch_bounds__(kLanes, 16)
       // dx, pair by pair (then the pass-through elements): each element read and written by
       // one thread.
       auto gradient = [&](std::int64_t j, float g) {
-        const float u = detail::norm_product(detail::qk_norm_weight(p.norm, is_q, j), g);
+        const float u = detail::norm_product(internal::qk_norm_weight(p.norm, is_q, j), g);
         const float xhat = detail::rms_normalized(to_float(x[j]), rstd);
         return from_float<T>(detail::rms_backward_value(u, xhat, rstd, c));
       };
       for (std::int64_t i = lane; i < r.rotary_dim / 2; i += kLanes) {
-        const std::int64_t ia = detail::rope_pair_first(r, i);
-        const std::int64_t ib = detail::rope_pair_second(r, i);
+        const std::int64_t ia = internal::rope_pair_first(r, i);
+        const std::int64_t ib = internal::rope_pair_second(r, i);
         float cs, sn;
-        detail::rope_pair_cos_sin<C>(r, pos, i, sin_sign, cs, sn);
+        internal::rope_pair_cos_sin<C>(r, pos, i, sin_sign, cs, sn);
         float a = to_float(row.in[ia]), v = to_float(row.in[ib]);
         detail::rotate_pair(a, v, cs, sn);
         row.out[ia] = gradient(ia, a);
@@ -373,7 +374,7 @@ struct PartialsLayout {
   std::int64_t q_chunks = 0, k_chunks = 0;
 };
 PartialsLayout lay_out(const QkNormRopeParams& p, WorkspaceLayout& layout) {
-  const detail::RopeParams& r = p.rope;
+  const internal::RopeParams& r = p.rope;
   const std::int64_t tokens = r.batch * r.seq;
   PartialsLayout out;
   out.q_chunks = detail::weight_grad_chunks(tokens * r.q.heads);
@@ -386,7 +387,7 @@ PartialsLayout lay_out(const QkNormRopeParams& p, WorkspaceLayout& layout) {
 
 // The sum pass's 16-byte loads need D a multiple of 8 and every row start in whole chunks.
 template <typename T>
-bool fits_vector_path(const detail::RopeHeads& x, bool present, std::int64_t dim) {
+bool fits_vector_path(const internal::RopeHeads& x, bool present, std::int64_t dim) {
   constexpr std::int64_t vec = kVec16<T>;
   if (!present) return true;
   return dim % kWidth == 0 && is_aligned(x.in, 16) && x.in_stride_b % vec == 0 &&
@@ -395,7 +396,7 @@ bool fits_vector_path(const detail::RopeHeads& x, bool present, std::int64_t dim
 
 template <typename T, typename C>
 void launch_forward(const QkNormRopeParams& p, cudaStream_t stream) {
-  const detail::RopeParams& r = p.rope;
+  const internal::RopeParams& r = p.rope;
   const std::int64_t rows = r.batch * r.seq * (r.q.heads + (r.has_k ? r.k.heads : 0));
   const dim3 block(kLanes, kNormBlockRows);
   const unsigned grid = grid_for(rows, kNormBlockRows);
@@ -408,8 +409,8 @@ void launch_forward(const QkNormRopeParams& p, cudaStream_t stream) {
 }
 
 template <typename T, typename C>
-void launch_append_kv(const detail::RopeAppendKvParams& p, cudaStream_t stream) {
-  const detail::RopeParams& r = p.rope;
+void launch_append_kv(const internal::RopeAppendKvParams& p, cudaStream_t stream) {
+  const internal::RopeParams& r = p.rope;
   const std::int64_t rows = r.batch * r.seq * (r.q.heads + 2 * r.k.heads);
   const dim3 block(kLanes, kNormBlockRows);
   const unsigned grid = grid_for(rows, kNormBlockRows);
@@ -423,7 +424,7 @@ void launch_append_kv(const detail::RopeAppendKvParams& p, cudaStream_t stream) 
 
 template <typename T, typename C>
 void launch_backward(const QkNormRopeParams& p, cudaStream_t stream) {
-  const detail::RopeParams& r = p.rope;
+  const internal::RopeParams& r = p.rope;
   const bool weight_grads = p.q_weight_grad != nullptr || p.k_weight_grad != nullptr;
   WorkspaceLayout sizes(nullptr);
   lay_out(p, sizes);
@@ -460,9 +461,9 @@ void launch_backward(const QkNormRopeParams& p, cudaStream_t stream) {
 }
 
 template <typename Run>
-void dispatch(const detail::RopeParams& r, Run&& run) {
-  detail::dispatch_value_dtype(r.dtype, [&](auto t) {
-    detail::dispatch_value_dtype(r.table_dtype, [&](auto c) { run(t, c); });
+void dispatch(const internal::RopeParams& r, Run&& run) {
+  internal::dispatch_value_dtype(r.dtype, [&](auto t) {
+    internal::dispatch_value_dtype(r.table_dtype, [&](auto c) { run(t, c); });
   });
 }
 
@@ -475,7 +476,7 @@ void apply_qk_norm_rope(const QkNormRopeParams& p, Device device, Stream stream)
   });
 }
 
-void apply_qk_norm_rope_append_kv(const detail::RopeAppendKvParams& p, Device device,
+void apply_qk_norm_rope_append_kv(const internal::RopeAppendKvParams& p, Device device,
                                   Stream stream) {
   DeviceGuard guard(device);
   dispatch(p.rope, [&](auto t, auto c) {

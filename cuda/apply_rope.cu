@@ -40,11 +40,11 @@ constexpr int kWarpsPerBlock = 8;
 // The general path's rows, into outputs of T (rope_kernel) or of a float8 O
 // (rope_quantized_kernel).
 template <typename T, typename C, typename O>
-__device__ __forceinline__ void rope_rows(const detail::RopeParams& p) {
+__device__ __forceinline__ void rope_rows(const internal::RopeParams& p) {
   constexpr bool kQuantized = !std::is_same_v<O, T>;
-  const std::int64_t heads = detail::rope_rotated_heads(p);
+  const std::int64_t heads = internal::rope_rotated_heads(p);
   // Float8 outputs' non-rotary rows (q_nope's, k_nope's) follow a token's rotated rows.
-  const std::int64_t all_heads = heads + (kQuantized ? detail::rope_nope_heads(p) : 0);
+  const std::int64_t all_heads = heads + (kQuantized ? internal::rope_nope_heads(p) : 0);
   const std::int64_t rows = p.batch * p.seq * all_heads;
   const std::int64_t half = p.rotary_dim / 2;
   const float sin_sign = p.inverse ? -1.0f : 1.0f;
@@ -57,40 +57,40 @@ __device__ __forceinline__ void rope_rows(const detail::RopeParams& p) {
     const std::int64_t b = t / p.seq;
     const std::int64_t s = t - b * p.seq;
     if (kQuantized && h >= heads) {
-      const detail::RopeNopeRow<T, O> nope = detail::rope_nope_row<T, O>(p, b, s, h - heads);
-      const bool bad = detail::rope_bad_stream(p, b, s) >= 0;
-      const float scale = detail::rope_out_scale(p, nope.head);
+      const internal::RopeNopeRow<T, O> nope = internal::rope_nope_row<T, O>(p, b, s, h - heads);
+      const bool bad = internal::rope_bad_stream(p, b, s) >= 0;
+      const float scale = internal::rope_out_scale(p, nope.head);
       for (std::int64_t j = lane; j < nope.dim; j += 32) {
         nope.out[j] = bad ? from_float<O>(0.0f)
-                          : detail::rope_output_value<T, O>(to_float(nope.in[j]), scale);
+                          : internal::rope_output_value<T, O>(to_float(nope.in[j]), scale);
       }
       continue;
     }
-    const detail::RopeRow<T, O> row = detail::rope_row<T, O>(p, b, s, h);
+    const internal::RopeRow<T, O> row = internal::rope_row<T, O>(p, b, s, h);
     const T* in = row.in;
     O* out = row.out;
-    if (detail::rope_bad_stream(p, b, s) >= 0) {
+    if (internal::rope_bad_stream(p, b, s) >= 0) {
       for (std::int64_t j = lane; j < p.head_dim; j += 32) out[j] = from_float<O>(0.0f);
       if (lane == 0)
-        report_bad_row(p.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+        report_bad_row(p.bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
       continue;
     }
-    const float scale = kQuantized ? detail::rope_out_scale(p, h) : 1.0f;
-    const detail::TokenPositions pos = detail::token_positions(p, b, s);
+    const float scale = kQuantized ? internal::rope_out_scale(p, h) : 1.0f;
+    const internal::TokenPositions pos = internal::token_positions(p, b, s);
     for (std::int64_t i = lane; i < half; i += 32) {
-      const std::int64_t ia = detail::rope_pair_first(p, i);
-      const std::int64_t ib = detail::rope_pair_second(p, i);
+      const std::int64_t ia = internal::rope_pair_first(p, i);
+      const std::int64_t ib = internal::rope_pair_second(p, i);
       float c, sn;
-      detail::rope_pair_cos_sin<C>(p, pos, i, sin_sign, c, sn);
+      internal::rope_pair_cos_sin<C>(p, pos, i, sin_sign, c, sn);
       float a = to_float(in[ia]);
       float v = to_float(in[ib]);
       detail::rotate_pair(a, v, c, sn);
-      out[ia] = detail::rope_output_value<T, O>(a, scale);
-      out[ib] = detail::rope_output_value<T, O>(v, scale);
+      out[ia] = internal::rope_output_value<T, O>(a, scale);
+      out[ib] = internal::rope_output_value<T, O>(v, scale);
     }
     if constexpr (kQuantized) {
       for (std::int64_t j = p.rotary_dim + lane; j < p.head_dim; j += 32) {
-        out[j] = detail::rope_output_value<T, O>(to_float(in[j]), scale);
+        out[j] = internal::rope_output_value<T, O>(to_float(in[j]), scale);
       }
     } else if (out != in) {
       for (std::int64_t j = p.rotary_dim + lane; j < p.head_dim; j += 32) out[j] = in[j];
@@ -101,7 +101,7 @@ __device__ __forceinline__ void rope_rows(const detail::RopeParams& p) {
 
 template <typename T, typename C>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    rope_kernel(const __grid_constant__ detail::RopeParams p) {
+    rope_kernel(const __grid_constant__ internal::RopeParams p) {
   rope_rows<T, C, T>(p);
 }
 
@@ -109,15 +109,15 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 // float8 conversions of a pair in the float16 instantiations.
 template <typename T, typename C, typename O>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock, 1)
-    rope_quantized_kernel(const __grid_constant__ detail::RopeParams p) {
+    rope_quantized_kernel(const __grid_constant__ internal::RopeParams p) {
   rope_rows<T, C, O>(p);
 }
 
 template <typename T, typename C, typename O>
-void launch(const detail::RopeParams& p, cudaStream_t stream) {
+void launch(const internal::RopeParams& p, cudaStream_t stream) {
   const std::int64_t rows =
       p.batch * p.seq *
-      (detail::rope_rotated_heads(p) + (std::is_same_v<O, T> ? 0 : detail::rope_nope_heads(p)));
+      (internal::rope_rotated_heads(p) + (std::is_same_v<O, T> ? 0 : internal::rope_nope_heads(p)));
   const dim3 block(32, kWarpsPerBlock);
   if constexpr (std::is_same_v<O, T>) {
     rope_kernel<T, C><<<grid_for(rows, kWarpsPerBlock), block, 0, stream>>>(p);
@@ -134,16 +134,17 @@ void launch(const detail::RopeParams& p, cudaStream_t stream) {
 // arithmetic and loop bounds fold), or 0 for any other size (read from the parameters).
 template <typename T, typename O, RopeLayout kLayout, int kRotaryDim>
 __global__ void __launch_bounds__(256)
-    rope_vector_kernel(const __grid_constant__ detail::RopeParams p, std::int64_t heads_per_block) {
+    rope_vector_kernel(const __grid_constant__ internal::RopeParams p,
+                       std::int64_t heads_per_block) {
   constexpr bool kQuantized = !std::is_same_v<O, T>;
   constexpr int kVec = kVec16<T>;
   using V = Chunk<T, kVec>;
   using VOut = Chunk<O, kVec>;
   constexpr int kPairs = kChunkPairs<kLayout, kVec>;
   const std::int64_t tokens = p.batch * p.seq;
-  const std::int64_t heads = detail::rope_rotated_heads(p);
+  const std::int64_t heads = internal::rope_rotated_heads(p);
   // Float8 outputs' non-rotary rows (q_nope's, k_nope's) follow a token's rotated rows.
-  const std::int64_t all_heads = heads + (kQuantized ? detail::rope_nope_heads(p) : 0);
+  const std::int64_t all_heads = heads + (kQuantized ? internal::rope_nope_heads(p) : 0);
   const std::int64_t rotary_dim = kRotaryDim != 0 ? kRotaryDim : p.rotary_dim;
   const std::int64_t half = rotary_dim / 2;
   const std::int64_t head_begin = blockIdx.y * heads_per_block;
@@ -156,17 +157,17 @@ __global__ void __launch_bounds__(256)
   for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const std::int64_t b = t / p.seq;
     const std::int64_t s = t - b * p.seq;
-    const bool bad = detail::rope_bad_stream(p, b, s) >= 0;
+    const bool bad = internal::rope_bad_stream(p, b, s) >= 0;
     float c[kPairs], sn[kPairs];
     if (!bad) {
       load_cos_sin<true>(p, b, s, pair0, c, sn);
     } else if (threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.y == 0) {
-      report_bad_row(p.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+      report_bad_row(p.bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
     }
     for (std::int64_t h = head_begin + threadIdx.y; h < head_end; h += blockDim.y) {
       if (kQuantized && h >= heads) {  // a non-rotary row: quantized chunk by chunk
-        const detail::RopeNopeRow<T, O> nope = detail::rope_nope_row<T, O>(p, b, s, h - heads);
-        const float scale = detail::rope_out_scale(p, nope.head);
+        const internal::RopeNopeRow<T, O> nope = internal::rope_nope_row<T, O>(p, b, s, h - heads);
+        const float scale = internal::rope_out_scale(p, nope.head);
         for (std::int64_t e = chunk; e < nope.dim / kVec; e += blockDim.x) {
           VOut x;
           if (bad) {
@@ -179,7 +180,7 @@ __global__ void __launch_bounds__(256)
         }
         continue;
       }
-      const detail::RopeRow<T, O> row = detail::rope_row<T, O>(p, b, s, h);
+      const internal::RopeRow<T, O> row = internal::rope_row<T, O>(p, b, s, h);
       const T* in = row.in;
       O* out = row.out;
       if (bad) {
@@ -191,7 +192,7 @@ __global__ void __launch_bounds__(256)
         }
         continue;
       }
-      const float scale = kQuantized ? detail::rope_out_scale(p, h) : 1.0f;
+      const float scale = kQuantized ? internal::rope_out_scale(p, h) : 1.0f;
       VOut lo, hi;
       load_rotated<kLayout, true>(in, first, half, c, sn, lo, hi, scale);
       store_rotated<kLayout>(first, half, lo, hi, [&](std::int64_t at, const VOut& part) {
@@ -215,7 +216,7 @@ __global__ void __launch_bounds__(256)
 // pass-through part, every pointer and stride; a float8 output's chunks aligned to their
 // size), and at most 256 threads per head row.
 template <typename T, typename O>
-bool fits_vector_path(const detail::RopeParams& p) {
+bool fits_vector_path(const internal::RopeParams& p) {
   constexpr std::int64_t vec = kVec16<T>;
   if (p.table_dtype != DType::float32) return false;
   const bool neox = p.layout == RopeLayout::neox;
@@ -223,7 +224,7 @@ bool fits_vector_path(const detail::RopeParams& p) {
   if (p.head_dim % vec != 0) return false;
   const std::int64_t chunks = neox ? p.rotary_dim / 2 / vec : p.rotary_dim / vec;
   if (chunks > 256) return false;
-  auto heads_ok = [&](const detail::RopeHeads& x) {
+  auto heads_ok = [&](const internal::RopeHeads& x) {
     return is_aligned(x.in, 16) && is_aligned(x.out, vec * sizeof(O)) && x.in_stride_b % vec == 0 &&
            x.in_stride_s % vec == 0 && x.in_stride_h % vec == 0 && x.out_stride_b % vec == 0 &&
            x.out_stride_s % vec == 0 && x.out_stride_h % vec == 0;
@@ -241,12 +242,12 @@ bool fits_vector_path(const detail::RopeParams& p) {
 }
 
 template <typename T, typename O, RopeLayout kLayout>
-void launch_vector(const detail::RopeParams& p, cudaStream_t stream) {
+void launch_vector(const internal::RopeParams& p, cudaStream_t stream) {
   constexpr std::int64_t vec = kVec16<T>;
   const std::int64_t chunks =
       kLayout == RopeLayout::neox ? p.rotary_dim / 2 / vec : p.rotary_dim / vec;
   const std::int64_t heads =
-      detail::rope_rotated_heads(p) + (std::is_same_v<O, T> ? 0 : detail::rope_nope_heads(p));
+      internal::rope_rotated_heads(p) + (std::is_same_v<O, T> ? 0 : internal::rope_nope_heads(p));
   // A block per token loads the token's cos/sin once for all its heads; decode splits them.
   const RowsLaunch shape = rows_launch(p.batch * p.seq, heads, chunks);
   const dim3 grid = shape.grid, block = shape.block;
@@ -284,23 +285,23 @@ void launch_vector(const detail::RopeParams& p, cudaStream_t stream) {
 }
 
 template <typename T, typename O>
-void launch_for_table(const detail::RopeParams& p, cudaStream_t stream) {
+void launch_for_table(const internal::RopeParams& p, cudaStream_t stream) {
   if (fits_vector_path<T, O>(p)) {
     if (p.layout == RopeLayout::neox) return launch_vector<T, O, RopeLayout::neox>(p, stream);
     return launch_vector<T, O, RopeLayout::interleaved>(p, stream);
   }
-  detail::dispatch_value_dtype(
+  internal::dispatch_value_dtype(
       p.table_dtype, [&](auto c) { launch<T, typename decltype(c)::type, O>(p, stream); });
 }
 
 }  // namespace
 
-void apply_rope(const detail::RopeParams& p, Device device, Stream stream) {
+void apply_rope(const internal::RopeParams& p, Device device, Stream stream) {
   DeviceGuard guard(device);
-  detail::dispatch_value_dtype(p.dtype, [&](auto t) {
+  internal::dispatch_value_dtype(p.dtype, [&](auto t) {
     using T = typename decltype(t)::type;
-    if (!detail::rope_quantized(p)) return launch_for_table<T, T>(p, to_cuda(stream));
-    detail::dispatch_float8_dtype(p.out_dtype, [&](auto o) {
+    if (!internal::rope_quantized(p)) return launch_for_table<T, T>(p, to_cuda(stream));
+    internal::dispatch_float8_dtype(p.out_dtype, [&](auto o) {
       launch_for_table<T, typename decltype(o)::type>(p, to_cuda(stream));
     });
   });

@@ -37,17 +37,17 @@ using detail::to_float;
 // per SM allowed it uses 55-115 registers and no local memory.
 template <typename T, RopeLayout kLayout, bool kVector>
 __global__ void __launch_bounds__(256, 1)
-    append_kv_kernel(const __grid_constant__ detail::RopeAppendKvParams p,
+    append_kv_kernel(const __grid_constant__ internal::RopeAppendKvParams p,
                      std::int64_t rows_per_split) {
   constexpr bool kNeox = kLayout == RopeLayout::neox;
   constexpr int kVec = kVector ? kVec16<T> : (kNeox ? 1 : 2);  // elements per chunk
   constexpr int kPairs = kChunkPairs<kLayout, kVec>;
-  const detail::RopeParams& r = p.rope;
+  const internal::RopeParams& r = p.rope;
   const std::int64_t tokens = r.batch * r.seq;
   const std::int64_t q_heads = r.q.heads, kv_heads = r.k.heads;
   // q heads, k heads, v heads, then q_nope's (float8 q_out's non-rotary part) heads.
   const std::int64_t rows = q_heads + 2 * kv_heads + r.q_nope.heads;
-  const bool q_float8 = detail::rope_quantized(r);
+  const bool q_float8 = internal::rope_quantized(r);
   const std::int64_t half = r.rotary_dim / 2;
   const std::int64_t rotary_chunks = (kNeox ? half : r.rotary_dim) / kVec;
   const std::int64_t row_begin = blockIdx.y * rows_per_split;
@@ -60,16 +60,17 @@ __global__ void __launch_bounds__(256, 1)
   for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const std::int64_t b = t / r.seq;
     const std::int64_t s = t - b * r.seq;
-    const bool bad_position = detail::rope_bad_stream(r, b, s) >= 0;
-    const detail::KvSlot slot = detail::kv_slot(p, b, s);
-    const bool write = !bad_position && slot.state == detail::KvSlot::write;
+    const bool bad_position = internal::rope_bad_stream(r, b, s) >= 0;
+    const internal::KvSlot slot = internal::kv_slot(p, b, s);
+    const bool write = !bad_position && slot.state == internal::KvSlot::write;
     if (threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.y == 0) {
       if (bad_position) {
-        report_bad_row(r.bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
-      } else if (slot.state == detail::KvSlot::bad) {
-        report_bad_row(r.bad, detail::bad_index_key(t, p.slot_mapping != nullptr
-                                                           ? detail::BadIndexArg::slot_mapping
-                                                           : detail::BadIndexArg::cache_offsets));
+        report_bad_row(r.bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
+      } else if (slot.state == internal::KvSlot::bad) {
+        report_bad_row(r.bad,
+                       internal::bad_index_key(t, p.slot_mapping != nullptr
+                                                      ? internal::BadIndexArg::slot_mapping
+                                                      : internal::BadIndexArg::cache_offsets));
       }
     }
     // The vector path's thread owns rotary chunk threadIdx.x: its cos/sin, once per token.
@@ -80,21 +81,21 @@ __global__ void __launch_bounds__(256, 1)
     for (std::int64_t h = row_begin + threadIdx.y; h < row_end; h += blockDim.y) {
       if (h >= q_heads + 2 * kv_heads) {
         // A q_nope row: quantized with q's head scale into q_nope_out.
-        const detail::RopeNopeRow<T, std::uint8_t> nope =
-            detail::rope_nope_row<T, std::uint8_t>(r, b, s, h - q_heads - 2 * kv_heads);
-        const float scale = detail::rope_out_scale(r, nope.head);
+        const internal::RopeNopeRow<T, std::uint8_t> nope =
+            internal::rope_nope_row<T, std::uint8_t>(r, b, s, h - q_heads - 2 * kv_heads);
+        const float scale = internal::rope_out_scale(r, nope.head);
         for (std::int64_t e = threadIdx.x; e < nope.dim; e += blockDim.x) {
           nope.out[e] = bad_position
                             ? std::uint8_t{0}
-                            : detail::rope_float8_code(to_float(nope.in[e]), scale, r.out_dtype);
+                            : internal::rope_float8_code(to_float(nope.in[e]), scale, r.out_dtype);
         }
         continue;
       }
       if (q_float8 && h < q_heads) {
         // A q row into a float8 q_out: pair by pair (rotated in float32, scaled, rounded once).
-        const detail::RopeRow<T, std::uint8_t> row8 =
-            detail::heads_row<T, std::uint8_t>(r.q, b, s, h);
-        const float scale = detail::rope_out_scale(r, h);
+        const internal::RopeRow<T, std::uint8_t> row8 =
+            internal::heads_row<T, std::uint8_t>(r.q, b, s, h);
+        const float scale = internal::rope_out_scale(r, h);
         if (bad_position) {
           for (std::int64_t e = threadIdx.x; e < r.head_dim; e += blockDim.x) row8.out[e] = 0;
           continue;
@@ -102,15 +103,15 @@ __global__ void __launch_bounds__(256, 1)
         for (std::int64_t i = threadIdx.x; i < half; i += blockDim.x) {
           float pair_c[1], pair_s[1];
           load_cos_sin<false>(r, b, s, i, pair_c, pair_s);
-          const std::int64_t ia = detail::rope_pair_first(r, i),
-                             ib = detail::rope_pair_second(r, i);
+          const std::int64_t ia = internal::rope_pair_first(r, i),
+                             ib = internal::rope_pair_second(r, i);
           float a = to_float(row8.in[ia]), v = to_float(row8.in[ib]);
           detail::rotate_pair(a, v, pair_c[0], pair_s[0]);
-          row8.out[ia] = detail::rope_float8_code(a, scale, r.out_dtype);
-          row8.out[ib] = detail::rope_float8_code(v, scale, r.out_dtype);
+          row8.out[ia] = internal::rope_float8_code(a, scale, r.out_dtype);
+          row8.out[ib] = internal::rope_float8_code(v, scale, r.out_dtype);
         }
         for (std::int64_t e = r.rotary_dim + threadIdx.x; e < r.head_dim; e += blockDim.x) {
-          row8.out[e] = detail::rope_float8_code(to_float(row8.in[e]), scale, r.out_dtype);
+          row8.out[e] = internal::rope_float8_code(to_float(row8.in[e]), scale, r.out_dtype);
         }
         continue;
       }
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(256, 1)
       }
       // A q or k row: rotated into q's output, k_out and the k cache as the call asks.
       const bool is_k = h >= q_heads;
-      const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, h);
+      const internal::RopeRow<T> row = internal::rope_row<T>(r, b, s, h);
       T* out = is_k && !k_written ? nullptr : row.out;
       const bool to_cache = is_k && write;
       const std::int64_t cache_out =
@@ -176,9 +177,9 @@ __global__ void __launch_bounds__(256, 1)
 // dims of k and v, every pointer and stride of q, k, v and the outputs, and the caches'
 // chunks of kVec elements aligned to their size), and at most 256 rotary chunks.
 template <typename T>
-bool fits_vector_path(const detail::RopeAppendKvParams& p) {
+bool fits_vector_path(const internal::RopeAppendKvParams& p) {
   constexpr std::int64_t vec = kVec16<T>;
-  const detail::RopeParams& r = p.rope;
+  const internal::RopeParams& r = p.rope;
   if (r.table_dtype != DType::float32) return false;
   const bool neox = r.layout == RopeLayout::neox;
   const std::int64_t chunks = neox ? r.rotary_dim / 2 / vec : r.rotary_dim / vec;
@@ -194,7 +195,7 @@ bool fits_vector_path(const detail::RopeAppendKvParams& p) {
       !strided(p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h)) {
     return false;
   }
-  for (const detail::KvCacheSide* c : {&p.k_cache, &p.v_cache}) {
+  for (const internal::KvCacheSide* c : {&p.k_cache, &p.v_cache}) {
     const std::size_t chunk_bytes = static_cast<std::size_t>(vec * dtype_size(c->dtype));
     if (!is_aligned(c->data, chunk_bytes) || c->stride_page % vec != 0 ||
         c->stride_offset % vec != 0 || c->stride_head % vec != 0) {
@@ -209,8 +210,8 @@ bool fits_vector_path(const detail::RopeAppendKvParams& p) {
 }
 
 template <typename T, RopeLayout kLayout, bool kVector>
-void launch(const detail::RopeAppendKvParams& p, cudaStream_t stream) {
-  const detail::RopeParams& r = p.rope;
+void launch(const internal::RopeAppendKvParams& p, cudaStream_t stream) {
+  const internal::RopeParams& r = p.rope;
   constexpr std::int64_t vec = kVector ? kVec16<T> : (kLayout == RopeLayout::neox ? 1 : 2);
   const std::int64_t rows = r.q.heads + 2 * r.k.heads + r.q_nope.heads;
   // Threads along x: the rotary chunks (vector path), or a warp (general path).
@@ -223,7 +224,7 @@ void launch(const detail::RopeAppendKvParams& p, cudaStream_t stream) {
 }
 
 template <typename T>
-void launch_for(const detail::RopeAppendKvParams& p, cudaStream_t stream) {
+void launch_for(const internal::RopeAppendKvParams& p, cudaStream_t stream) {
   const bool neox = p.rope.layout == RopeLayout::neox;
   if (fits_vector_path<T>(p)) {
     if (neox) return launch<T, RopeLayout::neox, true>(p, stream);
@@ -235,9 +236,9 @@ void launch_for(const detail::RopeAppendKvParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-void apply_rope_append_kv(const detail::RopeAppendKvParams& p, Device device, Stream stream) {
+void apply_rope_append_kv(const internal::RopeAppendKvParams& p, Device device, Stream stream) {
   DeviceGuard guard(device);
-  detail::dispatch_value_dtype(
+  internal::dispatch_value_dtype(
       p.rope.dtype, [&](auto t) { launch_for<typename decltype(t)::type>(p, to_cuda(stream)); });
 }
 

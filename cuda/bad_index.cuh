@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "../src/bad_index.hpp"
-#include "../src/params.hpp"
+#include "../src/apply_rope_params.hpp"
 #include "block_shared.cuh"
 
 namespace embrope::gpu {
@@ -18,13 +18,13 @@ namespace embrope::gpu {
 // row named by the key and writes its value and range (so that value and key always describe
 // the same row, whatever the order in which blocks ran). A key left by an earlier call on the
 // same DeferredStatus stays described as that call described it, as on the CPU.
-__device__ __forceinline__ void report_bad_row(detail::BadIndexRecord* record, std::int64_t key) {
+__device__ __forceinline__ void report_bad_row(internal::BadIndexRecord* record, std::int64_t key) {
   const long long old = atomicMin(&record->key, static_cast<long long>(key));
   if (key < old) atomicExch(&record->lowered, 1);
 }
 
 // The key as the other blocks left it (a volatile load: not served from this SM's L1).
-__device__ __forceinline__ std::int64_t current_key(const detail::BadIndexRecord* record) {
+__device__ __forceinline__ std::int64_t current_key(const internal::BadIndexRecord* record) {
   return *static_cast<const volatile long long*>(&record->key);
 }
 
@@ -32,7 +32,7 @@ __device__ __forceinline__ std::int64_t current_key(const detail::BadIndexRecord
 // thread of the last block to finish, when this launch lowered the key; that thread then
 // describes the record (describe_bad_index). Resets the per-launch fields for the next
 // launch.
-__device__ __forceinline__ bool last_block_done(detail::BadIndexRecord* record) {
+__device__ __forceinline__ bool last_block_done(internal::BadIndexRecord* record) {
   bool& describe = block_shared().describe;
   __syncthreads();
   if (threadIdx.x == 0 && threadIdx.y == 0) {
@@ -52,16 +52,16 @@ __device__ __forceinline__ bool last_block_done(detail::BadIndexRecord* record) 
 
 // Run by one thread of the last block of a RoPE-family launch: if the record's key names a
 // token of this call whose position is out of range, write that position and the range.
-__device__ inline void describe_bad_rope_position(const detail::RopeParams& p) {
+__device__ inline void describe_bad_rope_position(const internal::RopeParams& p) {
   const std::int64_t key = current_key(p.bad);
-  const std::int64_t t = detail::bad_index_row(key);
-  if (key == detail::kNoBadIndex || t >= p.batch * p.seq ||
-      detail::bad_index_arg(key) != detail::BadIndexArg::positions) {
+  const std::int64_t t = internal::bad_index_row(key);
+  if (key == internal::kNoBadIndex || t >= p.batch * p.seq ||
+      internal::bad_index_arg(key) != internal::BadIndexArg::positions) {
     return;
   }
   const std::int64_t b = t / p.seq;
-  if (detail::rope_bad_stream(p, b, t - b * p.seq) >= 0) {
-    detail::describe_bad_index(p.bad, p.bad_op, detail::rope_bad_position(p, t));
+  if (internal::rope_bad_stream(p, b, t - b * p.seq) >= 0) {
+    internal::describe_bad_index(p.bad, p.bad_op, internal::rope_bad_position(p, t));
   }
 }
 

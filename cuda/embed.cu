@@ -3,7 +3,7 @@
 // 16-byte loads and stores when rows are aligned. Token row scaled, then
 // the positional row (learned, or sinusoidal after Vaswani et al. 2017) and the type row
 // added in float32 in that order, as on the CPU, and rounded once. Row resolution and
-// range checks are detail::resolve_embed_row, shared with the CPU path. With a norm
+// range checks are internal::resolve_embed_row, shared with the CPU path. With a norm
 // (LayerNorm, Ba et al. 2016; RMSNorm, Zhang & Sennrich 2019), embed_norm_kernel below.
 #include <cstdint>
 
@@ -33,7 +33,7 @@ struct RowTables {
   const T* token;
   const T* position;
   const T* type;
-  __device__ RowTables(const detail::EmbedParams& p, const detail::EmbedRow& r)
+  __device__ RowTables(const internal::EmbedParams& p, const internal::EmbedRow& r)
       : token(static_cast<const T*>(p.table) + r.token * p.table_stride),
         position(p.position_table == nullptr ? nullptr
                                              : static_cast<const T*>(p.position_table) +
@@ -47,8 +47,9 @@ struct RowTables {
 // scale * token (zero for a shard miss) + position (learned or sinusoidal) + type, in that
 // order, as on the CPU.
 template <typename T, int W, bool kSinusoidal>
-__device__ __forceinline__ void sum_chunk(const detail::EmbedParams& p, const detail::EmbedRow& r,
-                                          const RowTables<T>& rows, std::int64_t j, float* v) {
+__device__ __forceinline__ void sum_chunk(const internal::EmbedParams& p,
+                                          const internal::EmbedRow& r, const RowTables<T>& rows,
+                                          std::int64_t j, float* v) {
   float add[W];
   if (r.token_hit) {
     load_chunk<T, W>(rows.token + j, v);
@@ -110,7 +111,7 @@ __device__ __forceinline__ void sum_chunk(const detail::EmbedParams& p, const de
 // flight and get 2 blocks, 128 registers (64 spilled).
 template <typename T, int W, int G, bool kSinusoidal>
 __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 2 : 4)
-    embed_kernel(const __grid_constant__ detail::EmbedParams p) {
+    embed_kernel(const __grid_constant__ internal::EmbedParams p) {
   constexpr int kRowsPerBlock = kThreadsPerBlock / G;
   const int lane = threadIdx.x;
   const std::int64_t dim = p.dim;
@@ -118,10 +119,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 2 : 4)
   for (std::int64_t n = blockIdx.x * static_cast<std::int64_t>(kRowsPerBlock) + threadIdx.y;
        n < p.rows; n += row_stride) {
     // Every lane of the group resolves the same row: the id loads are one broadcast.
-    const detail::EmbedRow r = detail::resolve_embed_row(p, n);
+    const internal::EmbedRow r = internal::resolve_embed_row(p, n);
     T* out = static_cast<T*>(p.out) + r.out_offset;
     Chunk<T, W> result;
-    if (r.bad_key != detail::kNoBadIndex) {
+    if (r.bad_key != internal::kNoBadIndex) {
 #pragma unroll
       for (int w = 0; w < W; ++w) result.v[w] = from_float<T>(0.0f);
       for (std::int64_t j = lane * W; j < dim; j += G * W) {
@@ -141,9 +142,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 2 : 4)
   }
   if (last_block_done(p.bad)) {
     const std::int64_t key = current_key(p.bad);
-    if (key != detail::kNoBadIndex && detail::bad_index_row(key) < p.rows) {
-      const detail::EmbedRow r = detail::resolve_embed_row(p, detail::bad_index_row(key));
-      if (r.bad_key == key) detail::describe_bad_index(p.bad, detail::BadIndexOp::embed, r.bad);
+    if (key != internal::kNoBadIndex && internal::bad_index_row(key) < p.rows) {
+      const internal::EmbedRow r = internal::resolve_embed_row(p, internal::bad_index_row(key));
+      if (r.bad_key == key) internal::describe_bad_index(p.bad, internal::BadIndexOp::embed, r.bad);
     }
   }
 }
@@ -162,7 +163,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 2 : 4)
 constexpr int kNormThreadsPerBlock = kNormBlockRows * detail::kNormLanes;
 template <typename T, bool kVector, bool kSinusoidal>
 __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
-    embed_norm_kernel(const __grid_constant__ detail::EmbedParams p) {
+    embed_norm_kernel(const __grid_constant__ internal::EmbedParams p) {
   constexpr int kLanes = detail::kNormLanes;
   constexpr int kWidth = detail::kNormLaneWidth;
   constexpr int kRowsPerBlock = kNormBlockRows;
@@ -176,15 +177,15 @@ __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
   for (std::int64_t first = blockIdx.x * static_cast<std::int64_t>(kRowsPerBlock); first < p.rows;
        first += row_stride) {
     const std::int64_t n = first + slot;
-    detail::EmbedRow r;
-    if (n < p.rows) r = detail::resolve_embed_row(p, n);
-    const bool good = n < p.rows && r.bad_key == detail::kNoBadIndex;
+    internal::EmbedRow r;
+    if (n < p.rows) r = internal::resolve_embed_row(p, n);
+    const bool good = n < p.rows && r.bad_key == internal::kNoBadIndex;
     T* out = static_cast<T*>(p.out) + r.out_offset;
     if (n < p.rows && !good) {  // zero-filled, like the lookup without a norm
       for (std::int64_t j = lane; j < dim; j += kLanes) {
         out[j] = from_float<T>(0.0f);
         if (p.pre_norm_out != nullptr) {
-          detail::store_value(p.pre_norm_out, p.pre_norm_dtype, r.pre_norm_offset + j, 0.0f);
+          internal::store_value(p.pre_norm_out, p.pre_norm_dtype, r.pre_norm_offset + j, 0.0f);
         }
       }
       if (lane == 0) report_bad_row(p.bad, r.bad_key);
@@ -234,7 +235,8 @@ __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
         }
         if (p.pre_norm_out != nullptr) {
           for (int w = 0; w < kWidth && j0 + w < dim; ++w) {
-            detail::store_value(p.pre_norm_out, p.pre_norm_dtype, r.pre_norm_offset + j0 + w, v[w]);
+            internal::store_value(p.pre_norm_out, p.pre_norm_dtype, r.pre_norm_offset + j0 + w,
+                                  v[w]);
           }
         }
       }
@@ -253,11 +255,11 @@ __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
             p.norm_weight == nullptr
                 ? 1.0f
                 : detail::norm_weight_factor(
-                      detail::load_vector_value(p.norm_weight, p.norm_weight_dtype, j),
+                      internal::load_vector_value(p.norm_weight, p.norm_weight_dtype, j),
                       p.norm_unit_offset);
         const float bias = p.norm_bias == nullptr
                                ? 0.0f
-                               : detail::load_vector_value(p.norm_bias, p.norm_bias_dtype, j);
+                               : internal::load_vector_value(p.norm_bias, p.norm_bias_dtype, j);
         result[w] = from_float<T>(detail::norm_apply(v[w], stats, weight, bias));
       }
       if constexpr (kVector) {
@@ -275,9 +277,9 @@ __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
   }
   if (last_block_done(p.bad)) {
     const std::int64_t key = current_key(p.bad);
-    if (key != detail::kNoBadIndex && detail::bad_index_row(key) < p.rows) {
-      const detail::EmbedRow r = detail::resolve_embed_row(p, detail::bad_index_row(key));
-      if (r.bad_key == key) detail::describe_bad_index(p.bad, detail::BadIndexOp::embed, r.bad);
+    if (key != internal::kNoBadIndex && internal::bad_index_row(key) < p.rows) {
+      const internal::EmbedRow r = internal::resolve_embed_row(p, internal::bad_index_row(key));
+      if (r.bad_key == key) internal::describe_bad_index(p.bad, internal::BadIndexOp::embed, r.bad);
     }
   }
 }
@@ -285,7 +287,7 @@ __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
 // The fast path needs D and every row start (pointers and row strides) in whole 16-byte
 // chunks.
 template <typename T>
-bool fits_vector_path(const detail::EmbedParams& p) {
+bool fits_vector_path(const internal::EmbedParams& p) {
   constexpr std::int64_t w = kVec16<T>;
   if (p.dim % w != 0) return false;
   for (const void* table :
@@ -296,13 +298,13 @@ bool fits_vector_path(const detail::EmbedParams& p) {
     return false;
   }
   for (int d = 0; d < p.index.ndim; ++d) {
-    if (p.index.stride[detail::RowIndex::out][d] % w != 0) return false;
+    if (p.index.stride[internal::RowIndex::out][d] % w != 0) return false;
   }
   return true;
 }
 
 template <typename T>
-void launch_norm(const detail::EmbedParams& p, cudaStream_t stream) {
+void launch_norm(const internal::EmbedParams& p, cudaStream_t stream) {
   const dim3 block(detail::kNormLanes, kNormBlockRows);
   const unsigned grid = grid_for(p.rows, kNormBlockRows);
   const bool sinusoidal = p.positions == PositionEncoding::sinusoidal;
@@ -323,7 +325,7 @@ void launch_norm(const detail::EmbedParams& p, cudaStream_t stream) {
 }
 
 template <typename T, int W, int G>
-void launch_group(const detail::EmbedParams& p, cudaStream_t stream) {
+void launch_group(const internal::EmbedParams& p, cudaStream_t stream) {
   const dim3 block(G, kThreadsPerBlock / G);
   const unsigned grid = grid_for(p.rows, kThreadsPerBlock / G);
   if (p.positions == PositionEncoding::sinusoidal) {
@@ -334,7 +336,7 @@ void launch_group(const detail::EmbedParams& p, cudaStream_t stream) {
 }
 
 template <typename T>
-void launch(const detail::EmbedParams& p, cudaStream_t stream) {
+void launch(const internal::EmbedParams& p, cudaStream_t stream) {
   if (p.norm != Normalization::none) {
     launch_norm<T>(p, stream);
     return;
@@ -360,9 +362,9 @@ void launch(const detail::EmbedParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-void embed(const detail::EmbedParams& p, Device device, Stream stream) {
+void embed(const internal::EmbedParams& p, Device device, Stream stream) {
   DeviceGuard guard(device);
-  detail::dispatch_value_dtype(
+  internal::dispatch_value_dtype(
       p.dtype, [&](auto t) { launch<typename decltype(t)::type>(p, to_cuda(stream)); });
 }
 

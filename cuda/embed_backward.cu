@@ -54,7 +54,7 @@ using detail::BFloat16;
 using detail::from_float;
 using detail::Half;
 using detail::to_float;
-using Params = detail::EmbedBackwardParams;
+using Params = internal::EmbedBackwardParams;
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kChunk = static_cast<int>(detail::kEmbedBackwardChunk);
@@ -74,10 +74,10 @@ struct KeyLayout {
 // Run by one thread of the last block: describe the recorded bad row if it is one of ours.
 __device__ void describe_bad_row(const Params& p) {
   const std::int64_t key = current_key(p.rows.bad);
-  if (key == detail::kNoBadIndex || detail::bad_index_row(key) >= p.rows.rows) return;
-  const detail::EmbedRow r = detail::resolve_embed_row(p.rows, detail::bad_index_row(key));
+  if (key == internal::kNoBadIndex || internal::bad_index_row(key) >= p.rows.rows) return;
+  const internal::EmbedRow r = internal::resolve_embed_row(p.rows, internal::bad_index_row(key));
   if (r.bad_key == key) {
-    detail::describe_bad_index(p.rows.bad, detail::BadIndexOp::embed_backward, r.bad);
+    internal::describe_bad_index(p.rows.bad, internal::BadIndexOp::embed_backward, r.bad);
   }
 }
 
@@ -92,14 +92,14 @@ __global__ void keys_kernel(const __grid_constant__ Params p,
        i < layout.items; i += stride) {
     const int slot = static_cast<int>(i / layout.rows);
     const std::int64_t n = i - slot * layout.rows;
-    const detail::BackwardRow b = detail::resolve_backward_row(p, n);
+    const internal::BackwardRow b = internal::resolve_backward_row(p, n);
     const int target = layout.slot_target[slot];
     // Selects, not b.target[target]: a run-time index into a local array puts it in local
     // memory.
     const std::int64_t row = target == 0 ? b.target[0] : (target == 1 ? b.target[1] : b.target[2]);
     keys[i] = row >= 0 ? layout.base[target] + static_cast<std::uint32_t>(row) : layout.sentinel;
     values[i] = b.out_offset;
-    if (slot == 0 && b.bad_key != detail::kNoBadIndex) report_bad_row(p.rows.bad, b.bad_key);
+    if (slot == 0 && b.bad_key != internal::kNoBadIndex) report_bad_row(p.rows.bad, b.bad_key);
   }
   if (last_block_done(p.rows.bad)) describe_bad_row(p);
 }
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     for (int s = 1; s < layout.slots; ++s) {
       if (key >= layout.base[layout.slot_target[s]]) target = layout.slot_target[s];
     }
-    const detail::GradTable& g = p.targets[target];
+    const internal::GradTable& g = p.targets[target];
     const std::int64_t row = key - layout.base[target];
     const int begin = run_starts[r];
     const int length = run_lengths[r];
@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 //       chunk's sums of g * xhat and g, rows in order;
 //   N3. norm_gradients_kernel: a thread per column: the chunk partials summed in order into
 //       grad_norm_weight and grad_norm_bias.
-// The tables' pass then reads dx in the place of grad_out (detail::norm_scatter_params).
+// The tables' pass then reads dx in the place of grad_out (internal::norm_scatter_params).
 
 // The statistics of a row for norm_partials_kernel; a bad row (good 0) gives nothing to any
 // gradient.
@@ -296,7 +296,7 @@ __device__ __forceinline__ float norm_weight_at(const Params& p, std::int64_t j)
   return p.rows.norm_weight == nullptr
              ? 1.0f
              : detail::norm_weight_factor(
-                   detail::load_vector_value(p.rows.norm_weight, p.rows.norm_weight_dtype, j),
+                   internal::load_vector_value(p.rows.norm_weight, p.rows.norm_weight_dtype, j),
                    p.rows.norm_unit_offset);
 }
 
@@ -316,9 +316,9 @@ __global__ void __launch_bounds__(kNormRowThreads)
   for (std::int64_t first = blockIdx.x * static_cast<std::int64_t>(kNormBlockRows);
        first < p.rows.rows; first += row_stride) {
     const std::int64_t n = first + slot;
-    detail::EmbedRow r;
-    if (n < p.rows.rows) r = detail::resolve_embed_row(p.rows, n);
-    const bool good = n < p.rows.rows && r.bad_key == detail::kNoBadIndex;
+    internal::EmbedRow r;
+    if (n < p.rows.rows) r = internal::resolve_embed_row(p.rows, n);
+    const bool good = n < p.rows.rows && r.bad_key == internal::kNoBadIndex;
     float part[kWidth], x[kWidth];
     auto pre = [&](std::int64_t j0) {
       load_lane_values(p.pre_norm, p.pre_norm_dtype, r.pre_norm_offset, j0, dim, x);
@@ -418,12 +418,12 @@ __global__ void __launch_bounds__(256)
   for (std::int64_t n = chunk * detail::kWeightGradRows; n < end; ++n) {
     const RowStats rs = stats[n];
     if (rs.good == 0) continue;
-    std::int64_t offsets[detail::RowIndex::count];
-    detail::row_offsets(p.rows.index, n, offsets);
-    const float x = detail::load_vector_value(p.pre_norm, p.pre_norm_dtype,
-                                              offsets[detail::RowIndex::pre_norm_out] + j);
+    std::int64_t offsets[internal::RowIndex::count];
+    internal::row_offsets(p.rows.index, n, offsets);
+    const float x = internal::load_vector_value(p.pre_norm, p.pre_norm_dtype,
+                                                offsets[internal::RowIndex::pre_norm_out] + j);
     const float g =
-        detail::load_vector_value(p.rows.out, p.rows.dtype, offsets[detail::RowIndex::out] + j);
+        internal::load_vector_value(p.rows.out, p.rows.dtype, offsets[internal::RowIndex::out] + j);
     weight_sum +=
         detail::norm_product(g, detail::norm_normalized(x, detail::NormStats{rs.mean, rs.rstd}));
     bias_sum += g;
@@ -454,8 +454,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   const std::int64_t warp_stride = static_cast<std::int64_t>(gridDim.x) * kWarpsPerBlock;
   for (std::int64_t n = blockIdx.x * static_cast<std::int64_t>(kWarpsPerBlock) + threadIdx.y;
        n < p.rows.rows; n += warp_stride) {
-    const detail::BackwardRow b = detail::resolve_backward_row(p, n);
-    if (b.bad_key != detail::kNoBadIndex) {
+    const internal::BackwardRow b = internal::resolve_backward_row(p, n);
+    if (b.bad_key != internal::kNoBadIndex) {
       if (lane == 0) report_bad_row(p.rows.bad, b.bad_key);
       continue;
     }
@@ -464,7 +464,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       load_chunk<T, W>(grad_out + b.out_offset + j, v);
 #pragma unroll
       for (int t = 0; t < Params::count; ++t) {
-        const detail::GradTable& g = p.targets[t];
+        const internal::GradTable& g = p.targets[t];
         if (b.target[t] < 0) continue;
         float* dst = static_cast<float*>(g.grad) + b.target[t] * g.stride + j;
 #pragma unroll
@@ -484,9 +484,9 @@ bool fits_vector_path(const Params& p) {
   constexpr std::int64_t w = kVec16<T>;
   if (p.rows.dim % w != 0 || !is_aligned(p.rows.out, 16)) return false;
   for (int d = 0; d < p.rows.index.ndim; ++d) {
-    if (p.rows.index.stride[detail::RowIndex::out][d] % w != 0) return false;
+    if (p.rows.index.stride[internal::RowIndex::out][d] % w != 0) return false;
   }
-  for (const detail::GradTable& g : p.targets) {
+  for (const internal::GradTable& g : p.targets) {
     if (g.grad == nullptr) continue;
     if (!is_aligned(g.grad, static_cast<std::size_t>(w * dtype_size(g.dtype))) ||
         g.stride % w != 0) {
@@ -498,7 +498,7 @@ bool fits_vector_path(const Params& p) {
 
 bool uses_atomics(const Params& p) {
   if (p.mode != BackwardMode::atomic) return false;
-  for (const detail::GradTable& g : p.targets) {
+  for (const internal::GradTable& g : p.targets) {
     if (g.grad != nullptr && g.dtype != DType::float32) return false;
   }
   return true;
@@ -694,7 +694,7 @@ NormPieces plan_norm(const Params& p, char* base) {
 // embed_backward with a norm: N1-N3, then the tables' pass over dx.
 void run_with_norm(const Params& p, cudaStream_t stream) {
   const std::size_t norm_bytes = plan_norm(p, nullptr).required_bytes;
-  Params tables = detail::norm_scatter_params(p, nullptr);
+  Params tables = internal::norm_scatter_params(p, nullptr);
   const std::size_t tables_bytes = tables_workspace_size(tables);
   const Workspace workspace(p.workspace, norm_bytes + tables_bytes, stream, "embed_backward");
   const NormPieces w = plan_norm(p, workspace.base());
@@ -719,7 +719,7 @@ void run_with_norm(const Params& p, cudaStream_t stream) {
     check_launch("norm_gradients_kernel");
   }
   if (p.rows.rows == 0) return;
-  tables = detail::norm_scatter_params(p, w.dx);
+  tables = internal::norm_scatter_params(p, w.dx);
   tables.workspace = tables_bytes == 0 ? nullptr : workspace.base() + norm_bytes;
   tables.workspace_bytes = tables_bytes;
   run<float>(tables, stream);
@@ -727,21 +727,21 @@ void run_with_norm(const Params& p, cudaStream_t stream) {
 
 }  // namespace
 
-void embed_backward(const detail::EmbedBackwardParams& p, Device device, Stream stream) {
+void embed_backward(const internal::EmbedBackwardParams& p, Device device, Stream stream) {
   DeviceGuard guard(device);
   if (p.rows.norm != Normalization::none) {
     run_with_norm(p, to_cuda(stream));
     return;
   }
-  detail::dispatch_value_dtype(
+  internal::dispatch_value_dtype(
       p.rows.dtype, [&](auto t) { run<typename decltype(t)::type>(p, to_cuda(stream)); });
 }
 
-std::size_t embed_backward_workspace_size(const detail::EmbedBackwardParams& p, Device device) {
+std::size_t embed_backward_workspace_size(const internal::EmbedBackwardParams& p, Device device) {
   DeviceGuard guard(device);
   if (p.rows.norm != Normalization::none) {
     return plan_norm(p, nullptr).required_bytes +
-           tables_workspace_size(detail::norm_scatter_params(p, nullptr));
+           tables_workspace_size(internal::norm_scatter_params(p, nullptr));
   }
   return tables_workspace_size(p);
 }

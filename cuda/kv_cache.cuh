@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../src/params.hpp"
+#include "../src/apply_rope_append_kv_params.hpp"
 #include "bad_index.cuh"
 #include "embrope/detail/numeric_types.hpp"
 #include "vector.cuh"
@@ -16,19 +16,19 @@ namespace embrope::gpu {
 
 // Run by one thread of the last block: describes the record's key if it names a token of
 // this call (a bad position, or a bad slot).
-__device__ inline void describe_bad_token(const detail::RopeAppendKvParams& p) {
-  const detail::RopeParams& r = p.rope;
+__device__ inline void describe_bad_token(const internal::RopeAppendKvParams& p) {
+  const internal::RopeParams& r = p.rope;
   const std::int64_t key = current_key(r.bad);
-  const std::int64_t t = detail::bad_index_row(key);
-  if (key == detail::kNoBadIndex || t >= r.batch * r.seq) return;
+  const std::int64_t t = internal::bad_index_row(key);
+  if (key == internal::kNoBadIndex || t >= r.batch * r.seq) return;
   const std::int64_t b = t / r.seq, s = t - b * r.seq;
-  const detail::BadIndexArg arg = detail::bad_index_arg(key);
-  if (arg == detail::BadIndexArg::positions && detail::rope_bad_stream(r, b, s) >= 0) {
-    detail::describe_bad_index(r.bad, r.bad_op, detail::rope_bad_position(r, t));
-  } else if ((arg == detail::BadIndexArg::slot_mapping ||
-              arg == detail::BadIndexArg::cache_offsets) &&
-             detail::kv_slot(p, b, s).state == detail::KvSlot::bad) {
-    detail::describe_bad_index(r.bad, r.bad_op, detail::kv_slot(p, b, s).value);
+  const internal::BadIndexArg arg = internal::bad_index_arg(key);
+  if (arg == internal::BadIndexArg::positions && internal::rope_bad_stream(r, b, s) >= 0) {
+    internal::describe_bad_index(r.bad, r.bad_op, internal::rope_bad_position(r, t));
+  } else if ((arg == internal::BadIndexArg::slot_mapping ||
+              arg == internal::BadIndexArg::cache_offsets) &&
+             internal::kv_slot(p, b, s).state == internal::KvSlot::bad) {
+    internal::describe_bad_index(r.bad, r.bad_op, internal::kv_slot(p, b, s).value);
   }
 }
 
@@ -51,7 +51,7 @@ __device__ __forceinline__ void store_to_cache(void* data, std::int64_t at, cons
   store_elements<kVector>(static_cast<C*>(data) + at, converted);
 }
 template <bool kVector, typename T, int W>
-__device__ __forceinline__ void store_to_cache(const detail::KvCacheSide& c, std::int64_t at,
+__device__ __forceinline__ void store_to_cache(const internal::KvCacheSide& c, std::int64_t at,
                                                const Chunk<T, W>& x) {
   switch (c.dtype) {
     case DType::float32:
@@ -68,7 +68,7 @@ __device__ __forceinline__ void store_to_cache(const detail::KvCacheSide& c, std
 }
 
 // The first element of cache row (page, offset, head), counted from c.data.
-__device__ __forceinline__ std::int64_t cache_row(const detail::KvCacheSide& c, std::int64_t page,
+__device__ __forceinline__ std::int64_t cache_row(const internal::KvCacheSide& c, std::int64_t page,
                                                   std::int64_t offset, std::int64_t h) {
   return page * c.stride_page + offset * c.stride_offset + h * c.stride_head;
 }

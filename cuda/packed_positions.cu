@@ -26,38 +26,38 @@ constexpr int kThreads = 256;
 
 // Run by one thread of the last block of each kernel: if the record's key names an entry of
 // this call that is bad, write its value and valid range.
-__device__ void describe(const detail::PackedPositionsParams& p) {
+__device__ void describe(const internal::PackedPositionsParams& p) {
   const std::int64_t key = current_key(p.bad);
-  if (key == detail::kNoBadIndex) return;
-  const std::int64_t b = detail::bad_index_row(key);
-  const detail::BadIndexArg arg = detail::bad_index_arg(key);
-  constexpr auto op = detail::BadIndexOp::packed_positions;
-  if (arg == detail::BadIndexArg::cu_seqlens && b <= p.sequences) {
-    const detail::BadIndexValue entry =
-        detail::cu_seqlens_entry(p, b, b > 0 ? detail::cu_seqlens_at(p, b - 1) : 0);
-    if (!detail::entry_in_range(entry)) detail::describe_bad_index(p.bad, op, entry);
-  } else if (arg == detail::BadIndexArg::start_offsets && b < p.sequences) {
-    if (!detail::start_offset_valid(p, b, detail::start_offset_at(p, b))) {
-      detail::describe_bad_index(p.bad, op, detail::start_offset_entry(p, b));
+  if (key == internal::kNoBadIndex) return;
+  const std::int64_t b = internal::bad_index_row(key);
+  const internal::BadIndexArg arg = internal::bad_index_arg(key);
+  constexpr auto op = internal::BadIndexOp::packed_positions;
+  if (arg == internal::BadIndexArg::cu_seqlens && b <= p.sequences) {
+    const internal::BadIndexValue entry =
+        internal::cu_seqlens_entry(p, b, b > 0 ? internal::cu_seqlens_at(p, b - 1) : 0);
+    if (!internal::entry_in_range(entry)) internal::describe_bad_index(p.bad, op, entry);
+  } else if (arg == internal::BadIndexArg::start_offsets && b < p.sequences) {
+    if (!internal::start_offset_valid(p, b, internal::start_offset_at(p, b))) {
+      internal::describe_bad_index(p.bad, op, internal::start_offset_entry(p, b));
     }
   }
 }
 
 __global__ void __launch_bounds__(kThreads)
-    check_and_mark(const __grid_constant__ detail::PackedPositionsParams p, int* marks,
+    check_and_mark(const __grid_constant__ internal::PackedPositionsParams p, int* marks,
                    int* invalid) {
   for (std::int64_t b = blockIdx.x * static_cast<std::int64_t>(kThreads) + threadIdx.x;
        b <= p.sequences; b += static_cast<std::int64_t>(gridDim.x) * kThreads) {
-    const detail::BadIndexValue entry =
-        detail::cu_seqlens_entry(p, b, b > 0 ? detail::cu_seqlens_at(p, b - 1) : 0);
+    const internal::BadIndexValue entry =
+        internal::cu_seqlens_entry(p, b, b > 0 ? internal::cu_seqlens_at(p, b - 1) : 0);
     const std::int64_t value = entry.value;
-    if (!detail::entry_in_range(entry)) {
+    if (!internal::entry_in_range(entry)) {
       // Several threads may find a bad entry: plain stores of the same value from each would
       // still be a data race.
       atomicExch(invalid, 1);
-      report_bad_row(p.bad, detail::bad_index_key(b, detail::BadIndexArg::cu_seqlens));
+      report_bad_row(p.bad, internal::bad_index_key(b, internal::BadIndexArg::cu_seqlens));
     } else if (b < p.sequences && value >= 0 && value < p.tokens &&
-               value < detail::cu_seqlens_at(p, b + 1)) {
+               value < internal::cu_seqlens_at(p, b + 1)) {
       // The first token of a non-empty sequence (distinct for distinct b when cu_seqlens is
       // valid). An entry after a bad one is checked against that bad value, so it may pass
       // while holding anything: the bounds on value keep the store inside marks regardless.
@@ -72,15 +72,15 @@ __global__ void __launch_bounds__(kThreads)
 // a bad cu_seqlens alone). Tokens of a sequence with a bad start, and all tokens when
 // cu_seqlens is bad, get position -1.
 __global__ void __launch_bounds__(kThreads)
-    write_positions(const __grid_constant__ detail::PackedPositionsParams p, const int* sequence_of,
-                    const int* invalid) {
+    write_positions(const __grid_constant__ internal::PackedPositionsParams p,
+                    const int* sequence_of, const int* invalid) {
   const bool all_invalid = *invalid != 0;
   const std::int64_t first = blockIdx.x * static_cast<std::int64_t>(kThreads) + threadIdx.x;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * kThreads;
   if (!all_invalid && p.start_offsets != nullptr) {
     for (std::int64_t b = first; b < p.sequences; b += step) {
-      if (!detail::start_offset_valid(p, b, detail::start_offset_at(p, b))) {
-        report_bad_row(p.bad, detail::bad_index_key(b, detail::BadIndexArg::start_offsets));
+      if (!internal::start_offset_valid(p, b, internal::start_offset_at(p, b))) {
+        report_bad_row(p.bad, internal::bad_index_key(b, internal::BadIndexArg::start_offsets));
       }
     }
   }
@@ -88,12 +88,12 @@ __global__ void __launch_bounds__(kThreads)
     std::int64_t position = -1;
     if (!all_invalid) {
       const std::int64_t b = sequence_of[t];
-      const std::int64_t start = detail::start_offset_at(p, b);
-      if (detail::start_offset_valid(p, b, start)) {
-        position = start + (t - detail::cu_seqlens_at(p, b));
+      const std::int64_t start = internal::start_offset_at(p, b);
+      if (internal::start_offset_valid(p, b, start)) {
+        position = start + (t - internal::cu_seqlens_at(p, b));
       }
     }
-    detail::store_index(p.positions, p.position_dtype, t * p.position_stride, position);
+    internal::store_index(p.positions, p.position_dtype, t * p.position_stride, position);
   }
   if (last_block_done(p.bad)) describe(p);
 }
@@ -108,7 +108,7 @@ struct Pieces {
   std::size_t required_bytes = 0;
 };
 
-Pieces plan(const detail::PackedPositionsParams& p, char* base, cudaStream_t stream) {
+Pieces plan(const internal::PackedPositionsParams& p, char* base, cudaStream_t stream) {
   Pieces w;
   WorkspaceLayout layout(base);
   const auto tokens = static_cast<std::size_t>(p.tokens);
@@ -126,7 +126,7 @@ Pieces plan(const detail::PackedPositionsParams& p, char* base, cudaStream_t str
 
 }  // namespace
 
-void packed_positions(const detail::PackedPositionsParams& p, Device device, Stream stream) {
+void packed_positions(const internal::PackedPositionsParams& p, Device device, Stream stream) {
   DeviceGuard guard(device);
   const cudaStream_t s = to_cuda(stream);
   const Workspace workspace(p.workspace, plan(p, nullptr, s).required_bytes, s, "packed_positions");
@@ -155,7 +155,8 @@ void packed_positions(const detail::PackedPositionsParams& p, Device device, Str
   }
 }
 
-std::size_t packed_positions_workspace_size(const detail::PackedPositionsParams& p, Device device) {
+std::size_t packed_positions_workspace_size(const internal::PackedPositionsParams& p,
+                                            Device device) {
   DeviceGuard guard(device);
   return plan(p, nullptr, cudaStream_t{}).required_bytes;
 }

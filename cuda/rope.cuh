@@ -5,8 +5,8 @@
 //   detail::rotate_pair (Su et al. 2021, RoFormer), and handed back part by part for the
 //   caller's stores (an output, a KV cache);
 // - rows_launch: the block and grid of a kernel over (token, head row) pairs.
-// The scalar kernels take single pairs through detail::rope_pair_first / rope_pair_second /
-// rope_pair_cos_sin (src/params.hpp), which the CPU backend uses too.
+// The scalar kernels take single pairs through internal::rope_pair_first / rope_pair_second /
+// rope_pair_cos_sin (src/apply_rope_params.hpp), which the CPU backend uses too.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../src/params.hpp"
+#include "../src/apply_rope_params.hpp"
 #include "common.cuh"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
@@ -30,26 +30,27 @@ namespace embrope::gpu {
 // position read where it is used (holding the three stream positions in registers across
 // the unrolled pairs, as the scalar kernels do, made ptxas spill the float16 neox chunk).
 template <bool kVector, int kPairs>
-__device__ __forceinline__ void load_cos_sin(const detail::RopeParams& r, std::int64_t b,
+__device__ __forceinline__ void load_cos_sin(const internal::RopeParams& r, std::int64_t b,
                                              std::int64_t s, std::int64_t pair0, float (&c)[kPairs],
                                              float (&sn)[kPairs]) {
   const auto by_pair = [&] {
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
-      const std::int64_t row = detail::rope_position(r, b, s, detail::rope_stream(r, pair0 + j));
+      const std::int64_t row =
+          internal::rope_position(r, b, s, internal::rope_stream(r, pair0 + j));
       if constexpr (kVector) {
         c[j] = static_cast<const float*>(r.cos)[row * r.cos_stride + pair0 + j];
         sn[j] = static_cast<const float*>(r.sin)[row * r.sin_stride + pair0 + j];
       } else {
-        c[j] = detail::load_vector_value(r.cos, r.table_dtype, row * r.cos_stride + pair0 + j);
-        sn[j] = detail::load_vector_value(r.sin, r.table_dtype, row * r.sin_stride + pair0 + j);
+        c[j] = internal::load_vector_value(r.cos, r.table_dtype, row * r.cos_stride + pair0 + j);
+        sn[j] = internal::load_vector_value(r.sin, r.table_dtype, row * r.sin_stride + pair0 + j);
       }
     }
   };
   if constexpr (kVector) {
-    const int stream = detail::rope_chunk_stream(r, pair0, kPairs);
+    const int stream = internal::rope_chunk_stream(r, pair0, kPairs);
     if (stream >= 0) {
-      const std::int64_t row = detail::rope_position(r, b, s, stream);
+      const std::int64_t row = internal::rope_position(r, b, s, stream);
       load_floats<kPairs>(static_cast<const float*>(r.cos) + row * r.cos_stride + pair0, c);
       load_floats<kPairs>(static_cast<const float*>(r.sin) + row * r.sin_stride + pair0, sn);
     } else {
@@ -74,15 +75,15 @@ constexpr int kChunkPairs = kLayout == RopeLayout::neox ? kVec : kVec / 2;
 // the vector loads and stores are): with plain arrays of 16-bit values ptxas kept the
 // float16 neox chunks in local memory.
 // The parts are of the output's element type O: T (rounded once, `scale` unused), or a float8
-// type for quantized outputs (scaled, then rounded once: detail::rope_output_value).
+// type for quantized outputs (scaled, then rounded once: internal::rope_output_value).
 template <RopeLayout kLayout, bool kVector, typename T, typename O, int kVec, int kPairs>
 __device__ __forceinline__ void load_rotated(const T* in, std::int64_t first, std::int64_t half,
                                              const float (&c)[kPairs], const float (&sn)[kPairs],
                                              Chunk<O, kVec>& lo, Chunk<O, kVec>& hi,
                                              float scale = 1.0f) {
   static_assert(kPairs == kChunkPairs<kLayout, kVec>, "cos/sin entries: one per pair");
-  using detail::rope_output_value;
   using detail::to_float;
+  using internal::rope_output_value;
   Chunk<T, kVec> x_lo, x_hi;
   load_elements<kVector>(in + first, x_lo);
   if constexpr (kLayout == RopeLayout::neox) {
@@ -115,7 +116,7 @@ __device__ __forceinline__ Chunk<O, W> output_chunk(const Chunk<T, W>& x, float 
     Chunk<O, W> y;
 #pragma unroll
     for (int w = 0; w < W; ++w) {
-      y.v[w] = detail::rope_output_value<T, O>(detail::to_float(x.v[w]), scale);
+      y.v[w] = internal::rope_output_value<T, O>(detail::to_float(x.v[w]), scale);
     }
     return y;
   }

@@ -12,15 +12,15 @@
 EMBROPE_BEGIN_NAMESPACE
 namespace {
 
-using detail::CosSinTable;
-using detail::QkNormRopeParams;
-using detail::RopeNames;
+using internal::CosSinTable;
+using internal::QkNormRopeParams;
+using internal::RopeNames;
 using validate::fail;
 
 // The row view of q or k (in and strides; out unused), as RopeParams holds its rows.
-detail::RopeHeads saved_heads(const Tensor& x) {
+internal::RopeHeads saved_heads(const Tensor& x) {
   const int n = x.ndim();
-  detail::RopeHeads heads;
+  internal::RopeHeads heads;
   heads.in = x.data();
   heads.heads = x.shape(n - 2);
   heads.in_stride_h = x.stride(n - 2);
@@ -71,10 +71,10 @@ void check_outputs_apart(const char* op, const Outputs& outputs, const char* nam
 QkNormRopeParams prepare_forward(const Tensor& q, const std::optional<Tensor>& k,
                                  const Tensor& positions, const CosSinTable& table,
                                  const QkNorm& norm, const RopeOptions& options) {
-  const RopeNames& names = detail::kQkNormRopeNames;
+  const RopeNames& names = internal::kQkNormRopeNames;
   QkNormRopeParams p;
-  p.rope = detail::prepare_rope(names, q, k, positions, table, options);
-  p.norm = detail::prepare_qk_norm(names.op, q, k, norm);
+  p.rope = internal::prepare_rope(names, q, k, positions, table, options);
+  p.norm = internal::prepare_qk_norm(names.op, q, k, norm);
   const Outputs outputs = outputs_of(names, q, k, options);
   if (norm.q_weight) check_outputs_apart(names.op, outputs, "q_weight", *norm.q_weight);
   if (norm.k_weight) check_outputs_apart(names.op, outputs, "k_weight", *norm.k_weight);
@@ -102,17 +102,17 @@ QkNormRopeParams prepare_backward(const Tensor& dq, const std::optional<Tensor>&
                                   const Tensor& positions, const CosSinTable& table,
                                   const QkNorm& norm, const QkNormGradients& grads,
                                   const RopeOptions& options) {
-  const RopeNames& names = detail::kQkNormRopeBackwardNames;
+  const RopeNames& names = internal::kQkNormRopeBackwardNames;
   const char* op = names.op;
   RopeOptions transposed = options;
   transposed.inverse = !options.inverse;
   QkNormRopeParams p;
-  p.rope = detail::prepare_rope(names, dq, dk, positions, table, transposed);
+  p.rope = internal::prepare_rope(names, dq, dk, positions, table, transposed);
   check_saved(op, "q", q, "dq", dq);
   if (dk && !k) fail(op, "dk is given but k (the forward's saved k) is not");
   if (k && !dk) fail(op, "k is given but dk is not");
   if (k) check_saved(op, "k", *k, "dk", *dk);
-  p.norm = detail::prepare_qk_norm(op, q, k, norm);
+  p.norm = internal::prepare_qk_norm(op, q, k, norm);
   p.saved_q = saved_heads(q);
   if (k) p.saved_k = saved_heads(*k);
 
@@ -168,7 +168,7 @@ void forward(const Tensor& q, const std::optional<Tensor>& k, const Tensor& posi
              const CosSinTable& table, const QkNorm& norm, const RopeOptions& options) {
   QkNormRopeParams p = prepare_forward(q, k, positions, table, norm, options);
   if (no_rows(p)) return;
-  run_kernel(detail::kQkNormRopeNames.op, q.device(), options.stream, options.deferred, p,
+  run_kernel(internal::kQkNormRopeNames.op, q.device(), options.stream, options.deferred, p,
              p.rope.bad, cpu::apply_qk_norm_rope, gpu::apply_qk_norm_rope);
 }
 
@@ -176,7 +176,7 @@ void backward(const Tensor& dq, const std::optional<Tensor>& dk, const Tensor& q
               const std::optional<Tensor>& k, const Tensor& positions, const CosSinTable& table,
               const QkNorm& norm, const QkNormGradients& grads, const RopeOptions& options) {
   QkNormRopeParams p = prepare_backward(dq, dk, q, k, positions, table, norm, grads, options);
-  const char* op = detail::kQkNormRopeBackwardNames.op;
+  const char* op = internal::kQkNormRopeBackwardNames.op;
   const Device device = dq.device();
   if (device.kind == DeviceKind::cuda && p.workspace != nullptr) {
     const std::size_t needed = gpu::apply_qk_norm_rope_backward_workspace_size(p, device);
@@ -194,7 +194,7 @@ void backward(const Tensor& dq, const std::optional<Tensor>& dk, const Tensor& q
 
 EMBROPE_END_NAMESPACE
 
-namespace embrope::detail {
+namespace embrope::internal {
 
 QkNormWeights prepare_qk_norm(const char* op, const Tensor& q, const std::optional<Tensor>& k,
                               const QkNorm& norm) {
@@ -225,20 +225,20 @@ QkNormWeights prepare_qk_norm(const char* op, const Tensor& q, const std::option
   return w;
 }
 
-}  // namespace embrope::detail
+}  // namespace embrope::internal
 
 EMBROPE_BEGIN_NAMESPACE
 
 void apply_qk_norm_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
                         const RopeCache& cache, const QkNorm& norm, const RopeOptions& options) {
-  forward(q, k, positions, detail::cos_sin_table(detail::kQkNormRopeNames.op, cache), norm,
+  forward(q, k, positions, internal::cos_sin_table(internal::kQkNormRopeNames.op, cache), norm,
           options);
 }
 
 void apply_qk_norm_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
                         const Tensor& cos, const Tensor& sin, const QkNorm& norm,
                         const RopeOptions& options) {
-  forward(q, k, positions, detail::cos_sin_table(detail::kQkNormRopeNames, cos, sin), norm,
+  forward(q, k, positions, internal::cos_sin_table(internal::kQkNormRopeNames, cos, sin), norm,
           options);
 }
 
@@ -247,7 +247,8 @@ void apply_qk_norm_rope_backward(const Tensor& dq, const std::optional<Tensor>& 
                                  const RopeCache& cache, const QkNorm& norm,
                                  const QkNormGradients& grads, const RopeOptions& options) {
   backward(dq, dk, q, k, positions,
-           detail::cos_sin_table(detail::kQkNormRopeBackwardNames.op, cache), norm, grads, options);
+           internal::cos_sin_table(internal::kQkNormRopeBackwardNames.op, cache), norm, grads,
+           options);
 }
 
 void apply_qk_norm_rope_backward(const Tensor& dq, const std::optional<Tensor>& dk, const Tensor& q,
@@ -255,13 +256,14 @@ void apply_qk_norm_rope_backward(const Tensor& dq, const std::optional<Tensor>& 
                                  const Tensor& cos, const Tensor& sin, const QkNorm& norm,
                                  const QkNormGradients& grads, const RopeOptions& options) {
   backward(dq, dk, q, k, positions,
-           detail::cos_sin_table(detail::kQkNormRopeBackwardNames, cos, sin), norm, grads, options);
+           internal::cos_sin_table(internal::kQkNormRopeBackwardNames, cos, sin), norm, grads,
+           options);
 }
 
 std::size_t apply_qk_norm_rope_backward_workspace_size(const Tensor& dq,
                                                        const std::optional<Tensor>& dk,
                                                        const QkNormGradients& grads) {
-  const char* op = detail::kQkNormRopeBackwardNames.op;
+  const char* op = internal::kQkNormRopeBackwardNames.op;
   validate::check_view(op, "dq", dq, 3, 4);
   if (dk) validate::check_view(op, "dk", *dk, dq.ndim(), dq.ndim());
   if (dq.device().kind == DeviceKind::cpu || (!grads.q_weight && !grads.k_weight)) return 0;

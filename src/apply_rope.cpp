@@ -8,11 +8,11 @@
 EMBROPE_BEGIN_NAMESPACE
 namespace {
 
-using detail::CosSinTable;
-using detail::RopeNames;
+using internal::CosSinTable;
+using internal::RopeNames;
 using validate::fail;
 
-void fill_heads(const Tensor& in, const Tensor& out, detail::RopeHeads& heads) {
+void fill_heads(const Tensor& in, const Tensor& out, internal::RopeHeads& heads) {
   const int n = in.ndim();
   heads.in = in.data();
   heads.out = out.data();
@@ -27,13 +27,13 @@ void fill_heads(const Tensor& in, const Tensor& out, detail::RopeHeads& heads) {
 
 // Whether the output of side q (is_q) or k may be float8.
 bool float8_allowed(const RopeNames& names, bool is_q) {
-  return names.float8_outputs == detail::RopeFloat8::q_and_k ||
-         (names.float8_outputs == detail::RopeFloat8::q_only && is_q);
+  return names.float8_outputs == internal::RopeFloat8::q_and_k ||
+         (names.float8_outputs == internal::RopeFloat8::q_only && is_q);
 }
 
 // The reason a float8 output (or its scale) of side q (is_q) or k is refused.
 const char* float8_refusal(const RopeNames& names, bool is_q) {
-  if (names.float8_outputs == detail::RopeFloat8::q_only && !is_q) {
+  if (names.float8_outputs == internal::RopeFloat8::q_only && !is_q) {
     return "k's float8 form is the cache's (a float8 k_cache with k_scale), k_out keeps k's dtype";
   }
   return "float8 outputs are apply_rope's and the cache-append ops' q_out";
@@ -66,7 +66,7 @@ void check_output(const RopeNames& names, bool is_q, const Tensor& out, const Te
 void fill_out_scales(const RopeNames& names, bool is_q, const char* out_name, const Tensor* out,
                      const char* scale_name, float scale, const char* head_scales_name,
                      const std::optional<Tensor>& head_scales, const char* in_name,
-                     std::int64_t heads, Device device, detail::RopeHeads& x) {
+                     std::int64_t heads, Device device, internal::RopeHeads& x) {
   if (out == nullptr || !is_float8_dtype(out->dtype())) {
     if (scale != 1.0f || head_scales) {
       const char* what = scale != 1.0f ? scale_name : head_scales_name;
@@ -102,7 +102,7 @@ void fill_out_scales(const RopeNames& names, bool is_q, const char* out_name, co
 void fill_nope(const RopeNames& names, bool is_q, const char* nope_name,
                const std::optional<Tensor>& nope, const char* out_name,
                const std::optional<Tensor>& out, const char* side_name, const Tensor* side,
-               DType out_dtype, detail::RopeHeads& x, std::int64_t& dim) {
+               DType out_dtype, internal::RopeHeads& x, std::int64_t& dim) {
   if (!nope && !out) return;
   if (!nope || !out) {
     fail(names.op, "{} is given but {} is not; give both or neither", nope ? nope_name : out_name,
@@ -145,7 +145,7 @@ void fill_nope(const RopeNames& names, bool is_q, const char* nope_name,
 
 EMBROPE_END_NAMESPACE
 
-namespace embrope::detail {
+namespace embrope::internal {
 
 // Validates every argument and fills the parameters of the call.
 RopeParams prepare_rope(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
@@ -205,7 +205,7 @@ RopeParams prepare_rope(const RopeNames& names, const Tensor& q, const std::opti
     fail(names.op, "mrope_interleaved is set but mrope_section is all zero (mrope off)");
   }
 
-  detail::RopeParams p;
+  internal::RopeParams p;
   p.dtype = q.dtype();
   p.batch = batch;
   p.seq = seq;
@@ -254,7 +254,7 @@ RopeParams prepare_rope(const RopeNames& names, const Tensor& q, const std::opti
   // Float8 outputs: both or neither, of one dtype, out of place (k_out given with k); the
   // cache-append ops' float8 q_out alone (k_out, if given, has k's dtype: checked above).
   p.out_dtype = q_out.dtype();
-  if (k && names.float8_outputs == detail::RopeFloat8::q_and_k) {
+  if (k && names.float8_outputs == internal::RopeFloat8::q_and_k) {
     const DType k_out_dtype = options.k_out ? options.k_out->dtype() : k->dtype();
     if (is_float8_dtype(p.out_dtype) && !options.k_out) {
       fail(names.op,
@@ -365,7 +365,7 @@ RopeParams prepare_rope(const RopeNames& names, const Tensor& q, const std::opti
   return p;
 }
 
-}  // namespace embrope::detail
+}  // namespace embrope::internal
 
 EMBROPE_BEGIN_NAMESPACE
 
@@ -373,7 +373,7 @@ namespace {
 
 void apply(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
            const Tensor& positions, const CosSinTable& table, const RopeOptions& options) {
-  detail::RopeParams p = detail::prepare_rope(names, q, k, positions, table, options);
+  internal::RopeParams p = internal::prepare_rope(names, q, k, positions, table, options);
   // No rows (no tokens, or no heads in q and k): nothing is rotated and no position is read,
   // on either backend.
   if (p.batch * p.seq == 0 || p.q.heads + (p.has_k ? p.k.heads : 0) == 0) return;
@@ -385,7 +385,7 @@ void apply(const RopeNames& names, const Tensor& q, const std::optional<Tensor>&
 
 EMBROPE_END_NAMESPACE
 
-namespace embrope::detail {
+namespace embrope::internal {
 
 CosSinTable cos_sin_table(const char* op, const RopeCache& cache) {
   if (cache.data() == nullptr) fail(op, "the cache was moved from");
@@ -425,18 +425,18 @@ void apply_rope_named(const RopeNames& names, const Tensor& q, const std::option
   apply(names, q, k, positions, cos_sin_table(names, cos, sin), options);
 }
 
-}  // namespace embrope::detail
+}  // namespace embrope::internal
 
 EMBROPE_BEGIN_NAMESPACE
 
 void apply_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
                 const RopeCache& cache, const RopeOptions& options) {
-  detail::apply_rope_named(detail::kRopeForwardNames, q, k, positions, cache, options);
+  internal::apply_rope_named(internal::kRopeForwardNames, q, k, positions, cache, options);
 }
 
 void apply_rope(const Tensor& q, const std::optional<Tensor>& k, const Tensor& positions,
                 const Tensor& cos, const Tensor& sin, const RopeOptions& options) {
-  detail::apply_rope_named(detail::kRopeForwardNames, q, k, positions, cos, sin, options);
+  internal::apply_rope_named(internal::kRopeForwardNames, q, k, positions, cos, sin, options);
 }
 
 EMBROPE_END_NAMESPACE

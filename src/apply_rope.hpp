@@ -8,9 +8,11 @@
 #include "bad_index.hpp"
 #include "embrope/apply_qk_norm_rope.hpp"
 #include "embrope/apply_rope.hpp"
-#include "params.hpp"
+#include "apply_qk_norm_rope_params.hpp"
+#include "apply_rope_append_kv_params.hpp"
+#include "apply_rope_params.hpp"
 
-namespace embrope::detail {
+namespace embrope::internal {
 
 // Which outputs of a RoPE op may be float8 (RopeOptions' q_out / k_out and their scales).
 enum class RopeFloat8 {
@@ -85,4 +87,4 @@ void apply_rope_named(const RopeNames& names, const Tensor& q, const std::option
                       const Tensor& positions, const Tensor& cos, const Tensor& sin,
                       const RopeOptions& options);
 
-}  // namespace embrope::detail
+}  // namespace embrope::internal

@@ -12,7 +12,7 @@
 EMBROPE_BEGIN_NAMESPACE
 namespace {
 
-using detail::CosSinTable;
+using internal::CosSinTable;
 using validate::fail;
 
 // A KV-cache view's dims by meaning: page, slot offset, head, element.
@@ -48,9 +48,9 @@ void check_cache(const char* op, const char* name, const Tensor& c, Device devic
   }
 }
 
-detail::KvCacheSide cache_side(const Tensor& c, KvCacheLayout layout, float scale) {
+internal::KvCacheSide cache_side(const Tensor& c, KvCacheLayout layout, float scale) {
   const CacheDims d = cache_dims(layout);
-  detail::KvCacheSide side;
+  internal::KvCacheSide side;
   side.data = c.data();
   side.dtype = c.dtype();
   side.stride_page = c.stride(d.page);
@@ -68,7 +68,7 @@ void check_slot_tensor(const char* op, const char* name, const Tensor& t, int nd
 }
 
 // norm: null for apply_rope_append_kv.
-void apply(const detail::RopeNames& names, const Tensor& q, const Tensor& k, const Tensor& v,
+void apply(const internal::RopeNames& names, const Tensor& q, const Tensor& k, const Tensor& v,
            const Tensor& positions, const CosSinTable& table, const KvCache& kv,
            const KvSlots& slots, const QkNorm* norm, const RopeOptions& options) {
   const char* op = names.op;
@@ -80,11 +80,11 @@ void apply(const detail::RopeNames& names, const Tensor& q, const Tensor& k, con
          "rest of the row, quantized with it into a float8 q_out)",
          options.q_nope ? "q_nope" : "q_nope_out");
   }
-  detail::RopeAppendKvParams p;
-  p.rope = detail::prepare_rope(names, q, k, positions, table, options);
+  internal::RopeAppendKvParams p;
+  p.rope = internal::prepare_rope(names, q, k, positions, table, options);
   if (norm != nullptr) {
     p.qk_norm = true;
-    p.norm = detail::prepare_qk_norm(op, q, k, *norm);
+    p.norm = internal::prepare_qk_norm(op, q, k, *norm);
   }
   p.write_k_out = options.k_out.has_value();
   const Device device = q.device();
@@ -247,7 +247,7 @@ void apply(const detail::RopeNames& names, const Tensor& q, const Tensor& k, con
 }  // namespace
 
 KvCache KvCache::combined(const Tensor& kv, KvCacheLayout layout, float k_scale, float v_scale) {
-  const char* op = detail::kRopeAppendKvNames.op;
+  const char* op = internal::kRopeAppendKvNames.op;
   validate::check_view(op, "kv_cache", kv, 5, 5);
   validate::check_dim(op, "kv_cache", kv, 1, 2, "2 (k, then v)");
   const std::int64_t shape[4] = {kv.shape(0), kv.shape(2), kv.shape(3), kv.shape(4)};
@@ -268,8 +268,8 @@ KvCache KvCache::combined(const Tensor& kv, KvCacheLayout layout, float k_scale,
 void apply_rope_append_kv(const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& positions, const RopeCache& cache, const KvCache& kv_cache,
                           const KvSlots& slots, const RopeOptions& options) {
-  apply(detail::kRopeAppendKvNames, q, k, v, positions,
-        detail::cos_sin_table(detail::kRopeAppendKvNames.op, cache), kv_cache, slots, nullptr,
+  apply(internal::kRopeAppendKvNames, q, k, v, positions,
+        internal::cos_sin_table(internal::kRopeAppendKvNames.op, cache), kv_cache, slots, nullptr,
         options);
 }
 
@@ -277,8 +277,8 @@ void apply_rope_append_kv(const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& positions, const Tensor& cos, const Tensor& sin,
                           const KvCache& kv_cache, const KvSlots& slots,
                           const RopeOptions& options) {
-  apply(detail::kRopeAppendKvNames, q, k, v, positions,
-        detail::cos_sin_table(detail::kRopeAppendKvNames, cos, sin), kv_cache, slots, nullptr,
+  apply(internal::kRopeAppendKvNames, q, k, v, positions,
+        internal::cos_sin_table(internal::kRopeAppendKvNames, cos, sin), kv_cache, slots, nullptr,
         options);
 }
 
@@ -286,18 +286,18 @@ void apply_qk_norm_rope_append_kv(const Tensor& q, const Tensor& k, const Tensor
                                   const Tensor& positions, const RopeCache& cache,
                                   const KvCache& kv_cache, const KvSlots& slots, const QkNorm& norm,
                                   const RopeOptions& options) {
-  apply(detail::kQkNormRopeAppendKvNames, q, k, v, positions,
-        detail::cos_sin_table(detail::kQkNormRopeAppendKvNames.op, cache), kv_cache, slots, &norm,
-        options);
+  apply(internal::kQkNormRopeAppendKvNames, q, k, v, positions,
+        internal::cos_sin_table(internal::kQkNormRopeAppendKvNames.op, cache), kv_cache, slots,
+        &norm, options);
 }
 
 void apply_qk_norm_rope_append_kv(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& positions, const Tensor& cos, const Tensor& sin,
                                   const KvCache& kv_cache, const KvSlots& slots, const QkNorm& norm,
                                   const RopeOptions& options) {
-  apply(detail::kQkNormRopeAppendKvNames, q, k, v, positions,
-        detail::cos_sin_table(detail::kQkNormRopeAppendKvNames, cos, sin), kv_cache, slots, &norm,
-        options);
+  apply(internal::kQkNormRopeAppendKvNames, q, k, v, positions,
+        internal::cos_sin_table(internal::kQkNormRopeAppendKvNames, cos, sin), kv_cache, slots,
+        &norm, options);
 }
 
 EMBROPE_END_NAMESPACE

@@ -17,14 +17,14 @@ RopeOptions transposed(const RopeOptions& options) {
 
 void apply_rope_backward(const Tensor& dq, const std::optional<Tensor>& dk, const Tensor& positions,
                          const RopeCache& cache, const RopeOptions& options) {
-  detail::apply_rope_named(detail::kRopeBackwardNames, dq, dk, positions, cache,
-                           transposed(options));
+  internal::apply_rope_named(internal::kRopeBackwardNames, dq, dk, positions, cache,
+                             transposed(options));
 }
 
 void apply_rope_backward(const Tensor& dq, const std::optional<Tensor>& dk, const Tensor& positions,
                          const Tensor& cos, const Tensor& sin, const RopeOptions& options) {
-  detail::apply_rope_named(detail::kRopeBackwardNames, dq, dk, positions, cos, sin,
-                           transposed(options));
+  internal::apply_rope_named(internal::kRopeBackwardNames, dq, dk, positions, cos, sin,
+                             transposed(options));
 }
 
 EMBROPE_END_NAMESPACE

@@ -12,32 +12,36 @@
 #include "embrope/deferred_status.hpp"
 #include "embrope/types.hpp"
 #include "embrope/version.hpp"
-#include "params.hpp"
+#include "apply_qk_norm_rope_params.hpp"
+#include "apply_rope_append_kv_params.hpp"
+#include "apply_rope_params.hpp"
+#include "embed_params.hpp"
+#include "packed_positions_params.hpp"
 
 namespace embrope::cpu {
 
-void embed(const detail::EmbedParams& params);
-void embed_backward(const detail::EmbedBackwardParams& params);
-void apply_rope(const detail::RopeParams& params);
-void apply_rope_append_kv(const detail::RopeAppendKvParams& params);
-void apply_qk_norm_rope(const detail::QkNormRopeParams& params);
-void apply_qk_norm_rope_append_kv(const detail::RopeAppendKvParams& params);  // params.qk_norm
-void apply_qk_norm_rope_backward(const detail::QkNormRopeParams& params);
+void embed(const internal::EmbedParams& params);
+void embed_backward(const internal::EmbedBackwardParams& params);
+void apply_rope(const internal::RopeParams& params);
+void apply_rope_append_kv(const internal::RopeAppendKvParams& params);
+void apply_qk_norm_rope(const internal::QkNormRopeParams& params);
+void apply_qk_norm_rope_append_kv(const internal::RopeAppendKvParams& params);  // params.qk_norm
+void apply_qk_norm_rope_backward(const internal::QkNormRopeParams& params);
 // Rotates the q and k heads of the one token of `token` (batch = seq = 1, pointers at the
 // token) with the instruction set apply_rope uses, float8 outputs with their non-rotary rows
 // included. widened: 3 * rotary_dim floats.
-void rotate_one_token(const detail::RopeParams& token, float* widened);
+void rotate_one_token(const internal::RopeParams& token, float* widened);
 // Zero codes into every output row of the one token of `token` (a bad position).
-void zero_one_token(const detail::RopeParams& token);
+void zero_one_token(const internal::RopeParams& token);
 // apply_qk_norm_rope of one token (batch = seq = 1, its position valid) on the calling thread,
 // in the same instruction set and bits; float8 outputs (q's alone: the cache-append ops)
 // rounded once from float32. weights: qk_norm_weight_factors of the call (made once per
 // call); scratch holds qk_norm_token_floats(token) floats.
-void qk_norm_weight_factors(const detail::QkNormRopeParams& params, float* weights);  // 2 D
-std::int64_t qk_norm_token_floats(const detail::QkNormRopeParams& token);
-void qk_norm_rope_one_token(const detail::QkNormRopeParams& token, const float* weights,
+void qk_norm_weight_factors(const internal::QkNormRopeParams& params, float* weights);  // 2 D
+std::int64_t qk_norm_token_floats(const internal::QkNormRopeParams& token);
+void qk_norm_rope_one_token(const internal::QkNormRopeParams& token, const float* weights,
                             float* scratch);
-void packed_positions(const detail::PackedPositionsParams& params);
+void packed_positions(const internal::PackedPositionsParams& params);
 // Fills a [max_positions, R] table (layout in rope_cache.hpp) from inv_freq [R/2].
 void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rotary_dim,
                       const double* inv_freq, double attention_factor);
@@ -48,24 +52,25 @@ void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rot
 namespace embrope::gpu {
 
 // Kernels: enqueue on the stream and return (no host synchronisation).
-void embed(const detail::EmbedParams& params, Device device, Stream stream);
-void embed_backward(const detail::EmbedBackwardParams& params, Device device, Stream stream);
+void embed(const internal::EmbedParams& params, Device device, Stream stream);
+void embed_backward(const internal::EmbedBackwardParams& params, Device device, Stream stream);
 // Bytes of workspace embed_backward needs for these parameters (0 in atomic mode when every
 // gradient is float32).
-std::size_t embed_backward_workspace_size(const detail::EmbedBackwardParams& params, Device device);
-void apply_rope(const detail::RopeParams& params, Device device, Stream stream);
-void apply_rope_append_kv(const detail::RopeAppendKvParams& params, Device device, Stream stream);
-void apply_qk_norm_rope(const detail::QkNormRopeParams& params, Device device, Stream stream);
-void apply_qk_norm_rope_append_kv(const detail::RopeAppendKvParams& params, Device device,
+std::size_t embed_backward_workspace_size(const internal::EmbedBackwardParams& params,
+                                          Device device);
+void apply_rope(const internal::RopeParams& params, Device device, Stream stream);
+void apply_rope_append_kv(const internal::RopeAppendKvParams& params, Device device, Stream stream);
+void apply_qk_norm_rope(const internal::QkNormRopeParams& params, Device device, Stream stream);
+void apply_qk_norm_rope_append_kv(const internal::RopeAppendKvParams& params, Device device,
                                   Stream stream);
-void apply_qk_norm_rope_backward(const detail::QkNormRopeParams& params, Device device,
+void apply_qk_norm_rope_backward(const internal::QkNormRopeParams& params, Device device,
                                  Stream stream);
 // Bytes of workspace apply_qk_norm_rope_backward needs (0 without a weight gradient).
-std::size_t apply_qk_norm_rope_backward_workspace_size(const detail::QkNormRopeParams& params,
+std::size_t apply_qk_norm_rope_backward_workspace_size(const internal::QkNormRopeParams& params,
                                                        Device device);
-void packed_positions(const detail::PackedPositionsParams& params, Device device, Stream stream);
+void packed_positions(const internal::PackedPositionsParams& params, Device device, Stream stream);
 // Bytes of workspace packed_positions needs for these parameters.
-std::size_t packed_positions_workspace_size(const detail::PackedPositionsParams& params,
+std::size_t packed_positions_workspace_size(const internal::PackedPositionsParams& params,
                                             Device device);
 void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rotary_dim,
                       const double* inv_freq, double attention_factor, Device device,
@@ -80,9 +85,9 @@ EMBROPE_BEGIN_NAMESPACE
 // call, then cpu_kernel(params) or gpu_kernel(params, device, stream) runs.
 template <typename Params, typename CpuKernel, typename GpuKernel>
 void run_kernel(const char* op, Device device, Stream stream, DeferredStatus* deferred,
-                Params& params, detail::BadIndexRecord*& bad, CpuKernel cpu_kernel,
+                Params& params, internal::BadIndexRecord*& bad, CpuKernel cpu_kernel,
                 GpuKernel gpu_kernel) {
-  run_with_bad_index_policy(op, device, stream, deferred, [&](detail::BadIndexRecord* record) {
+  run_with_bad_index_policy(op, device, stream, deferred, [&](internal::BadIndexRecord* record) {
     bad = record;
     if (device.kind == DeviceKind::cpu) {
       cpu_kernel(params);

@@ -12,13 +12,13 @@
 
 EMBROPE_BEGIN_NAMESPACE
 
-using detail::BadIndexArg;
-using detail::BadIndexOp;
-using detail::BadIndexRecord;
+using internal::BadIndexArg;
+using internal::BadIndexOp;
+using internal::BadIndexRecord;
 
 std::string describe_bad_index(const BadIndexRecord& record) {
-  const std::int64_t row = detail::bad_index_row(record.key);
-  const BadIndexArg arg = detail::bad_index_arg(record.key);
+  const std::int64_t row = internal::bad_index_row(record.key);
+  const BadIndexArg arg = internal::bad_index_arg(record.key);
   const auto which = static_cast<BadIndexOp>(record.op);
   const char* op =
       which == BadIndexOp::apply_rope                     ? "apply_rope"
@@ -121,7 +121,7 @@ void run_with_bad_index_policy(const char* op, Device device, Stream stream,
     launch(on_device);
     gpu::copy_to_host(&record, on_device, sizeof record, device, stream);  // synchronises
   }
-  if (record.key != detail::kNoBadIndex) throw_bad_index(record);
+  if (record.key != internal::kNoBadIndex) throw_bad_index(record);
 }
 
 EMBROPE_END_NAMESPACE

@@ -16,7 +16,7 @@
 #include "embrope/types.hpp"
 #include "embrope/version.hpp"
 
-namespace embrope::detail {
+namespace embrope::internal {
 
 // Which op a record is about; used to word the error message.
 enum class BadIndexOp : std::int32_t {
@@ -101,18 +101,18 @@ void lower_bad_index(BadIndexRecord* record, std::int64_t key, BadIndexOp op, De
   describe_bad_index(record, op, describe(key));
 }
 
-}  // namespace embrope::detail
+}  // namespace embrope::internal
 
 EMBROPE_BEGIN_NAMESPACE
 
-std::string describe_bad_index(const detail::BadIndexRecord& record);
-[[noreturn]] void throw_bad_index(const detail::BadIndexRecord& record);
+std::string describe_bad_index(const internal::BadIndexRecord& record);
+[[noreturn]] void throw_bad_index(const internal::BadIndexRecord& record);
 
 // Runs launch(record) where record is where the kernel reports bad rows: the caller's deferred
 // status, or (default policy) a record of this call that is checked before returning, which
 // on a GPU costs one synchronisation of the stream.
 void run_with_bad_index_policy(const char* op, Device device, Stream stream,
                                DeferredStatus* deferred,
-                               const std::function<void(detail::BadIndexRecord*)>& launch);
+                               const std::function<void(internal::BadIndexRecord*)>& launch);
 
 EMBROPE_END_NAMESPACE

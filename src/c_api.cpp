@@ -36,7 +36,7 @@ thread_local std::string last_error;
   throw Error(ErrorCode::invalid_argument, fmt::format("{}: {}", function, message));
 }
 
-using embrope::detail::raw_enum;
+using embrope::internal::raw_enum;
 
 template <typename... Args>
 [[noreturn]] void fail(const char* function, fmt::format_string<Args...> format, Args&&... args) {

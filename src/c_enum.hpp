@@ -4,7 +4,7 @@
 #include <cstring>
 #include <type_traits>
 
-namespace embrope::detail {
+namespace embrope::internal {
 
 // The value a C caller stored in an enum field. C lets any int live in an enum object; in
 // C++ loading a value outside the enum's range is undefined, so the bytes are read as the
@@ -16,4 +16,4 @@ long long raw_enum(const Enum& field) {
   return static_cast<long long>(value);
 }
 
-}  // namespace embrope::detail
+}  // namespace embrope::internal

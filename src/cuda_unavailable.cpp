@@ -28,41 +28,41 @@ void copy_to_device(void*, const void*, std::size_t, Device, Stream) {
 void synchronize(Stream, Device) {
   unavailable("synchronize");
 }
-void embed(const detail::EmbedParams&, Device, Stream) {
+void embed(const internal::EmbedParams&, Device, Stream) {
   unavailable("embed");
 }
-void apply_rope(const detail::RopeParams&, Device, Stream) {
+void apply_rope(const internal::RopeParams&, Device, Stream) {
   unavailable("apply_rope");
 }
-void apply_rope_append_kv(const detail::RopeAppendKvParams&, Device, Stream) {
+void apply_rope_append_kv(const internal::RopeAppendKvParams&, Device, Stream) {
   unavailable("apply_rope_append_kv");
 }
-void apply_qk_norm_rope(const detail::QkNormRopeParams&, Device, Stream) {
+void apply_qk_norm_rope(const internal::QkNormRopeParams&, Device, Stream) {
   unavailable("apply_qk_norm_rope");
 }
-void apply_qk_norm_rope_append_kv(const detail::RopeAppendKvParams&, Device, Stream) {
+void apply_qk_norm_rope_append_kv(const internal::RopeAppendKvParams&, Device, Stream) {
   unavailable("apply_qk_norm_rope_append_kv");
 }
-void apply_qk_norm_rope_backward(const detail::QkNormRopeParams&, Device, Stream) {
+void apply_qk_norm_rope_backward(const internal::QkNormRopeParams&, Device, Stream) {
   unavailable("apply_qk_norm_rope_backward");
 }
-std::size_t apply_qk_norm_rope_backward_workspace_size(const detail::QkNormRopeParams&, Device) {
+std::size_t apply_qk_norm_rope_backward_workspace_size(const internal::QkNormRopeParams&, Device) {
   unavailable("apply_qk_norm_rope_backward");
 }
-void packed_positions(const detail::PackedPositionsParams&, Device, Stream) {
+void packed_positions(const internal::PackedPositionsParams&, Device, Stream) {
   unavailable("packed_positions");
 }
 void build_rope_cache(float*, std::int64_t, std::int64_t, const double*, double, Device, Stream) {
   unavailable("RopeCache");
 }
 
-void embed_backward(const detail::EmbedBackwardParams&, Device, Stream) {
+void embed_backward(const internal::EmbedBackwardParams&, Device, Stream) {
   unavailable("embed_backward");
 }
-std::size_t embed_backward_workspace_size(const detail::EmbedBackwardParams&, Device) {
+std::size_t embed_backward_workspace_size(const internal::EmbedBackwardParams&, Device) {
   unavailable("embed_backward");
 }
-std::size_t packed_positions_workspace_size(const detail::PackedPositionsParams&, Device) {
+std::size_t packed_positions_workspace_size(const internal::PackedPositionsParams&, Device) {
   unavailable("packed_positions");
 }
 

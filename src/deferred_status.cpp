@@ -9,7 +9,7 @@
 
 EMBROPE_BEGIN_NAMESPACE
 
-using detail::BadIndexRecord;
+using internal::BadIndexRecord;
 
 DeferredStatus::DeferredStatus(Device device) : device_(device) {
   if (device.kind == DeviceKind::cpu) {
@@ -45,13 +45,13 @@ void DeferredStatus::read(Stream stream, bool clear, BadIndexRecord* out) {
 void DeferredStatus::check(Stream stream) {
   BadIndexRecord record;
   read(stream, /*clear=*/true, &record);
-  if (record.key != detail::kNoBadIndex) throw_bad_index(record);
+  if (record.key != internal::kNoBadIndex) throw_bad_index(record);
 }
 
 bool DeferredStatus::ok(Stream stream) {
   BadIndexRecord record;
   read(stream, /*clear=*/false, &record);
-  return record.key == detail::kNoBadIndex;
+  return record.key == internal::kNoBadIndex;
 }
 
 EMBROPE_END_NAMESPACE

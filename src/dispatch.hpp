@@ -11,7 +11,7 @@
 #include "embrope/error.hpp"
 #include "embrope/tensor.hpp"
 
-namespace embrope::detail {
+namespace embrope::internal {
 
 template <typename T>
 struct TypeTag {
@@ -25,9 +25,9 @@ decltype(auto) dispatch_value_dtype(DType dtype, F&& f) {
     case DType::float32:
       return f(TypeTag<float>{});
     case DType::float16:
-      return f(TypeTag<Half>{});
+      return f(TypeTag<detail::Half>{});
     case DType::bfloat16:
-      return f(TypeTag<BFloat16>{});
+      return f(TypeTag<detail::BFloat16>{});
     default:
       throw Error(ErrorCode::internal, std::string("value dtype dispatch: ") + dtype_name(dtype) +
                                            " is not a value dtype");
@@ -39,9 +39,9 @@ template <typename F>
 decltype(auto) dispatch_float8_dtype(DType dtype, F&& f) {
   switch (dtype) {
     case DType::float8_e4m3fn:
-      return f(TypeTag<Float8E4M3>{});
+      return f(TypeTag<detail::Float8E4M3>{});
     case DType::float8_e5m2:
-      return f(TypeTag<Float8E5M2>{});
+      return f(TypeTag<detail::Float8E5M2>{});
     default:
       throw Error(ErrorCode::internal, std::string("float8 dtype dispatch: ") + dtype_name(dtype) +
                                            " is not a float8 dtype");
@@ -60,4 +60,4 @@ decltype(auto) dispatch_cache_dtype(DType dtype, F&& f) {
   }
 }
 
-}  // namespace embrope::detail
+}  // namespace embrope::internal

@@ -20,7 +20,7 @@ namespace {
   throw Error(ErrorCode::invalid_argument, fmt::format("{}: {}", op, message));
 }
 
-using embrope::detail::raw_enum;
+using embrope::internal::raw_enum;
 
 // DLPack 1.1's codes of the 8-bit float formats (DLDataTypeCode kDLFloat8_e4m3fn and
 // kDLFloat8_e5m2), spelled here so that older dlpack.h headers, which lack them, still read

@@ -34,7 +34,7 @@ void check_norm_vector(const char* name, const Tensor& t, const Tensor& table) {
 
 // The normalisation options (EmbedOptions::norm and the tensors that go with it).
 void set_norm(const Tensor& ids, const Tensor& out, const Tensor& table, const EmbedOptions& o,
-              detail::EmbedParams& p) {
+              internal::EmbedParams& p) {
   if (o.norm == Normalization::none) {
     if (o.norm_weight || o.norm_bias || o.pre_norm_out) {
       fail(kOp, "norm_weight, norm_bias or pre_norm_out is given but norm is none");
@@ -84,14 +84,14 @@ void set_norm(const Tensor& ids, const Tensor& out, const Tensor& table, const E
     p.pre_norm_out = pre.data();
     p.pre_norm_dtype = pre.dtype();
     for (int d = 0; d < ids.ndim(); ++d) {
-      p.index.stride[detail::RowIndex::pre_norm_out][d] = pre.stride(d);
+      p.index.stride[internal::RowIndex::pre_norm_out][d] = pre.stride(d);
     }
   }
 }
 
 // Validates every argument and fills the parameters of the call.
-detail::EmbedParams prepare(const Tensor& table, const Tensor& ids, const Tensor& out,
-                            const EmbedOptions& o) {
+internal::EmbedParams prepare(const Tensor& table, const Tensor& ids, const Tensor& out,
+                              const EmbedOptions& o) {
   validate::check_view(kOp, "table", table, 2, 2);
   validate::check_value_dtype(kOp, "table", table);
   validate::check_last_contiguous(kOp, "table", table);
@@ -113,7 +113,7 @@ detail::EmbedParams prepare(const Tensor& table, const Tensor& ids, const Tensor
   validate::check_dim(kOp, "out", out, ids.ndim(), dim, "the embedding dim D of table");
   if (!std::isfinite(o.scale)) fail(kOp, "scale {} must be finite", o.scale);
 
-  detail::EmbedParams p;
+  internal::EmbedParams p;
   p.dtype = table.dtype();
   set_rows(ids, out, p);
   p.table = table.data();
@@ -193,7 +193,7 @@ detail::EmbedParams prepare(const Tensor& table, const Tensor& ids, const Tensor
 }  // namespace
 
 void embed(const Tensor& table, const Tensor& ids, const Tensor& out, const EmbedOptions& o) {
-  detail::EmbedParams p = prepare(table, ids, out, o);
+  internal::EmbedParams p = prepare(table, ids, out, o);
   if (p.rows == 0 || p.dim == 0) return;
   run_kernel(kOp, table.device(), o.stream, o.deferred, p, p.bad, cpu::embed, gpu::embed);
 }

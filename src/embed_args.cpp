@@ -6,14 +6,14 @@
 
 EMBROPE_BEGIN_NAMESPACE
 
-void set_rows(const Tensor& ids, const Tensor& out, detail::EmbedParams& p) {
+void set_rows(const Tensor& ids, const Tensor& out, internal::EmbedParams& p) {
   p.rows = ids.numel();
   p.dim = out.shape(ids.ndim());
   p.index.ndim = ids.ndim();
   for (int d = 0; d < ids.ndim(); ++d) {
     p.index.shape[d] = ids.shape(d);
-    p.index.stride[detail::RowIndex::ids][d] = ids.stride(d);
-    p.index.stride[detail::RowIndex::out][d] = out.stride(d);
+    p.index.stride[internal::RowIndex::ids][d] = ids.stride(d);
+    p.index.stride[internal::RowIndex::out][d] = out.stride(d);
   }
   p.ids = ids.data();
   p.id_dtype = ids.dtype();
@@ -41,7 +41,7 @@ void check_like_ids(const char* op, const char* name, const Tensor& t, const Ten
 }
 
 void set_row_positions(const char* op, const Tensor& ids, const std::optional<Tensor>& position_ids,
-                       const std::optional<Tensor>& position_offsets, detail::EmbedParams& p) {
+                       const std::optional<Tensor>& position_offsets, internal::EmbedParams& p) {
   if (position_ids && position_offsets) {
     validate::fail(op,
                    "position_ids and position_offsets are exclusive (explicit or implicit "
@@ -52,7 +52,7 @@ void set_row_positions(const char* op, const Tensor& ids, const std::optional<Te
     p.position_ids = position_ids->data();
     p.position_id_dtype = position_ids->dtype();
     for (int d = 0; d < ids.ndim(); ++d) {
-      p.index.stride[detail::RowIndex::position_ids][d] = position_ids->stride(d);
+      p.index.stride[internal::RowIndex::position_ids][d] = position_ids->stride(d);
     }
     return;
   }
@@ -75,13 +75,13 @@ void set_row_positions(const char* op, const Tensor& ids, const std::optional<Te
 }
 
 void set_row_types(const char* op, const Tensor& ids, const Tensor& type_ids,
-                   std::int64_t num_types, detail::EmbedParams& p) {
+                   std::int64_t num_types, internal::EmbedParams& p) {
   check_like_ids(op, "type_ids", type_ids, ids);
   p.num_types = num_types;
   p.type_ids = type_ids.data();
   p.type_id_dtype = type_ids.dtype();
   for (int d = 0; d < ids.ndim(); ++d) {
-    p.index.stride[detail::RowIndex::type_ids][d] = type_ids.stride(d);
+    p.index.stride[internal::RowIndex::type_ids][d] = type_ids.stride(d);
   }
 }
 

@@ -14,11 +14,11 @@ namespace {
 
 constexpr const char* kOp = "embed_backward";
 using validate::fail;
-using Params = detail::EmbedBackwardParams;
+using Params = internal::EmbedBackwardParams;
 
 // A gradient table [rows, D], float32 or grad_out's dtype, on grad_out's device.
 void check_grad(const char* name, const Tensor& t, const Tensor& grad_out, std::int64_t dim,
-                detail::GradTable& target, float weight) {
+                internal::GradTable& target, float weight) {
   validate::check_view(kOp, name, t, 2, 2);
   validate::check_same_device(kOp, name, t, "grad_out", grad_out.device());
   validate::check_float32_or_dtype(kOp, name, t, "grad_out", grad_out.dtype());
@@ -34,7 +34,7 @@ void check_grad(const char* name, const Tensor& t, const Tensor& grad_out, std::
 // A tensor shaped like grad_out (pre_norm, grad_pre_norm), float32 or grad_out's dtype; its
 // leading strides go to RowIndex operand `operand`.
 void check_like_grad_out(const char* name, const Tensor& t, const Tensor& grad_out,
-                         detail::RowIndex::Operand operand, Params& p) {
+                         internal::RowIndex::Operand operand, Params& p) {
   validate::check_view(kOp, name, t, grad_out.ndim(), grad_out.ndim());
   validate::check_same_device(kOp, name, t, "grad_out", grad_out.device());
   validate::check_float32_or_dtype(kOp, name, t, "grad_out", grad_out.dtype());
@@ -91,16 +91,16 @@ void set_norm(const Tensor& grad_out, const EmbedBackwardOptions& o, Params& p) 
   if (o.grad_norm_bias && o.norm != Normalization::layer_norm) {
     fail(kOp, "grad_norm_bias is given but norm is rms_norm (a bias is for layer_norm only)");
   }
-  detail::EmbedParams& r = p.rows;
+  internal::EmbedParams& r = p.rows;
   r.norm = o.norm;
   r.norm_eps = o.norm_eps;
   r.norm_unit_offset = o.norm_unit_offset;
-  check_like_grad_out("pre_norm", *o.pre_norm, grad_out, detail::RowIndex::pre_norm_out, p);
+  check_like_grad_out("pre_norm", *o.pre_norm, grad_out, internal::RowIndex::pre_norm_out, p);
   p.pre_norm = o.pre_norm->data();
   p.pre_norm_dtype = o.pre_norm->dtype();
   if (o.grad_pre_norm) {
     check_like_grad_out("grad_pre_norm", *o.grad_pre_norm, grad_out,
-                        detail::RowIndex::grad_pre_norm, p);
+                        internal::RowIndex::grad_pre_norm, p);
     p.grad_pre_norm = o.grad_pre_norm->data();
     p.grad_pre_norm_dtype = o.grad_pre_norm->dtype();
   }
@@ -141,7 +141,7 @@ Params prepare(const Tensor& grad_out, const Tensor& ids, const std::optional<Te
   }
 
   Params p;
-  detail::EmbedParams& r = p.rows;
+  internal::EmbedParams& r = p.rows;
   r.dtype = grad_out.dtype();
   set_rows(ids, grad_out, r);
   r.vocab_start = o.vocab_start;

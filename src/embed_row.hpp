@@ -8,9 +8,9 @@
 #include "bad_index.hpp"
 #include "embrope/detail/config.hpp"
 #include "embrope/detail/sinusoid.hpp"
-#include "params.hpp"
+#include "embed_params.hpp"
 
-namespace embrope::detail {
+namespace embrope::internal {
 
 struct EmbedRow {
   std::int64_t out_offset = 0;            // element offset of the row in out
@@ -65,7 +65,7 @@ EMBROPE_HD EmbedRow resolve_embed_row(const EmbedParams& p, std::int64_t row) {
     // Learned: the table's rows; sinusoidal: the positions whose float64 angles stay exact
     // enough (detail/sinusoid.hpp).
     const std::int64_t upper =
-        p.positions == PositionEncoding::learned ? p.max_positions : kSinusoidPositionLimit;
+        p.positions == PositionEncoding::learned ? p.max_positions : detail::kSinusoidPositionLimit;
     if (r.position < 0 || r.position >= upper) mark_bad(r, row, arg, r.position, 0, upper);
   }
   if (p.type_table != nullptr) {
@@ -121,4 +121,4 @@ inline EmbedBackwardParams norm_scatter_params(const EmbedBackwardParams& p, flo
   return s;
 }
 
-}  // namespace embrope::detail
+}  // namespace embrope::internal

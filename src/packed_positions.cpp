@@ -14,8 +14,8 @@ constexpr const char* kOp = "packed_positions";
 using validate::fail;
 
 // Validates every argument and fills the parameters of the call.
-detail::PackedPositionsParams prepare(const Tensor& cu_seqlens, const Tensor& positions,
-                                      const PackedPositionsOptions& options) {
+internal::PackedPositionsParams prepare(const Tensor& cu_seqlens, const Tensor& positions,
+                                        const PackedPositionsOptions& options) {
   validate::check_view(kOp, "cu_seqlens", cu_seqlens, 1, 1);
   validate::check_index_dtype(kOp, "cu_seqlens", cu_seqlens);
   const Device device = cu_seqlens.device();
@@ -31,7 +31,7 @@ detail::PackedPositionsParams prepare(const Tensor& cu_seqlens, const Tensor& po
   if (sequences >= INT32_MAX) {
     fail(kOp, "cu_seqlens holds {} sequences; at most {} are supported", sequences, INT32_MAX - 1);
   }
-  detail::PackedPositionsParams p;
+  internal::PackedPositionsParams p;
   p.cu_seqlens = cu_seqlens.data();
   p.cu_dtype = cu_seqlens.dtype();
   p.cu_stride = cu_seqlens.stride(0);
@@ -66,7 +66,7 @@ detail::PackedPositionsParams prepare(const Tensor& cu_seqlens, const Tensor& po
 
 void packed_positions(const Tensor& cu_seqlens, const Tensor& positions,
                       const PackedPositionsOptions& options) {
-  detail::PackedPositionsParams p = prepare(cu_seqlens, positions, options);
+  internal::PackedPositionsParams p = prepare(cu_seqlens, positions, options);
   const Device device = cu_seqlens.device();
   if (device.kind == DeviceKind::cuda && p.workspace != nullptr) {
     const std::size_t needed = gpu::packed_positions_workspace_size(p, device);
@@ -81,7 +81,7 @@ void packed_positions(const Tensor& cu_seqlens, const Tensor& positions,
 
 std::size_t packed_positions_workspace_size(const Tensor& cu_seqlens, const Tensor& positions,
                                             const PackedPositionsOptions& options) {
-  const detail::PackedPositionsParams p = prepare(cu_seqlens, positions, options);
+  const internal::PackedPositionsParams p = prepare(cu_seqlens, positions, options);
   if (cu_seqlens.device().kind == DeviceKind::cpu) return 0;
   return gpu::packed_positions_workspace_size(p, cu_seqlens.device());
 }

@@ -167,25 +167,26 @@ RopeFrequencies rope_frequencies(const RopeConfig& config) {
   RopeFrequencies out;
   switch (config.scaling) {
     case RopeScaling::none:
-      out.inv_freq = detail::default_inv_freq(config.rotary_dim, config.base);
+      out.inv_freq = internal::default_inv_freq(config.rotary_dim, config.base);
       break;
     case RopeScaling::linear:
-      out.inv_freq = detail::default_inv_freq(config.rotary_dim, config.base);
+      out.inv_freq = internal::default_inv_freq(config.rotary_dim, config.base);
       for (double& f : out.inv_freq) f /= config.factor;
       break;
     case RopeScaling::dynamic:
-      out.inv_freq = detail::default_inv_freq(config.rotary_dim, detail::dynamic_ntk_base(config));
+      out.inv_freq =
+          internal::default_inv_freq(config.rotary_dim, internal::dynamic_ntk_base(config));
       break;
     case RopeScaling::yarn:
-      out.inv_freq = detail::yarn_inv_freq(config);
-      out.attention_factor = detail::yarn_attention_factor(config);
+      out.inv_freq = internal::yarn_inv_freq(config);
+      out.attention_factor = internal::yarn_attention_factor(config);
       break;
     case RopeScaling::llama3:
-      out.inv_freq = detail::llama3_inv_freq(config);
+      out.inv_freq = internal::llama3_inv_freq(config);
       break;
     case RopeScaling::longrope:
-      out.inv_freq = detail::longrope_inv_freq(config);
-      out.attention_factor = detail::longrope_attention_factor(config);
+      out.inv_freq = internal::longrope_inv_freq(config);
+      out.attention_factor = internal::longrope_attention_factor(config);
       break;
   }
   const auto last_position = static_cast<double>(config.max_positions - 1);

@@ -14,7 +14,7 @@
 #include "embrope/detail/rope_math.hpp"
 #include "embrope/rope_cache.hpp"
 
-namespace embrope::detail {
+namespace embrope::internal {
 
 inline constexpr double kPi = 3.14159265358979323846;
 
@@ -22,7 +22,7 @@ inline constexpr double kPi = 3.14159265358979323846;
 inline std::vector<double> default_inv_freq(std::int64_t rotary_dim, double base) {
   std::vector<double> f(static_cast<std::size_t>(rotary_dim / 2));
   for (std::size_t i = 0; i < f.size(); ++i) {
-    f[i] = rope_inv_freq(static_cast<std::int64_t>(i), rotary_dim, base);
+    f[i] = detail::rope_inv_freq(static_cast<std::int64_t>(i), rotary_dim, base);
   }
   return f;
 }
@@ -113,4 +113,4 @@ inline double longrope_attention_factor(const RopeConfig& c) {
                    std::log(c.factor) / std::log(static_cast<double>(c.original_max_positions)));
 }
 
-}  // namespace embrope::detail
+}  // namespace embrope::internal

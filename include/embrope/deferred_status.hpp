@@ -13,9 +13,9 @@
 #include "embrope/types.hpp"
 #include "embrope/version.hpp"
 
-namespace embrope::detail {
-struct BadIndexRecord;  // what a kernel writes; defined by the library
-}  // namespace embrope::detail
+namespace embrope::internal {
+struct BadIndexRecord;  // what a kernel writes; defined by the library (src/, not installed)
+}  // namespace embrope::internal
 
 EMBROPE_BEGIN_NAMESPACE
 
@@ -42,13 +42,13 @@ class EMBROPE_EXPORT DeferredStatus {
   bool ok(Stream stream = {});
 
   // The record the kernels write; device memory for CUDA statuses.
-  detail::BadIndexRecord* record() const { return record_; }
+  internal::BadIndexRecord* record() const { return record_; }
 
  private:
   // Copies the record to the host (synchronising a CUDA stream) and, when `clear`, resets it.
-  void read(Stream stream, bool clear, detail::BadIndexRecord* out);
+  void read(Stream stream, bool clear, internal::BadIndexRecord* out);
   Device device_;
-  detail::BadIndexRecord* record_ = nullptr;
+  internal::BadIndexRecord* record_ = nullptr;
 };
 
 EMBROPE_END_NAMESPACE

@@ -32,7 +32,7 @@ using detail::to_float;
 
 namespace {
 
-using detail::QkNormRopeParams;
+using internal::QkNormRopeParams;
 
 // rstd of a row of D values, its sum of squares in the canonical order.
 template <typename T>
@@ -46,17 +46,17 @@ float row_rstd(const T* x, std::int64_t dim, float eps) {
 // output); `in` and `out` may be the same row (each pair is read before it is written).
 template <typename T, typename C, typename O = T>
 void forward_row(const QkNormRopeParams& p, bool is_q, const T* in, O* out,
-                 detail::TokenPositions pos, float sin_sign) {
-  const detail::RopeParams& r = p.rope;
+                 internal::TokenPositions pos, float sin_sign) {
+  const internal::RopeParams& r = p.rope;
   const float rstd = row_rstd(in, r.head_dim, p.norm.eps);
   const auto normalized = [&](std::int64_t j) {
     return detail::norm_product(detail::rms_normalized(to_float(in[j]), rstd),
-                                detail::qk_norm_weight(p.norm, is_q, j));
+                                internal::qk_norm_weight(p.norm, is_q, j));
   };
   for (std::int64_t i = 0; i < r.rotary_dim / 2; ++i) {
-    const std::int64_t ia = detail::rope_pair_first(r, i), ib = detail::rope_pair_second(r, i);
+    const std::int64_t ia = internal::rope_pair_first(r, i), ib = internal::rope_pair_second(r, i);
     float c, s;
-    detail::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, s);
+    internal::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, s);
     float a = normalized(ia), b = normalized(ib);
     detail::rotate_pair(a, b, c, s);
     out[ia] = from_float<O>(a);
@@ -67,27 +67,27 @@ void forward_row(const QkNormRopeParams& p, bool is_q, const T* in, O* out,
 
 template <typename T, typename C>
 void forward(const QkNormRopeParams& p) {
-  const detail::RopeParams& r = p.rope;
+  const internal::RopeParams& r = p.rope;
   const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
   const std::int64_t rows = r.batch * r.seq * heads;
   const float sin_sign = r.inverse ? -1.0f : 1.0f;
-  std::int64_t first_bad = detail::kNoBadIndex;
+  std::int64_t first_bad = internal::kNoBadIndex;
   const bool threaded = rows * r.head_dim >= (1 << 15);
 #pragma omp parallel for if (threaded) schedule(static) reduction(min : first_bad)
   for (std::int64_t n = 0; n < rows; ++n) {
     const std::int64_t t = n / heads, h = n % heads;
     const std::int64_t b = t / r.seq, s = t % r.seq;
-    const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, h);
-    if (detail::rope_bad_stream(r, b, s) >= 0) {
+    const internal::RopeRow<T> row = internal::rope_row<T>(r, b, s, h);
+    if (internal::rope_bad_stream(r, b, s) >= 0) {
       std::fill(row.out, row.out + r.head_dim, from_float<T>(0.0f));
-      first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+      first_bad = std::min(first_bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
       continue;
     }
-    forward_row<T, C>(p, h < r.q.heads, row.in, row.out, detail::token_positions(r, b, s),
+    forward_row<T, C>(p, h < r.q.heads, row.in, row.out, internal::token_positions(r, b, s),
                       sin_sign);
   }
-  detail::lower_bad_index(r.bad, first_bad, r.bad_op, [&](std::int64_t key) {
-    return detail::rope_bad_position(r, detail::bad_index_row(key));
+  internal::lower_bad_index(r.bad, first_bad, r.bad_op, [&](std::int64_t key) {
+    return internal::rope_bad_position(r, internal::bad_index_row(key));
   });
 }
 
@@ -100,7 +100,7 @@ using QkRow = void (*)(const T*, O*, std::int64_t, std::int64_t, RopeLayout, con
 
 // Floats of a token's scratch: cos, sin (rotary_dim each), then the row scratch (256 partials
 // + head_dim).
-std::int64_t token_floats(const detail::RopeParams& r) {
+std::int64_t token_floats(const internal::RopeParams& r) {
   return 2 * r.rotary_dim + detail::kNormPartials + r.head_dim;
 }
 
@@ -108,8 +108,8 @@ std::int64_t token_floats(const detail::RopeParams& r) {
 void weight_factors(const QkNormRopeParams& p, float* weights) {
   const std::int64_t dim = p.rope.head_dim;
   for (std::int64_t j = 0; j < dim; ++j) {
-    weights[j] = detail::qk_norm_weight(p.norm, true, j);
-    weights[dim + j] = p.rope.has_k ? detail::qk_norm_weight(p.norm, false, j) : 1.0f;
+    weights[j] = internal::qk_norm_weight(p.norm, true, j);
+    weights[dim + j] = p.rope.has_k ? internal::qk_norm_weight(p.norm, false, j) : 1.0f;
   }
 }
 
@@ -117,7 +117,7 @@ void weight_factors(const QkNormRopeParams& p, float* weights) {
 // into buffer, then row(h, cos_w, sin_w, scratch) for each head row h.
 template <typename C, typename Row>
 void for_each_row(const QkNormRopeParams& p, std::int64_t t, float* buffer, Row&& row) {
-  const detail::RopeParams& r = p.rope;
+  const internal::RopeParams& r = p.rope;
   const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
   const std::int64_t half = r.rotary_dim / 2;
   const float sin_sign = r.inverse ? -1.0f : 1.0f;
@@ -126,10 +126,10 @@ void for_each_row(const QkNormRopeParams& p, std::int64_t t, float* buffer, Row&
   float* const sin_w = cos_w + r.rotary_dim;
   float* const scratch = sin_w + r.rotary_dim;
   const std::int64_t b = t / r.seq, s = t % r.seq;
-  const detail::TokenPositions pos = detail::token_positions(r, b, s);
+  const internal::TokenPositions pos = internal::token_positions(r, b, s);
   for (std::int64_t i = 0; i < half; ++i) {
     float c, sn;
-    detail::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, sn);
+    internal::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, sn);
     if (neox) {
       cos_w[i] = c;
       sin_w[i] = sn;
@@ -146,11 +146,11 @@ void for_each_row(const QkNormRopeParams& p, std::int64_t t, float* buffer, Row&
 template <typename T, typename C>
 void forward_token(const QkNormRopeParams& p, std::int64_t t, QkRow<T> row_fn, const float* weights,
                    float* buffer) {
-  const detail::RopeParams& r = p.rope;
+  const internal::RopeParams& r = p.rope;
   const std::int64_t b = t / r.seq, s = t % r.seq;
   for_each_row<C>(
       p, t, buffer, [&](std::int64_t h, const float* cos_w, const float* sin_w, float* scratch) {
-        const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, h);
+        const internal::RopeRow<T> row = internal::rope_row<T>(r, b, s, h);
         row_fn(row.in, row.out, r.head_dim, r.rotary_dim, r.layout,
                weights + (h < r.q.heads ? 0 : r.head_dim), cos_w, sin_w, p.norm.eps, scratch);
       });
@@ -158,13 +158,13 @@ void forward_token(const QkNormRopeParams& p, std::int64_t t, QkRow<T> row_fn, c
 
 template <typename T, typename C>
 void forward_by_token(const QkNormRopeParams& p, QkRow<T> row_fn) {
-  const detail::RopeParams& r = p.rope;
+  const internal::RopeParams& r = p.rope;
   const std::int64_t tokens = r.batch * r.seq;
   const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
   const std::int64_t dim = r.head_dim;
   std::vector<float> weights(static_cast<std::size_t>(2 * dim));
   weight_factors(p, weights.data());
-  std::int64_t first_bad = detail::kNoBadIndex;
+  std::int64_t first_bad = internal::kNoBadIndex;
   const bool threaded = tokens > 1 && tokens * heads * dim >= (1 << 15);
 #pragma omp parallel if (threaded) reduction(min : first_bad)
   {
@@ -172,19 +172,20 @@ void forward_by_token(const QkNormRopeParams& p, QkRow<T> row_fn) {
 #pragma omp for schedule(dynamic, 16)
     for (std::int64_t t = 0; t < tokens; ++t) {
       const std::int64_t b = t / r.seq, s = t % r.seq;
-      if (detail::rope_bad_stream(r, b, s) >= 0) {
+      if (internal::rope_bad_stream(r, b, s) >= 0) {
         for (std::int64_t h = 0; h < heads; ++h) {
-          T* out = detail::rope_row<T>(r, b, s, h).out;
+          T* out = internal::rope_row<T>(r, b, s, h).out;
           std::fill(out, out + dim, from_float<T>(0.0f));
         }
-        first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+        first_bad =
+            std::min(first_bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
         continue;
       }
       forward_token<T, C>(p, t, row_fn, weights.data(), buffer.data());
     }
   }
-  detail::lower_bad_index(r.bad, first_bad, r.bad_op, [&](std::int64_t key) {
-    return detail::rope_bad_position(r, detail::bad_index_row(key));
+  internal::lower_bad_index(r.bad, first_bad, r.bad_op, [&](std::int64_t key) {
+    return internal::rope_bad_position(r, internal::bad_index_row(key));
   });
 }
 
@@ -207,16 +208,16 @@ QkRow<T, O> vector_row(Isa isa) {
 // partial is non-null.
 template <typename T, typename C>
 void backward_row(const QkNormRopeParams& p, bool is_q, const T* dy, T* dx, const T* x,
-                  detail::TokenPositions pos, float sin_sign, float* g, float* xhat,
+                  internal::TokenPositions pos, float sin_sign, float* g, float* xhat,
                   float* partial) {
-  const detail::RopeParams& r = p.rope;
+  const internal::RopeParams& r = p.rope;
   const std::int64_t dim = r.head_dim;
   const float rstd = row_rstd(x, dim, p.norm.eps);
   // g: the gradient of the normalised row, the output's gradient rotated back.
   for (std::int64_t i = 0; i < r.rotary_dim / 2; ++i) {
-    const std::int64_t ia = detail::rope_pair_first(r, i), ib = detail::rope_pair_second(r, i);
+    const std::int64_t ia = internal::rope_pair_first(r, i), ib = internal::rope_pair_second(r, i);
     float c, s;
-    detail::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, s);
+    internal::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, s);
     float a = to_float(dy[ia]), b = to_float(dy[ib]);
     detail::rotate_pair(a, b, c, s);
     g[ia] = a;
@@ -226,7 +227,7 @@ void backward_row(const QkNormRopeParams& p, bool is_q, const T* dy, T* dx, cons
   for (std::int64_t j = 0; j < dim; ++j) {
     xhat[j] = detail::rms_normalized(to_float(x[j]), rstd);
     if (partial != nullptr) partial[j] += detail::norm_product(g[j], xhat[j]);
-    g[j] = detail::norm_product(detail::qk_norm_weight(p.norm, is_q, j), g[j]);  // now u
+    g[j] = detail::norm_product(internal::qk_norm_weight(p.norm, is_q, j), g[j]);  // now u
   }
   const float sum = detail::canonical_row_sum(
       dim, [&](std::int64_t j) { return detail::norm_product(g[j], xhat[j]); });
@@ -240,7 +241,7 @@ void backward_row(const QkNormRopeParams& p, bool is_q, const T* dy, T* dx, cons
 // partials summed in order.
 template <typename T, typename C>
 std::int64_t backward_side(const QkNormRopeParams& p, bool is_q) {
-  const detail::RopeParams& r = p.rope;
+  const internal::RopeParams& r = p.rope;
   const std::int64_t side_heads = is_q ? r.q.heads : r.k.heads;
   const std::int64_t head_offset = is_q ? 0 : r.q.heads;
   const std::int64_t rows = r.batch * r.seq * side_heads;
@@ -250,7 +251,7 @@ std::int64_t backward_side(const QkNormRopeParams& p, bool is_q) {
   std::vector<float> partials(weight_grad != nullptr ? static_cast<std::size_t>(chunks * dim) : 0,
                               0.0f);
   const float sin_sign = r.inverse ? -1.0f : 1.0f;
-  std::int64_t first_bad = detail::kNoBadIndex;
+  std::int64_t first_bad = internal::kNoBadIndex;
   const bool threaded = rows * dim >= (1 << 15);
 #pragma omp parallel if (threaded) reduction(min : first_bad)
   {
@@ -262,14 +263,15 @@ std::int64_t backward_side(const QkNormRopeParams& p, bool is_q) {
       for (std::int64_t n = chunk * detail::kWeightGradRows; n < end; ++n) {
         const std::int64_t t = n / side_heads, h = n % side_heads;
         const std::int64_t b = t / r.seq, s = t % r.seq;
-        const detail::RopeRow<T> row = detail::rope_row<T>(r, b, s, head_offset + h);
-        if (detail::rope_bad_stream(r, b, s) >= 0) {
+        const internal::RopeRow<T> row = internal::rope_row<T>(r, b, s, head_offset + h);
+        if (internal::rope_bad_stream(r, b, s) >= 0) {
           std::fill(row.out, row.out + dim, from_float<T>(0.0f));
-          first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+          first_bad =
+              std::min(first_bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
           continue;
         }
-        backward_row<T, C>(p, is_q, row.in, row.out, detail::qk_saved_row<T>(p, is_q, b, s, h),
-                           detail::token_positions(r, b, s), sin_sign, scratch.data(),
+        backward_row<T, C>(p, is_q, row.in, row.out, internal::qk_saved_row<T>(p, is_q, b, s, h),
+                           internal::token_positions(r, b, s), sin_sign, scratch.data(),
                            scratch.data() + dim, partial);
       }
     }
@@ -288,15 +290,15 @@ template <typename T, typename C>
 void backward(const QkNormRopeParams& p) {
   std::int64_t first_bad = backward_side<T, C>(p, true);
   if (p.rope.has_k) first_bad = std::min(first_bad, backward_side<T, C>(p, false));
-  detail::lower_bad_index(p.rope.bad, first_bad, p.rope.bad_op, [&](std::int64_t key) {
-    return detail::rope_bad_position(p.rope, detail::bad_index_row(key));
+  internal::lower_bad_index(p.rope.bad, first_bad, p.rope.bad_op, [&](std::int64_t key) {
+    return internal::rope_bad_position(p.rope, internal::bad_index_row(key));
   });
 }
 
 template <typename Run>
 void dispatch(const QkNormRopeParams& p, Run&& run) {
-  detail::dispatch_value_dtype(p.rope.dtype, [&](auto t) {
-    detail::dispatch_value_dtype(p.rope.table_dtype, [&](auto c) { run(t, c); });
+  internal::dispatch_value_dtype(p.rope.dtype, [&](auto t) {
+    internal::dispatch_value_dtype(p.rope.table_dtype, [&](auto c) { run(t, c); });
   });
 }
 
@@ -312,49 +314,49 @@ void apply_qk_norm_rope(const QkNormRopeParams& p) {
   });
 }
 
-void qk_norm_weight_factors(const detail::QkNormRopeParams& p, float* weights) {
+void qk_norm_weight_factors(const internal::QkNormRopeParams& p, float* weights) {
   weight_factors(p, weights);
 }
 
-std::int64_t qk_norm_token_floats(const detail::QkNormRopeParams& p) {
+std::int64_t qk_norm_token_floats(const internal::QkNormRopeParams& p) {
   // The token's scratch, and a float8 output's float32 row.
   return token_floats(p.rope) + p.rope.head_dim;
 }
 
-void qk_norm_rope_one_token(const detail::QkNormRopeParams& token, const float* weights,
+void qk_norm_rope_one_token(const internal::QkNormRopeParams& token, const float* weights,
                             float* scratch) {
   const Isa isa = active_isa();
-  const detail::RopeParams& r = token.rope;
+  const internal::RopeParams& r = token.rope;
   float* const buffer = scratch;
   const float sin_sign = r.inverse ? -1.0f : 1.0f;
   dispatch(token, [&](auto t, auto c) {
     using T = typename decltype(t)::type;
     using C = typename decltype(c)::type;
-    if (detail::rope_quantized(r)) {
+    if (internal::rope_quantized(r)) {
       // Float8 outputs: each row normalised and rotated into float32, then stored as
       // O(value * scale), rounded once (apply_rope's float8 rule).
       float* const row_f = buffer + token_floats(r);
-      return detail::dispatch_float8_dtype(r.out_dtype, [&](auto o) {
+      return internal::dispatch_float8_dtype(r.out_dtype, [&](auto o) {
         using O = typename decltype(o)::type;
         const QuantizeValues<float, O> quantize_row = quantize_values_for<float, O>(isa);
         const auto quantize = [&](std::int64_t h) {
-          quantize_row(row_f, detail::rope_row<T, O>(r, 0, 0, h).out, r.head_dim,
-                       detail::rope_out_scale(r, h));
+          quantize_row(row_f, internal::rope_row<T, O>(r, 0, 0, h).out, r.head_dim,
+                       internal::rope_out_scale(r, h));
         };
         if (const QkRow<T, float> row_fn = vector_row<T, float>(isa)) {
           return for_each_row<C>(
               token, 0, buffer,
               [&](std::int64_t h, const float* cos_w, const float* sin_w, float* row_scratch) {
-                row_fn(detail::rope_row<T>(r, 0, 0, h).in, row_f, r.head_dim, r.rotary_dim,
+                row_fn(internal::rope_row<T>(r, 0, 0, h).in, row_f, r.head_dim, r.rotary_dim,
                        r.layout, weights + (h < r.q.heads ? 0 : r.head_dim), cos_w, sin_w,
                        token.norm.eps, row_scratch);
                 quantize(h);
               });
         }
-        const detail::TokenPositions pos = detail::token_positions(r, 0, 0);
-        for (std::int64_t h = 0; h < detail::rope_rotated_heads(r); ++h) {
-          forward_row<T, C, float>(token, h < r.q.heads, detail::rope_row<T>(r, 0, 0, h).in, row_f,
-                                   pos, sin_sign);
+        const internal::TokenPositions pos = internal::token_positions(r, 0, 0);
+        for (std::int64_t h = 0; h < internal::rope_rotated_heads(r); ++h) {
+          forward_row<T, C, float>(token, h < r.q.heads, internal::rope_row<T>(r, 0, 0, h).in,
+                                   row_f, pos, sin_sign);
           quantize(h);
         }
       });
@@ -362,9 +364,9 @@ void qk_norm_rope_one_token(const detail::QkNormRopeParams& token, const float* 
     if (const QkRow<T> row_fn = vector_row<T>(isa)) {
       return forward_token<T, C>(token, 0, row_fn, weights, buffer);
     }
-    const detail::TokenPositions pos = detail::token_positions(r, 0, 0);
-    for (std::int64_t h = 0; h < detail::rope_rotated_heads(r); ++h) {
-      const detail::RopeRow<T> row = detail::rope_row<T>(r, 0, 0, h);
+    const internal::TokenPositions pos = internal::token_positions(r, 0, 0);
+    for (std::int64_t h = 0; h < internal::rope_rotated_heads(r); ++h) {
+      const internal::RopeRow<T> row = internal::rope_row<T>(r, 0, 0, h);
       forward_row<T, C>(token, h < r.q.heads, row.in, row.out, pos, sin_sign);
     }
   });

@@ -61,15 +61,16 @@ void rotate_row(const T* in, T* out, const C* cos_row, const C* sin_row, std::in
 // A token's cos/sin row widened to float32 (exact), cos then sin, rotary_dim floats: each
 // frequency's entry from its stream's table row.
 template <typename C>
-void widen_cos_sin(const detail::RopeParams& p, const detail::TokenPositions& pos, float* widened) {
+void widen_cos_sin(const internal::RopeParams& p, const internal::TokenPositions& pos,
+                   float* widened) {
   const std::int64_t half = p.rotary_dim / 2;
   for (std::int64_t i = 0; i < half; ++i) {
-    detail::rope_pair_cos_sin<C>(p, pos, i, 1.0f, widened[i], widened[half + i]);
+    internal::rope_pair_cos_sin<C>(p, pos, i, 1.0f, widened[i], widened[half + i]);
   }
 }
 
 template <typename T, typename C>
-void rope_kernel(const detail::RopeParams& p) {
+void rope_kernel(const internal::RopeParams& p) {
   const std::int64_t tokens = p.batch * p.seq;
   const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
   const std::int64_t rows = tokens * heads;
@@ -77,7 +78,7 @@ void rope_kernel(const detail::RopeParams& p) {
   const float sin_sign = p.inverse ? -1.0f : 1.0f;
   const auto* cos_base = static_cast<const C*>(p.cos);
   const auto* sin_base = static_cast<const C*>(p.sin);
-  std::int64_t first_bad = detail::kNoBadIndex;
+  std::int64_t first_bad = internal::kNoBadIndex;
   // Threads pay off only past a few thousand elements (decode-sized calls stay serial).
   const bool threaded = rows * p.head_dim >= (1 << 15);
 
@@ -93,31 +94,32 @@ void rope_kernel(const detail::RopeParams& p) {
       const std::int64_t h = r % heads;
       const std::int64_t b = t / p.seq;
       const std::int64_t s = t % p.seq;
-      const detail::RopeRow<T> row = detail::rope_row<T>(p, b, s, h);
+      const internal::RopeRow<T> row = internal::rope_row<T>(p, b, s, h);
       const T* in = row.in;
       T* out = row.out;
-      if (detail::rope_bad_stream(p, b, s) >= 0) {
+      if (internal::rope_bad_stream(p, b, s) >= 0) {
         std::fill(out, out + p.head_dim, from_float<T>(0.0f));
-        first_bad = std::min(first_bad, detail::bad_index_key(t, detail::BadIndexArg::positions));
+        first_bad =
+            std::min(first_bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
         continue;
       }
       if (p.mrope) {
         if (gathered_token != t) {
-          widen_cos_sin<C>(p, detail::token_positions(p, b, s), gathered.data());
+          widen_cos_sin<C>(p, internal::token_positions(p, b, s), gathered.data());
           gathered_token = t;
         }
         rotate_row(in, out, gathered.data(), gathered.data() + half, p.rotary_dim, p.head_dim,
                    p.layout, sin_sign);
       } else {
-        const std::int64_t position = detail::rope_position(p, b, s, 0);
+        const std::int64_t position = internal::rope_position(p, b, s, 0);
         rotate_row(in, out, cos_base + position * p.cos_stride, sin_base + position * p.sin_stride,
                    p.rotary_dim, p.head_dim, p.layout, sin_sign);
       }
     }
   }
 
-  detail::lower_bad_index(p.bad, first_bad, p.bad_op, [&](std::int64_t key) {
-    return detail::rope_bad_position(p, detail::bad_index_row(key));
+  internal::lower_bad_index(p.bad, first_bad, p.bad_op, [&](std::int64_t key) {
+    return internal::rope_bad_position(p, internal::bad_index_row(key));
   });
 }
 
@@ -127,53 +129,53 @@ constexpr std::int64_t kWidenedFloats = 3;
 
 // The vector path: tokens in parallel, each rotated by an instruction set's rotate_token.
 template <typename T>
-using RotateToken = void (*)(const detail::RopeParams&, std::int64_t, float*, float*);
+using RotateToken = void (*)(const internal::RopeParams&, std::int64_t, float*, float*);
 
 // Float8 outputs: token (b, s)'s non-rotary rows (q_nope's, then k_nope's) stored as
 // O(value * scale) with their head's scale, rounded once; zero codes for a bad token.
 template <typename T, typename O>
-void quantize_nope_rows(const detail::RopeParams& p, std::int64_t b, std::int64_t s, bool bad) {
+void quantize_nope_rows(const internal::RopeParams& p, std::int64_t b, std::int64_t s, bool bad) {
   const QuantizeValues<T, O> quantize = quantize_values_for<T, O>(active_isa());
-  for (std::int64_t n = 0; n < detail::rope_nope_heads(p); ++n) {
-    const detail::RopeNopeRow<T, O> row = detail::rope_nope_row<T, O>(p, b, s, n);
+  for (std::int64_t n = 0; n < internal::rope_nope_heads(p); ++n) {
+    const internal::RopeNopeRow<T, O> row = internal::rope_nope_row<T, O>(p, b, s, n);
     if (bad) {
       std::fill(row.out, row.out + row.dim, from_float<O>(0.0f));
       continue;
     }
-    quantize(row.in, row.out, row.dim, detail::rope_out_scale(p, row.head));
+    quantize(row.in, row.out, row.dim, internal::rope_out_scale(p, row.head));
   }
 }
 
 // O: the outputs' element type (T, or a float8 type, whose calls may carry non-rotary rows).
 template <typename T, typename O = T>
-void rope_by_token(const detail::RopeParams& p, RotateToken<T> rotate_token) {
+void rope_by_token(const internal::RopeParams& p, RotateToken<T> rotate_token) {
   const std::int64_t tokens = p.batch * p.seq;
   const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
-  const bool nope = !std::is_same_v<O, T> && detail::rope_nope_heads(p) > 0;
+  const bool nope = !std::is_same_v<O, T> && internal::rope_nope_heads(p) > 0;
   // Rotates token t (or zero-fills it and returns its bad-index key).
   const auto token = [&](std::int64_t t, float* widened) -> std::int64_t {
     const std::int64_t b = t / p.seq, s = t % p.seq;
-    const bool bad = detail::rope_bad_stream(p, b, s) >= 0;
+    const bool bad = internal::rope_bad_stream(p, b, s) >= 0;
     if constexpr (!std::is_same_v<O, T>) {
       if (nope) quantize_nope_rows<T, O>(p, b, s, bad);
     }
     if (bad) {
       // Zero is all zero bits in every output dtype; a float8 row is head_dim bytes.
       for (std::int64_t h = 0; h < heads; ++h) {
-        if (detail::rope_quantized(p)) {
-          std::uint8_t* out = detail::rope_row<T, std::uint8_t>(p, b, s, h).out;
+        if (internal::rope_quantized(p)) {
+          std::uint8_t* out = internal::rope_row<T, std::uint8_t>(p, b, s, h).out;
           std::fill(out, out + p.head_dim, std::uint8_t{0});
         } else {
-          T* out = detail::rope_row<T>(p, b, s, h).out;
+          T* out = internal::rope_row<T>(p, b, s, h).out;
           std::fill(out, out + p.head_dim, from_float<T>(0.0f));
         }
       }
-      return detail::bad_index_key(t, detail::BadIndexArg::positions);
+      return internal::bad_index_key(t, internal::BadIndexArg::positions);
     }
     rotate_token(p, t, widened, widened + p.rotary_dim);
-    return detail::kNoBadIndex;
+    return internal::kNoBadIndex;
   };
-  std::int64_t first_bad = detail::kNoBadIndex;
+  std::int64_t first_bad = internal::kNoBadIndex;
   if (tokens <= 1 || tokens * heads * p.head_dim < (1 << 15)) {
     // Decode-sized calls: no thread team, and the widened row on the stack when it fits.
     constexpr std::int64_t kStackFloats = 1024;
@@ -193,20 +195,20 @@ void rope_by_token(const detail::RopeParams& p, RotateToken<T> rotate_token) {
       }
     }
   }
-  detail::lower_bad_index(p.bad, first_bad, p.bad_op, [&](std::int64_t key) {
-    return detail::rope_bad_position(p, detail::bad_index_row(key));
+  internal::lower_bad_index(p.bad, first_bad, p.bad_op, [&](std::int64_t key) {
+    return internal::rope_bad_position(p, internal::bad_index_row(key));
   });
 }
 
 // The portable path's rotation of one token (batch = seq = 1): the token's cos/sin row
 // widened to float32 once (exact, so the same bits as rope_kernel's rows), then each head.
 template <typename T, typename C>
-void rotate_token_portable(const detail::RopeParams& p, float* widened) {
+void rotate_token_portable(const internal::RopeParams& p, float* widened) {
   const std::int64_t half = p.rotary_dim / 2;
-  widen_cos_sin<C>(p, detail::token_positions(p, 0, 0), widened);
+  widen_cos_sin<C>(p, internal::token_positions(p, 0, 0), widened);
   const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
   for (std::int64_t h = 0; h < heads; ++h) {
-    const detail::RopeRow<T> row = detail::rope_row<T>(p, 0, 0, h);
+    const internal::RopeRow<T> row = internal::rope_row<T>(p, 0, 0, h);
     rotate_row(row.in, row.out, widened, widened + half, p.rotary_dim, p.head_dim, p.layout,
                p.inverse ? -1.0f : 1.0f);
   }
@@ -217,44 +219,44 @@ void rotate_token_portable(const detail::RopeParams& p, float* widened) {
 // pass-through elements scaled and rounded alike (the x86 paths: apply_rope.inc). cos_w and
 // sin_w: rotary_dim / 2 floats each.
 template <typename T, typename C, typename O>
-void rotate_token_quantized(const detail::RopeParams& p, std::int64_t t, float* cos_w,
+void rotate_token_quantized(const internal::RopeParams& p, std::int64_t t, float* cos_w,
                             float* sin_w) {
   const std::int64_t b = t / p.seq, s = t % p.seq;
   const std::int64_t half = p.rotary_dim / 2;
   const float sin_sign = p.inverse ? -1.0f : 1.0f;
-  const detail::TokenPositions pos = detail::token_positions(p, b, s);
+  const internal::TokenPositions pos = internal::token_positions(p, b, s);
   for (std::int64_t i = 0; i < half; ++i) {
-    detail::rope_pair_cos_sin<C>(p, pos, i, sin_sign, cos_w[i], sin_w[i]);
+    internal::rope_pair_cos_sin<C>(p, pos, i, sin_sign, cos_w[i], sin_w[i]);
   }
   const std::int64_t heads = p.q.heads + (p.has_k ? p.k.heads : 0);
   // One loop per layout (no per-element layout test), so that the loops vectorize: the
   // float8 conversion is branch-free (detail::float_to_float8).
   const bool neox = p.layout == RopeLayout::neox;
   for (std::int64_t h = 0; h < heads; ++h) {
-    const detail::RopeRow<T, O> row = detail::rope_row<T, O>(p, b, s, h);
+    const internal::RopeRow<T, O> row = internal::rope_row<T, O>(p, b, s, h);
     const T* in = row.in;
     O* out = row.out;
-    const float scale = detail::rope_out_scale(p, h);
+    const float scale = internal::rope_out_scale(p, h);
     if (neox) {
 #pragma omp simd
       for (std::int64_t i = 0; i < half; ++i) {
         float a = to_float(in[i]), v = to_float(in[i + half]);
         detail::rotate_pair(a, v, cos_w[i], sin_w[i]);
-        out[i] = detail::rope_output_value<T, O>(a, scale);
-        out[i + half] = detail::rope_output_value<T, O>(v, scale);
+        out[i] = internal::rope_output_value<T, O>(a, scale);
+        out[i + half] = internal::rope_output_value<T, O>(v, scale);
       }
     } else {
 #pragma omp simd
       for (std::int64_t i = 0; i < half; ++i) {
         float a = to_float(in[2 * i]), v = to_float(in[2 * i + 1]);
         detail::rotate_pair(a, v, cos_w[i], sin_w[i]);
-        out[2 * i] = detail::rope_output_value<T, O>(a, scale);
-        out[2 * i + 1] = detail::rope_output_value<T, O>(v, scale);
+        out[2 * i] = internal::rope_output_value<T, O>(a, scale);
+        out[2 * i + 1] = internal::rope_output_value<T, O>(v, scale);
       }
     }
 #pragma omp simd
     for (std::int64_t j = p.rotary_dim; j < p.head_dim; ++j) {
-      out[j] = detail::rope_output_value<T, O>(to_float(in[j]), scale);
+      out[j] = internal::rope_output_value<T, O>(to_float(in[j]), scale);
     }
   }
 }
@@ -263,11 +265,11 @@ void rotate_token_quantized(const detail::RopeParams& p, std::int64_t t, float* 
 // instruction set's token rotation, or on_portable(t, c) on the portable path; t and c are
 // the value and table dtype tags.
 template <typename OnVector, typename OnPortable>
-void dispatch_rotation(const detail::RopeParams& p, OnVector&& on_vector,
+void dispatch_rotation(const internal::RopeParams& p, OnVector&& on_vector,
                        OnPortable&& on_portable) {
   const Isa isa = active_isa();
-  detail::dispatch_value_dtype(p.dtype, [&](auto t) {
-    detail::dispatch_value_dtype(p.table_dtype, [&](auto c) {
+  internal::dispatch_value_dtype(p.dtype, [&](auto t) {
+    internal::dispatch_value_dtype(p.table_dtype, [&](auto c) {
       using T = typename decltype(t)::type;
       using C = typename decltype(c)::type;
 #if EMBROPE_CPU_X86
@@ -286,11 +288,11 @@ void dispatch_rotation(const detail::RopeParams& p, OnVector&& on_vector,
 // The float8 outputs' choice: on_rotation(t, o, rotate_token) with the active instruction set's
 // quantized token rotation (t, o: the value and float8 dtype tags).
 template <typename OnRotation>
-void dispatch_quantized_rotation(const detail::RopeParams& p, OnRotation&& on_rotation) {
+void dispatch_quantized_rotation(const internal::RopeParams& p, OnRotation&& on_rotation) {
   const Isa isa = active_isa();
-  detail::dispatch_value_dtype(p.dtype, [&](auto t) {
-    detail::dispatch_value_dtype(p.table_dtype, [&](auto c) {
-      detail::dispatch_float8_dtype(p.out_dtype, [&](auto o) {
+  internal::dispatch_value_dtype(p.dtype, [&](auto t) {
+    internal::dispatch_value_dtype(p.table_dtype, [&](auto c) {
+      internal::dispatch_float8_dtype(p.out_dtype, [&](auto o) {
         using T = typename decltype(t)::type;
         using C = typename decltype(c)::type;
         using O = typename decltype(o)::type;
@@ -307,12 +309,12 @@ void dispatch_quantized_rotation(const detail::RopeParams& p, OnRotation&& on_ro
 
 }  // namespace
 
-void rotate_one_token(const detail::RopeParams& p, float* widened) {
-  if (detail::rope_quantized(p)) {
+void rotate_one_token(const internal::RopeParams& p, float* widened) {
+  if (internal::rope_quantized(p)) {
     return dispatch_quantized_rotation(p, [&](auto t, auto o, auto rotate) {
       using T = typename decltype(t)::type;
       using O = typename decltype(o)::type;
-      if (detail::rope_nope_heads(p) > 0) quantize_nope_rows<T, O>(p, 0, 0, false);
+      if (internal::rope_nope_heads(p) > 0) quantize_nope_rows<T, O>(p, 0, 0, false);
       rotate(p, 0, widened, widened + p.rotary_dim);
     });
   }
@@ -323,10 +325,10 @@ void rotate_one_token(const detail::RopeParams& p, float* widened) {
       });
 }
 
-void zero_one_token(const detail::RopeParams& p) {
+void zero_one_token(const internal::RopeParams& p) {
   // Zero is all zero bits in every output dtype. Strides count the output's elements.
   const std::int64_t size = dtype_size(p.out_dtype);
-  const auto zero_rows = [&](const detail::RopeHeads& x, std::int64_t dim) {
+  const auto zero_rows = [&](const internal::RopeHeads& x, std::int64_t dim) {
     for (std::int64_t h = 0; h < x.heads; ++h) {
       std::uint8_t* out = static_cast<std::uint8_t*>(x.out) + h * x.out_stride_h * size;
       std::fill(out, out + dim * size, std::uint8_t{0});
@@ -338,8 +340,8 @@ void zero_one_token(const detail::RopeParams& p) {
   zero_rows(p.k_nope, p.k_nope_dim);
 }
 
-void apply_rope(const detail::RopeParams& p) {
-  if (detail::rope_quantized(p)) {
+void apply_rope(const internal::RopeParams& p) {
+  if (internal::rope_quantized(p)) {
     return dispatch_quantized_rotation(p, [&](auto t, auto o, auto rotate) {
       rope_by_token<typename decltype(t)::type, typename decltype(o)::type>(p, rotate);
     });

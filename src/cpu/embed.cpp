@@ -35,7 +35,7 @@ struct EmbedSources {
 };
 
 template <typename T>
-EmbedSources<T> embed_sources(const detail::EmbedParams& p, const detail::EmbedRow& r) {
+EmbedSources<T> embed_sources(const internal::EmbedParams& p, const internal::EmbedRow& r) {
   EmbedSources<T> s;
   if (r.token_hit) s.token = static_cast<const T*>(p.table) + r.token * p.table_stride;
   if (p.position_table != nullptr) {
@@ -54,9 +54,9 @@ namespace {
 
 template <typename T>
 struct VectorBody {  // embed.inc of one instruction set
-  void (*sum_row)(const detail::EmbedParams&, const EmbedSources<T>&, T*, const SinusoidRow*,
+  void (*sum_row)(const internal::EmbedParams&, const EmbedSources<T>&, T*, const SinusoidRow*,
                   const EmbedSources<T>&, bool);
-  void (*sum_row_f32)(const detail::EmbedParams&, const EmbedSources<T>&, float*,
+  void (*sum_row_f32)(const internal::EmbedParams&, const EmbedSources<T>&, float*,
                       const SinusoidRow*, const EmbedSources<T>&, bool);
   void (*copy_row)(T*, const T*, const T*, std::int64_t, bool);
   void (*round_row)(T*, const float*, std::int64_t);
@@ -68,17 +68,17 @@ struct VectorBody {  // embed.inc of one instruction set
 
 // The float32 weight and bias factors of a normalised call (1 + w for unit-offset weights;
 // absent: 1 and 0), converted once per call.
-void norm_factors(const detail::EmbedParams& p, std::vector<float>& weight,
+void norm_factors(const internal::EmbedParams& p, std::vector<float>& weight,
                   std::vector<float>& bias) {
   weight.assign(static_cast<std::size_t>(p.dim), 1.0f);
   bias.assign(static_cast<std::size_t>(p.dim), 0.0f);
   for (std::int64_t j = 0; j < p.dim; ++j) {
     if (p.norm_weight != nullptr) {
       weight[j] = detail::norm_weight_factor(
-          detail::load_vector_value(p.norm_weight, p.norm_weight_dtype, j), p.norm_unit_offset);
+          internal::load_vector_value(p.norm_weight, p.norm_weight_dtype, j), p.norm_unit_offset);
     }
     if (p.norm_bias != nullptr) {
-      bias[j] = detail::load_vector_value(p.norm_bias, p.norm_bias_dtype, j);
+      bias[j] = internal::load_vector_value(p.norm_bias, p.norm_bias_dtype, j);
     }
   }
 }
@@ -86,8 +86,8 @@ void norm_factors(const detail::EmbedParams& p, std::vector<float>& weight,
 // Writes the pre-norm row (when asked), then the normalised row of the float32 sum `a`
 // (streaming stores when the call asks for them, on the vector paths).
 template <typename T>
-void normalize_row(const detail::EmbedParams& p, const detail::EmbedRow& r, const float* a, T* out,
-                   const float* weight, const float* bias, const VectorBody<T>* vector,
+void normalize_row(const internal::EmbedParams& p, const internal::EmbedRow& r, const float* a,
+                   T* out, const float* weight, const float* bias, const VectorBody<T>* vector,
                    bool stream) {
   const std::int64_t dim = p.dim;
   if (p.pre_norm_out != nullptr) {
@@ -117,7 +117,7 @@ void normalize_row(const detail::EmbedParams& p, const detail::EmbedRow& r, cons
 
 // vector: the vector body (embed.inc), or null (the portable loops).
 template <typename T>
-void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
+void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
   // Rows per chunk of the thread team (a sinusoidal block: a chunk of consecutive positions
   // shares at most two anchors).
   constexpr std::int64_t kChunk = detail::kSinusoidBlock;
@@ -133,7 +133,7 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
         dim, p.sinusoid_base, p.sinusoid_layout,
         vector != nullptr ? vector->sinusoid_sin_cos_row : portable_sinusoid_sin_cos_row);
   }
-  std::int64_t first_bad = detail::kNoBadIndex;
+  std::int64_t first_bad = internal::kNoBadIndex;
   const bool threaded = p.rows * dim >= (1 << 15);
   // An output past 16 MiB will not stay in cache: write it with streaming stores (the vector
   // bodies; a copy then moves only the bytes it must, as memcpy does).
@@ -149,19 +149,19 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
     // The thread's next row, resolved a row ahead (vector bodies only) so that its table rows
     // can be asked for while the current one is written.
     std::int64_t ahead_n = -1;
-    detail::EmbedRow ahead;
+    internal::EmbedRow ahead;
     // Dynamic chunks: a thread that shares its core with other work takes fewer rows.
 #pragma omp for schedule(dynamic, kChunk)
     for (std::int64_t n = 0; n < p.rows; ++n) {
-      const detail::EmbedRow r = n == ahead_n ? ahead : detail::resolve_embed_row(p, n);
+      const internal::EmbedRow r = n == ahead_n ? ahead : internal::resolve_embed_row(p, n);
       EmbedSources<T> next;
       if (vector != nullptr && n + 1 < p.rows && (n + 1) % kChunk != 0) {
         ahead_n = n + 1;
-        ahead = detail::resolve_embed_row(p, ahead_n);
-        if (ahead.bad_key == detail::kNoBadIndex) next = embed_sources<T>(p, ahead);
+        ahead = internal::resolve_embed_row(p, ahead_n);
+        if (ahead.bad_key == internal::kNoBadIndex) next = embed_sources<T>(p, ahead);
       }
       T* out = static_cast<T*>(p.out) + r.out_offset;
-      if (r.bad_key != detail::kNoBadIndex) {
+      if (r.bad_key != internal::kNoBadIndex) {
         std::fill(out, out + dim, from_float<T>(0.0f));
         if (p.pre_norm_out != nullptr) {  // +0 is all-zero bits in every value dtype
           std::memset(
@@ -248,16 +248,16 @@ void embed_kernel(const detail::EmbedParams& p, const VectorBody<T>* vector) {
 #endif
   }
 
-  detail::lower_bad_index(p.bad, first_bad, detail::BadIndexOp::embed, [&](std::int64_t key) {
-    return detail::resolve_embed_row(p, detail::bad_index_row(key)).bad;
+  internal::lower_bad_index(p.bad, first_bad, internal::BadIndexOp::embed, [&](std::int64_t key) {
+    return internal::resolve_embed_row(p, internal::bad_index_row(key)).bad;
   });
 }
 
 }  // namespace
 
-void embed(const detail::EmbedParams& p) {
+void embed(const internal::EmbedParams& p) {
   const Isa isa = active_isa();
-  detail::dispatch_value_dtype(p.dtype, [&](auto t) {
+  internal::dispatch_value_dtype(p.dtype, [&](auto t) {
     using T = typename decltype(t)::type;
     const VectorBody<T>* vector = nullptr;
 #if EMBROPE_CPU_X86

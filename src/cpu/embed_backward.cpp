@@ -29,7 +29,7 @@ namespace {
 
 using detail::from_float;
 using detail::to_float;
-using Params = detail::EmbedBackwardParams;
+using Params = internal::EmbedBackwardParams;
 
 constexpr std::int64_t kColumns = 256;  // columns per task: two 1 KiB float32 accumulators
 
@@ -37,7 +37,7 @@ constexpr std::int64_t kColumns = 256;  // columns per task: two 1 KiB float32 a
 // the start of each run in order (and order.size() at the end); keys: the table row of each
 // grad_out row.
 template <typename T, typename G>
-void reduce_runs(const Params& p, const detail::GradTable& target,
+void reduce_runs(const Params& p, const internal::GradTable& target,
                  const std::vector<std::int64_t>& order, const std::vector<std::int64_t>& run_start,
                  const std::vector<std::int64_t>& keys, const std::vector<std::int64_t>& offsets,
                  bool threaded) {
@@ -80,7 +80,7 @@ void reduce_runs(const Params& p, const detail::GradTable& target,
 
 // A row of `dim` float32, float16 or bfloat16 values at `base` + `offset`, as float32.
 void load_row(const void* base, DType dtype, std::int64_t offset, std::int64_t dim, float* to) {
-  detail::dispatch_value_dtype(dtype, [&](auto t) {
+  internal::dispatch_value_dtype(dtype, [&](auto t) {
     const auto* from = static_cast<const typename decltype(t)::type*>(base) + offset;
 #pragma omp simd
     for (std::int64_t j = 0; j < dim; ++j) to[j] = to_float(from[j]);
@@ -90,7 +90,7 @@ void load_row(const void* base, DType dtype, std::int64_t offset, std::int64_t d
 // The norm's backward of one good row into dx[0, D) (float32); its terms of the weight and
 // bias gradients are added to weight_partial and bias_partial (null: not requested).
 // weight: the weight factors w_j (or 1 + w_j); scratch: 3 D floats.
-void norm_backward_row(const Params& p, const detail::EmbedRow& r, const float* weight,
+void norm_backward_row(const Params& p, const internal::EmbedRow& r, const float* weight,
                        float* scratch, float* dx, float* weight_partial, float* bias_partial) {
   const std::int64_t dim = p.rows.dim;
   float* x = scratch;  // the pre-norm row, then xhat
@@ -137,7 +137,7 @@ void norm_backward(const Params& p, float* dx) {
   if (p.rows.norm_weight != nullptr) {
     for (std::int64_t j = 0; j < dim; ++j) {
       weight[j] = detail::norm_weight_factor(
-          detail::load_vector_value(p.rows.norm_weight, p.rows.norm_weight_dtype, j),
+          internal::load_vector_value(p.rows.norm_weight, p.rows.norm_weight_dtype, j),
           p.rows.norm_unit_offset);
     }
   }
@@ -155,8 +155,8 @@ void norm_backward(const Params& p, float* dx) {
       float* bp = bias_partials.empty() ? nullptr : bias_partials.data() + chunk * dim;
       const std::int64_t end = std::min(rows, (chunk + 1) * detail::kWeightGradRows);
       for (std::int64_t n = chunk * detail::kWeightGradRows; n < end; ++n) {
-        const detail::EmbedRow r = detail::resolve_embed_row(p.rows, n);
-        if (r.bad_key != detail::kNoBadIndex) continue;
+        const internal::EmbedRow r = internal::resolve_embed_row(p.rows, n);
+        if (r.bad_key != internal::kNoBadIndex) continue;
         norm_backward_row(p, r, weight.data(), scratch.data(), dx + n * dim, wp, bp);
       }
     }
@@ -185,11 +185,11 @@ void embed_backward_kernel(const Params& p) {
   for (int t = 0; t < Params::count; ++t) {
     if (p.targets[t].grad != nullptr) keys[t].resize(static_cast<std::size_t>(rows));
   }
-  std::int64_t first_bad = detail::kNoBadIndex;
+  std::int64_t first_bad = internal::kNoBadIndex;
 
 #pragma omp parallel for schedule(static) reduction(min : first_bad) if (threaded)
   for (std::int64_t n = 0; n < rows; ++n) {
-    const detail::BackwardRow b = detail::resolve_backward_row(p, n);
+    const internal::BackwardRow b = internal::resolve_backward_row(p, n);
     offsets[n] = b.out_offset;
     for (int t = 0; t < Params::count; ++t) {
       if (!keys[t].empty()) keys[t][n] = b.target[t];
@@ -217,28 +217,28 @@ void embed_backward_kernel(const Params& p) {
     run_start.push_back(static_cast<std::int64_t>(order.size()));
     // A gradient is float32 or grad_out's dtype, or any of the three after a norm (dx is
     // float32).
-    detail::dispatch_value_dtype(p.targets[t].dtype, [&](auto g) {
+    internal::dispatch_value_dtype(p.targets[t].dtype, [&](auto g) {
       reduce_runs<T, typename decltype(g)::type>(p, p.targets[t], order, run_start, key, offsets,
                                                  threaded);
     });
   }
 
-  detail::lower_bad_index(
-      p.rows.bad, first_bad, detail::BadIndexOp::embed_backward, [&](std::int64_t key) {
-        return detail::resolve_embed_row(p.rows, detail::bad_index_row(key)).bad;
+  internal::lower_bad_index(
+      p.rows.bad, first_bad, internal::BadIndexOp::embed_backward, [&](std::int64_t key) {
+        return internal::resolve_embed_row(p.rows, internal::bad_index_row(key)).bad;
       });
 }
 
 }  // namespace
 
-void embed_backward(const detail::EmbedBackwardParams& p) {
+void embed_backward(const internal::EmbedBackwardParams& p) {
   if (p.rows.norm != Normalization::none) {
     std::vector<float> dx(static_cast<std::size_t>(p.rows.rows * p.rows.dim));
     norm_backward(p, dx.data());
-    embed_backward_kernel<float>(detail::norm_scatter_params(p, dx.data()));
+    embed_backward_kernel<float>(internal::norm_scatter_params(p, dx.data()));
     return;
   }
-  detail::dispatch_value_dtype(
+  internal::dispatch_value_dtype(
       p.rows.dtype, [&](auto t) { embed_backward_kernel<typename decltype(t)::type>(p); });
 }
 
