@@ -675,6 +675,7 @@ struct NormPieces {
   float* weight_partials = nullptr;
   float* bias_partials = nullptr;
   std::size_t required_bytes = 0;
+  std::size_t used_bytes = 0;  // from the aligned base: where the tables' pass's pieces start
 };
 
 NormPieces plan_norm(const Params& p, char* base) {
@@ -688,6 +689,7 @@ NormPieces plan_norm(const Params& p, char* base) {
   if (p.grad_norm_weight != nullptr) w.weight_partials = layout.take<float>(partials);
   if (p.grad_norm_bias != nullptr) w.bias_partials = layout.take<float>(partials);
   w.required_bytes = layout.required_bytes();
+  w.used_bytes = layout.used_bytes();
   return w;
 }
 
@@ -720,7 +722,10 @@ void run_with_norm(const Params& p, cudaStream_t stream) {
   }
   if (p.rows.rows == 0) return;
   tables = internal::norm_scatter_params(p, w.dx);
-  tables.workspace = tables_bytes == 0 ? nullptr : workspace.base() + norm_bytes;
+  // After the norm's pieces, still aligned; the tables' pass needs at most tables_bytes from
+  // there, and base() + used_bytes + tables_bytes lies within the norm_bytes + tables_bytes
+  // the call has (base() is at most kWorkspaceAlign - 1 bytes past the memory's start).
+  tables.workspace = tables_bytes == 0 ? nullptr : workspace.base() + w.used_bytes;
   tables.workspace_bytes = tables_bytes;
   run<float>(tables, stream);
 }

@@ -36,6 +36,9 @@ class WorkspaceLayout {
   }
   // Bytes a caller must provide: the pieces, and room to align an arbitrary base.
   std::size_t required_bytes() const { return used_ + kWorkspaceAlign - 1; }
+  // Bytes the pieces span from an aligned base (a multiple of kWorkspaceAlign): where the
+  // next layout may start, aligned, when two share one workspace.
+  std::size_t used_bytes() const { return used_; }
 
  private:
   char* base_;

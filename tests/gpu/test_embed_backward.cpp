@@ -354,11 +354,12 @@ void check_norm_backward(DType dtype, DType pre_dtype, DType grad_dtype,
   CHECK(std::memcmp(gpu_norm.data(), norm_grads.host.data(), norm_floats * 4) == 0);
   if (mode == embrope::BackwardMode::deterministic) {
     CHECK(gpu_grads == grads.host);
-    // Again into zeroed gradients, with a caller workspace.
+    // Again into zeroed gradients, with a caller workspace of exactly the size asked for,
+    // one byte past an aligned address (the call aligns its pieces within it).
     cuda_check(cudaMemset(grads.device, 0, grads.host.size()));
     void* workspace = nullptr;
-    cuda_check(cudaMalloc(&workspace, bytes));
-    call(true, workspace, bytes);
+    cuda_check(cudaMalloc(&workspace, bytes + 1));
+    call(true, static_cast<unsigned char*>(workspace) + 1, bytes);
     cuda_check(cudaDeviceSynchronize());
     cudaFree(workspace);
     CHECK(grads.download() == grads.host);
