@@ -42,22 +42,10 @@ void set_norm(const Tensor& ids, const Tensor& out, const Tensor& table, const E
     if (o.norm_unit_offset) fail(kOp, "norm_unit_offset is set but norm is none");
     return;
   }
-  if (o.norm != Normalization::layer_norm && o.norm != Normalization::rms_norm) {
-    fail(kOp, "norm {} is not a Normalization", static_cast<int>(o.norm));
-  }
-  if (o.vocab_shard) {
-    fail(kOp,
-         "norm cannot be combined with vocab_shard: a shard's rows are partial sums; normalise "
-         "after the sum over shards");
-  }
-  if (!(std::isfinite(o.norm_eps) && o.norm_eps >= 0.0f)) {
-    fail(kOp, "norm_eps {} must be finite and >= 0", o.norm_eps);
-  }
+  check_norm_settings(kOp, o.norm, o.vocab_shard, o.norm_eps, o.norm_unit_offset,
+                      o.norm_weight.has_value());
   if (o.norm_bias && o.norm != Normalization::layer_norm) {
     fail(kOp, "norm_bias is given but norm is rms_norm (a bias is for layer_norm only)");
-  }
-  if (o.norm_unit_offset && !o.norm_weight) {
-    fail(kOp, "norm_unit_offset is set without a norm_weight (the weight applied is 1 + w)");
   }
   p.norm = o.norm;
   p.norm_eps = o.norm_eps;

@@ -1,5 +1,7 @@
-// Row index arguments shared by embed and embed_backward (embed_args.hpp).
+// Row index arguments and norm settings shared by embed and embed_backward (embed_args.hpp).
 #include "embed_args.hpp"
+
+#include <cmath>
 
 #include "validate.hpp"
 #include "embrope/version.hpp"
@@ -25,6 +27,25 @@ void check_vocab_start(const char* op, std::int64_t vocab_start, std::int64_t vo
   if (vocab_start > INT64_MAX - vocab_size) {
     validate::fail(op, "vocab_start {} plus the vocabulary size {} overflows int64", vocab_start,
                    vocab_size);
+  }
+}
+
+void check_norm_settings(const char* op, Normalization norm, bool vocab_shard, float eps,
+                         bool unit_offset, bool has_weight) {
+  if (norm != Normalization::layer_norm && norm != Normalization::rms_norm) {
+    validate::fail(op, "norm {} is not a Normalization", static_cast<int>(norm));
+  }
+  if (vocab_shard) {
+    validate::fail(op,
+                   "norm cannot be combined with vocab_shard: a shard's rows are partial sums; "
+                   "normalise after the sum over shards");
+  }
+  if (!(std::isfinite(eps) && eps >= 0.0f)) {
+    validate::fail(op, "norm_eps {} must be finite and >= 0", eps);
+  }
+  if (unit_offset && !has_weight) {
+    validate::fail(op,
+                   "norm_unit_offset is set without a norm_weight (the weight applied is 1 + w)");
   }
 }
 

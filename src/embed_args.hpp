@@ -1,6 +1,6 @@
 // The per-row index arguments that embed and embed_backward share (position ids or implicit
 // positions with per-row offsets, token-type ids): checked and written into the RowIndex of
-// internal::EmbedParams once, for both ops.
+// internal::EmbedParams once, for both ops; and the checks of a norm's settings.
 #pragma once
 
 #include <optional>
@@ -26,6 +26,11 @@ void check_like_ids(const char* op, const char* name, const Tensor& t, const Ten
 // for ids [S] or [B, S] with optional `position_offsets` [B]. The two are exclusive.
 void set_row_positions(const char* op, const Tensor& ids, const std::optional<Tensor>& position_ids,
                        const std::optional<Tensor>& position_offsets, internal::EmbedParams& p);
+
+// The settings of a norm given to embed or embed_backward (not none): a Normalization, not with
+// vocab_shard, eps finite and >= 0, a unit offset only with a weight.
+void check_norm_settings(const char* op, Normalization norm, bool vocab_shard, float eps,
+                         bool unit_offset, bool has_weight);
 
 // Token-type ids (shaped like ids) of a type table of `num_types` rows.
 void set_row_types(const char* op, const Tensor& ids, const Tensor& type_ids,

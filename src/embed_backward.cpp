@@ -71,20 +71,8 @@ void set_norm(const Tensor& grad_out, const EmbedBackwardOptions& o, Params& p) 
     if (o.norm_unit_offset) fail(kOp, "norm_unit_offset is set but norm is none");
     return;
   }
-  if (o.norm != Normalization::layer_norm && o.norm != Normalization::rms_norm) {
-    fail(kOp, "norm {} is not a Normalization", static_cast<int>(o.norm));
-  }
-  if (o.vocab_shard) {
-    fail(kOp,
-         "norm cannot be combined with vocab_shard: a shard's rows are partial sums, normalised "
-         "after the sum over shards");
-  }
-  if (!(std::isfinite(o.norm_eps) && o.norm_eps >= 0.0f)) {
-    fail(kOp, "norm_eps {} must be finite and >= 0", o.norm_eps);
-  }
-  if (o.norm_unit_offset && !o.norm_weight) {
-    fail(kOp, "norm_unit_offset is set without a norm_weight (the weight applied is 1 + w)");
-  }
+  check_norm_settings(kOp, o.norm, o.vocab_shard, o.norm_eps, o.norm_unit_offset,
+                      o.norm_weight.has_value());
   if (!o.pre_norm) {
     fail(kOp, "norm is set but pre_norm (the forward's pre_norm_out) is not given");
   }
