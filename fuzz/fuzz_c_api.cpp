@@ -35,6 +35,13 @@ static_assert(sizeof(DLDeviceType) == sizeof(int), "DLDeviceType is stored as an
 
 namespace {
 
+// Whether this machine has a GPU the library can use (then a CUDA rope cache is created for
+// real, and a kDLCUDA label on the harness's host memory would break the contract).
+bool gpu_usable() {
+  static const bool usable = embrope_cuda_device_count() > 0;
+  return usable;
+}
+
 // Reads the input front to back; past its end every read is zero.
 class Bytes {
  public:
@@ -204,7 +211,11 @@ class Call {
     t.device = DLDevice{kDLCPU, 0};
     if (in_.chance(4)) {
       // Any int, as a C caller may store it (not only DLDeviceType's enumerators).
-      const int type = in_.chance(32) ? static_cast<int>(in_.u64()) : in_.u8() % 14;
+      int type = in_.chance(32) ? static_cast<int>(in_.u64()) : in_.u8() % 14;
+      // Host memory labelled kDLCUDA is outside the C API's contract when a GPU exists (the
+      // library cannot tell host from device pointers, as no DLPack consumer can); there the
+      // label becomes kDLCUDAHost, which the library refuses as it refuses every other type.
+      if (type == kDLCUDA && gpu_usable()) type = kDLCUDAHost;
       std::memcpy(&t.device.device_type, &type, sizeof type);
       t.device.device_id = in_.u8() % 3;
     }
@@ -410,7 +421,8 @@ embrope_rope_cache_t* make_cache(Bytes& in, std::int64_t* rotary_dim, std::int64
   DLDevice where;
   if (embrope_rope_cache_info(cache, &info, &where) != EMBROPE_OK ||
       info.rotary_dim != config.rotary_dim || info.max_positions != config.max_positions ||
-      where.device_type != kDLCPU) {
+      std::memcmp(&where.device_type, &device.device_type, sizeof device.device_type) != 0 ||
+      where.device_id != device.device_id) {
     broken("embrope_rope_cache_info", "disagrees with the configuration", 0);
   }
   const auto half = static_cast<std::size_t>(config.rotary_dim / 2 * config.max_positions);
