@@ -132,7 +132,10 @@ void launch(const internal::RopeParams& p, cudaStream_t stream) {
 
 // kRotaryDim: the rotary dim as a compile-time constant for the common head sizes (address
 // arithmetic and loop bounds fold), or 0 for any other size (read from the parameters).
-template <typename T, typename O, RopeLayout kLayout, int kRotaryDim>
+// kMixedStreams: some chunk's pairs take their angles from different mrope streams
+// (load_cos_sin then reads those pair by pair); only with kRotaryDim 0, and launched only
+// when needed, since that fallback more than doubles the kernel's registers.
+template <typename T, typename O, RopeLayout kLayout, int kRotaryDim, bool kMixedStreams>
 __global__ void __launch_bounds__(256)
     rope_vector_kernel(const __grid_constant__ internal::RopeParams p,
                        std::int64_t heads_per_block) {
@@ -160,7 +163,7 @@ __global__ void __launch_bounds__(256)
     const bool bad = internal::rope_bad_stream(p, b, s) >= 0;
     float c[kPairs], sn[kPairs];
     if (!bad) {
-      load_cos_sin<true>(p, b, s, pair0, c, sn);
+      load_cos_sin<true, kMixedStreams>(p, b, s, pair0, c, sn);
     } else if (threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.y == 0) {
       report_bad_row(p.bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
     }
@@ -253,32 +256,40 @@ void launch_vector(const internal::RopeParams& p, cudaStream_t stream) {
   const dim3 grid = shape.grid, block = shape.block;
   const std::int64_t heads_per_block = shape.rows_per_split;
   // Templated on the common rotary dims (full rotary of heads of 64, 80, 96, 128 and 256, and
-  // the partial 32 of GPT-NeoX/Pythia and 64 of GPT-J); any other size, and float8 outputs,
-  // take the generic one.
-  if constexpr (!std::is_same_v<O, T>) {
-    rope_vector_kernel<T, O, kLayout, 0><<<grid, block, 0, stream>>>(p, heads_per_block);
+  // the partial 32 of GPT-NeoX/Pythia and 64 of GPT-J); any other size, float8 outputs and
+  // chunks that straddle mrope streams take the generic one.
+  if (!chunks_share_stream(p, kChunkPairs<kLayout, kVec16<T>>)) {
+    rope_vector_kernel<T, O, kLayout, 0, true><<<grid, block, 0, stream>>>(p, heads_per_block);
+  } else if constexpr (!std::is_same_v<O, T>) {
+    rope_vector_kernel<T, O, kLayout, 0, false><<<grid, block, 0, stream>>>(p, heads_per_block);
   } else {
     switch (p.rotary_dim) {
       case 32:
-        rope_vector_kernel<T, T, kLayout, 32><<<grid, block, 0, stream>>>(p, heads_per_block);
+        rope_vector_kernel<T, T, kLayout, 32, false>
+            <<<grid, block, 0, stream>>>(p, heads_per_block);
         break;
       case 64:
-        rope_vector_kernel<T, T, kLayout, 64><<<grid, block, 0, stream>>>(p, heads_per_block);
+        rope_vector_kernel<T, T, kLayout, 64, false>
+            <<<grid, block, 0, stream>>>(p, heads_per_block);
         break;
       case 80:
-        rope_vector_kernel<T, T, kLayout, 80><<<grid, block, 0, stream>>>(p, heads_per_block);
+        rope_vector_kernel<T, T, kLayout, 80, false>
+            <<<grid, block, 0, stream>>>(p, heads_per_block);
         break;
       case 96:
-        rope_vector_kernel<T, T, kLayout, 96><<<grid, block, 0, stream>>>(p, heads_per_block);
+        rope_vector_kernel<T, T, kLayout, 96, false>
+            <<<grid, block, 0, stream>>>(p, heads_per_block);
         break;
       case 128:
-        rope_vector_kernel<T, T, kLayout, 128><<<grid, block, 0, stream>>>(p, heads_per_block);
+        rope_vector_kernel<T, T, kLayout, 128, false>
+            <<<grid, block, 0, stream>>>(p, heads_per_block);
         break;
       case 256:
-        rope_vector_kernel<T, T, kLayout, 256><<<grid, block, 0, stream>>>(p, heads_per_block);
+        rope_vector_kernel<T, T, kLayout, 256, false>
+            <<<grid, block, 0, stream>>>(p, heads_per_block);
         break;
       default:
-        rope_vector_kernel<T, T, kLayout, 0><<<grid, block, 0, stream>>>(p, heads_per_block);
+        rope_vector_kernel<T, T, kLayout, 0, false><<<grid, block, 0, stream>>>(p, heads_per_block);
     }
   }
   check_launch("rope_vector_kernel");

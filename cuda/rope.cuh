@@ -29,7 +29,11 @@ namespace embrope::gpu {
 // mrope); otherwise pair by pair, from a table of any value dtype, each pair's stream
 // position read where it is used (holding the three stream positions in registers across
 // the unrolled pairs, as the scalar kernels do, made ptxas spill the float16 neox chunk).
-template <bool kVector, int kPairs>
+// kMixedStreams = false: the launcher has checked that every chunk shares one stream
+// (chunks_share_stream), and the pair-by-pair fallback is left out of the kernel. It costs
+// registers even where it never runs: bfloat16 neox rope_vector_kernel took 122 registers with
+// it and 48 without, which on an H100 is 3 resident blocks of 160 threads per SM against 8.
+template <bool kVector, bool kMixedStreams = true, int kPairs>
 __device__ __forceinline__ void load_cos_sin(const internal::RopeParams& r, std::int64_t b,
                                              std::int64_t s, std::int64_t pair0, float (&c)[kPairs],
                                              float (&sn)[kPairs]) {
@@ -49,11 +53,13 @@ __device__ __forceinline__ void load_cos_sin(const internal::RopeParams& r, std:
   };
   if constexpr (kVector) {
     const int stream = internal::rope_chunk_stream(r, pair0, kPairs);
-    if (stream >= 0) {
-      const std::int64_t row = internal::rope_position(r, b, s, stream);
+    if (!kMixedStreams || stream >= 0) {
+      // (Without kMixedStreams stream is never -1; reading stream 0 then keeps a broken
+      // launcher check in bounds.)
+      const std::int64_t row = internal::rope_position(r, b, s, stream < 0 ? 0 : stream);
       load_floats<kPairs>(static_cast<const float*>(r.cos) + row * r.cos_stride + pair0, c);
       load_floats<kPairs>(static_cast<const float*>(r.sin) + row * r.sin_stride + pair0, sn);
-    } else {
+    } else if constexpr (kMixedStreams) {
       by_pair();
     }
   } else {
@@ -68,6 +74,17 @@ __device__ __forceinline__ void load_cos_sin(const internal::RopeParams& r, std:
 // pairs), interleaved ones kVec consecutive elements (kVec / 2 pairs).
 template <RopeLayout kLayout, int kVec>
 constexpr int kChunkPairs = kLayout == RopeLayout::neox ? kVec : kVec / 2;
+
+// Whether every chunk of `pairs_per_chunk` pairs takes its angles from one position stream:
+// always without mrope; with mrope when no chunk straddles a section (Qwen2-VL's 16/24/24
+// sections in chunks of 8 or fewer pairs), never with interleaved streams (Qwen3-VL).
+inline bool chunks_share_stream(const internal::RopeParams& p, std::int64_t pairs_per_chunk) {
+  if (!p.mrope) return true;
+  for (std::int64_t i = 0; i < p.rotary_dim / 2; i += pairs_per_chunk) {
+    if (internal::rope_chunk_stream(p, i, pairs_per_chunk) < 0) return false;
+  }
+  return true;
+}
 
 // The chunk at element `first` of row `in`, rotated: neox reads kVec elements at first and
 // at first + half (lo, hi), interleaved kVec elements at first (lo; hi unused). kVector: one
