@@ -13,6 +13,18 @@ LOCAL_MEMORY_ALLOWED = {
 }
 
 
+# Register ceilings: the registers a thread uses decide how many threads an SM holds, and so
+# how many bytes a memory-bound kernel keeps in flight. Measured on an H100: the bfloat16 RoPE
+# fast path at 122 registers (3 resident blocks of 160 threads per SM) ran at 52% of a copy of
+# its bytes, at 48 registers at 80% (benchmarks/results/gpu-2026-11-26-h100/). Every
+# rope_vector_kernel instantiation but those for chunks straddling mrope streams (", true>",
+# which carry the pair-by-pair fallback and run only for such sections) stays within 64.
+REGISTER_CEILINGS = [
+    (re.compile(r"rope_vector_kernel<(?!.*, true>)"), 64,
+     "the RoPE fast path (above 64 registers an SM holds under half its threads)"),
+]
+
+
 def demangle(names):
     out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True)
     return dict(zip(names, out.stdout.splitlines()))
@@ -32,6 +44,7 @@ def is_library(pretty):
 # ("cumulative stack size"), and the spills of the kernel and of its callees.
 ptxas = open(sys.argv[1]).read()
 report = {}
+registers = {}
 for chunk in ptxas.split("Compiling entry function '")[1:]:
     name = chunk.split("'", 1)[0]
     stack = stores = loads = 0
@@ -43,6 +56,8 @@ for chunk in ptxas.split("Compiling entry function '")[1:]:
     cumulative = re.search(r"(\d+) bytes cumulative stack size", chunk)
     stack = int(cumulative.group(1)) if cumulative else int(own.group(1)) if own else 0
     report[name] = (stack, stores, loads)
+    used = re.search(r"Used (\d+) registers", chunk)
+    registers[name] = int(used.group(1)) if used else None
 sass = open(sys.argv[2]).read()
 bodies = {}
 for block in re.split(r"\n\s*Function : ", sass)[1:]:
@@ -69,6 +84,10 @@ for name in sorted(pretty, key=lambda n: pretty[n]):
             problems.append(f"spills ({stores} B stores, {loads} B loads)")
         if stack and not reason:
             problems.append(f"{stack} B stack frame (local memory)")
+    for pattern, ceiling, why in REGISTER_CEILINGS:
+        used = registers.get(name)
+        if pattern.search(title) and (used is None or used > ceiling):
+            problems.append(f"{used} registers, over the ceiling of {ceiling} for {why}")
     body = bodies.get(name, "")
     if not body:
         problems.append("no SASS")
