@@ -14,6 +14,7 @@
 #include "embrope/dlpack.hpp"
 #include "embrope/embrope.hpp"
 #include "c_enum.hpp"
+#include "rope_scaling.hpp"
 
 struct embrope_rope_cache {
   embrope::RopeCache cache;
@@ -225,42 +226,15 @@ namespace {
 embrope::RopeConfig to_rope_config(const char* fn, const embrope_rope_config_t& caller) {
   const embrope_rope_config_t in = read_sized(fn, "config", &caller, embrope_rope_config_init_size);
   embrope::RopeConfig c;
-  c.rotary_dim = in.rotary_dim;
-  c.base = in.base;
-  c.max_positions = in.max_positions;
-  switch (raw_enum(in.scaling)) {
-    case EMBROPE_ROPE_SCALING_NONE:
-      c.scaling = embrope::RopeScaling::none;
-      break;
-    case EMBROPE_ROPE_SCALING_LINEAR:
-      c.scaling = embrope::RopeScaling::linear;
-      break;
-    case EMBROPE_ROPE_SCALING_DYNAMIC:
-      c.scaling = embrope::RopeScaling::dynamic;
-      break;
-    case EMBROPE_ROPE_SCALING_YARN:
-      c.scaling = embrope::RopeScaling::yarn;
-      break;
-    case EMBROPE_ROPE_SCALING_LLAMA3:
-      c.scaling = embrope::RopeScaling::llama3;
-      break;
-    case EMBROPE_ROPE_SCALING_LONGROPE:
-      c.scaling = embrope::RopeScaling::longrope;
-      break;
-    default:
-      fail(fn, "config->scaling {} is not an embrope_rope_scaling_t value", raw_enum(in.scaling));
+#define EMBROPE_FROM_C(field) c.field = in.field;
+  EMBROPE_ROPE_CONFIG_VALUES(EMBROPE_FROM_C)
+#undef EMBROPE_FROM_C
+  const embrope::internal::ScalingVariant* variant =
+      embrope::internal::scaling_variant(raw_enum(in.scaling));
+  if (variant == nullptr) {
+    fail(fn, "config->scaling {} is not an embrope_rope_scaling_t value", raw_enum(in.scaling));
   }
-  c.factor = in.factor;
-  c.original_max_positions = in.original_max_positions;
-  c.sequence_length = in.sequence_length;
-  c.beta_fast = in.beta_fast;
-  c.beta_slow = in.beta_slow;
-  c.truncate = in.truncate != 0;
-  c.mscale = in.mscale;
-  c.mscale_all_dim = in.mscale_all_dim;
-  c.low_freq_factor = in.low_freq_factor;
-  c.high_freq_factor = in.high_freq_factor;
-  c.attention_factor = in.attention_factor;
+  c.scaling = variant->kind;
   if (in.num_factors < 0) fail(fn, "config->num_factors {} must be non-negative", in.num_factors);
   if (in.num_factors > 0 && (in.short_factor == nullptr || in.long_factor == nullptr)) {
     fail(fn, "config->num_factors is {} but short_factor or long_factor is null", in.num_factors);
@@ -332,24 +306,13 @@ void embrope_rope_config_init_size(embrope_rope_config_t* out, size_t struct_siz
   embrope_rope_config_t defaults{};
   embrope_rope_config_t* config = &defaults;
   const embrope::RopeConfig d;
-  config->rotary_dim = d.rotary_dim;
-  config->base = d.base;
-  config->max_positions = d.max_positions;
+#define EMBROPE_TO_C(field) config->field = d.field;
+  EMBROPE_ROPE_CONFIG_VALUES(EMBROPE_TO_C)
+#undef EMBROPE_TO_C
   config->scaling = EMBROPE_ROPE_SCALING_NONE;
-  config->factor = d.factor;
-  config->original_max_positions = d.original_max_positions;
-  config->sequence_length = d.sequence_length;
-  config->beta_fast = d.beta_fast;
-  config->beta_slow = d.beta_slow;
-  config->truncate = d.truncate ? 1 : 0;
-  config->mscale = d.mscale;
-  config->mscale_all_dim = d.mscale_all_dim;
-  config->low_freq_factor = d.low_freq_factor;
-  config->high_freq_factor = d.high_freq_factor;
   config->short_factor = nullptr;
   config->long_factor = nullptr;
   config->num_factors = 0;
-  config->attention_factor = d.attention_factor;
   write_defaults(out, struct_size, defaults);
 }
 
@@ -399,26 +362,15 @@ embrope_status_t embrope_rope_cache_info(const embrope_rope_cache_t* cache,
       config = &full;
       const embrope::RopeConfig& c = cache->cache.config();
       embrope_rope_config_init(config);
-      config->rotary_dim = c.rotary_dim;
-      config->base = c.base;
-      config->max_positions = c.max_positions;
+#define EMBROPE_TO_C(field) config->field = c.field;
+      EMBROPE_ROPE_CONFIG_VALUES(EMBROPE_TO_C)
+#undef EMBROPE_TO_C
       config->scaling = static_cast<embrope_rope_scaling_t>(c.scaling);
-      config->factor = c.factor;
-      config->original_max_positions = c.original_max_positions;
-      config->sequence_length = c.sequence_length;
-      config->beta_fast = c.beta_fast;
-      config->beta_slow = c.beta_slow;
-      config->truncate = c.truncate ? 1 : 0;
-      config->mscale = c.mscale;
-      config->mscale_all_dim = c.mscale_all_dim;
-      config->low_freq_factor = c.low_freq_factor;
-      config->high_freq_factor = c.high_freq_factor;
       if (!c.short_factor.empty()) {
         config->short_factor = c.short_factor.data();
         config->long_factor = c.long_factor.data();
         config->num_factors = static_cast<int64_t>(c.short_factor.size());
       }
-      config->attention_factor = c.attention_factor;
       std::memcpy(static_cast<void*>(out), &full, std::min(size, sizeof full));
       out->struct_size = size;
     }

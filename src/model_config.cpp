@@ -15,6 +15,7 @@
 
 #include "embrope/error.hpp"
 #include "embrope/version.hpp"
+#include "rope_scaling.hpp"
 #include "validate.hpp"
 
 EMBROPE_BEGIN_NAMESPACE
@@ -110,6 +111,54 @@ std::string keys_of(const json& object) {
   for (const auto& item : object.items()) names += (names.empty() ? "" : ", ") + item.key();
   return names;
 }
+
+// The adapter below has methods of these functions' names.
+std::optional<double> model_config_number(const json& object, const char* key, const char* where) {
+  return number(object, key, where);
+}
+std::optional<std::int64_t> model_config_integer(const json& object, const char* key,
+                                                 const char* where) {
+  return integer(object, key, where);
+}
+
+// A variant's view of the rope parameters `p` of config `j` (src/rope_scaling/common.hpp).
+class JsonRopeParams final : public internal::HfRopeParams {
+ public:
+  JsonRopeParams(const json& j, const json& p, const char* where, const std::string& type,
+                 std::int64_t max_positions)
+      : j_(j), p_(p), where_(where), type_(type), max_positions_(max_positions) {}
+  std::optional<double> number(const char* key) const override {
+    return model_config_number(p_, key, where_);
+  }
+  double required(const char* key) const override {
+    const std::optional<double> v = number(key);
+    if (!v) fail(kOp, "{}{} is missing (rope_type {})", where_, key, type_);
+    return *v;
+  }
+  std::optional<std::int64_t> integer(const char* key) const override {
+    return model_config_integer(p_, key, where_);
+  }
+  std::optional<bool> boolean(const char* key) const override {
+    const json* v = find(p_, key);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_boolean()) fail(kOp, "{}{} is {}, not a boolean", where_, key, v->dump());
+    return v->get<bool>();
+  }
+  std::vector<double> numbers(const char* key) const override {
+    return number_array(p_, key, where_);
+  }
+  std::optional<std::int64_t> top_level_original_max_positions() const override {
+    return model_config_integer(j_, "original_max_position_embeddings", "");
+  }
+  std::int64_t max_positions() const override { return max_positions_; }
+
+ private:
+  const json& j_;
+  const json& p_;
+  const char* where_;
+  const std::string& type_;
+  std::int64_t max_positions_;
+};
 
 void read_rope(const json& j, ModelConfig& m, std::string_view layer_type) {
   m.positions = PositionKind::rope;
@@ -262,65 +311,19 @@ void read_rope(const json& j, ModelConfig& m, std::string_view layer_type) {
     m.mrope_interleaved = true;
   }
 
-  const auto required = [&](const char* key) {
-    auto v = number(p, key, where);
-    if (!v) fail(kOp, "{}{} is missing (rope_type {})", where, key, type);
-    return *v;
-  };
-  const auto original_or = [&](std::int64_t fallback) {
-    return integer(p, "original_max_position_embeddings", where).value_or(fallback);
-  };
-  // llama3, yarn and longrope: HF (PretrainedConfig.standardize_rope_params) gives a top-level
-  // original_max_position_embeddings priority over rope_scaling's (Phi-3 keeps it there).
-  const std::optional<std::int64_t> top_original =
-      integer(j, "original_max_position_embeddings", "");
-  if (type == "default") {
-    c.scaling = RopeScaling::none;
-  } else if (type == "linear") {
-    c.scaling = RopeScaling::linear;
-    c.factor = required("factor");
-  } else if (type == "dynamic") {
-    c.scaling = RopeScaling::dynamic;
-    c.factor = required("factor");
-    c.original_max_positions = original_or(max_positions);
-  } else if (type == "yarn") {
-    c.scaling = RopeScaling::yarn;
-    c.factor = required("factor");
-    c.original_max_positions = top_original ? *top_original : original_or(max_positions);
-    c.beta_fast = number(p, "beta_fast", where).value_or(32.0);
-    c.beta_slow = number(p, "beta_slow", where).value_or(1.0);
-    c.mscale = number(p, "mscale", where).value_or(0.0);
-    c.mscale_all_dim = number(p, "mscale_all_dim", where).value_or(0.0);
-    c.attention_factor = number(p, "attention_factor", where).value_or(0.0);
-    if (const json* t = find(p, "truncate")) {
-      if (!t->is_boolean()) fail(kOp, "{}truncate is {}, not a boolean", where, t->dump());
-      c.truncate = t->get<bool>();
+  const internal::ScalingVariant* variant = internal::scaling_variant_for_hf(type);
+  if (variant == nullptr) {
+    std::string listed;  // "default, linear, ...": every variant's rope_type values
+    for (const internal::ScalingVariant& v : internal::kScalingVariants) {
+      if (!listed.empty()) listed += ", ";
+      for (const char* ch = v.hf_types; *ch != '\0'; ++ch) {
+        listed += *ch == ' ' ? std::string(", ") : std::string(1, *ch);
+      }
     }
-  } else if (type == "llama3") {
-    c.scaling = RopeScaling::llama3;
-    c.factor = required("factor");
-    c.low_freq_factor = required("low_freq_factor");
-    c.high_freq_factor = required("high_freq_factor");
-    c.original_max_positions =
-        top_original ? *top_original
-                     : static_cast<std::int64_t>(required("original_max_position_embeddings"));
-  } else if (type == "longrope" || type == "su") {
-    c.scaling = RopeScaling::longrope;
-    c.short_factor = number_array(p, "short_factor", where);
-    c.long_factor = number_array(p, "long_factor", where);
-    c.attention_factor = number(p, "attention_factor", where).value_or(0.0);
-    // HF's _compute_longrope_parameters: without a factor, the ratio of the extended to the
-    // pretrained length (Phi-3 keeps the latter at the top level).
-    c.original_max_positions = top_original ? *top_original : original_or(max_positions);
-    c.factor = number(p, "factor", where)
-                   .value_or(static_cast<double>(max_positions) /
-                             static_cast<double>(c.original_max_positions));
-  } else {
-    fail(kOp,
-         "{}rope_type {} is not supported (default, linear, dynamic, yarn, llama3, "
-         "longrope, su, mrope)",
-         where, type);
+    fail(kOp, "{}rope_type {} is not supported ({}, mrope)", where, type, listed);
   }
+  c.scaling = variant->kind;
+  variant->from_hf(JsonRopeParams(j, p, where, type, max_positions), c);
   if (one_of(m.model_type, {"gemma", "gemma2", "gemma3", "gemma3_text"})) {
     m.embedding_scale = std::sqrt(static_cast<double>(m.hidden_size));
   }

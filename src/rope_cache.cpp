@@ -19,28 +19,12 @@ namespace {
 constexpr const char* kOp = "RopeCache";
 
 const char* scaling_name(RopeScaling s) {
-  switch (s) {
-    case RopeScaling::none:
-      return "none";
-    case RopeScaling::linear:
-      return "linear";
-    case RopeScaling::dynamic:
-      return "dynamic";
-    case RopeScaling::yarn:
-      return "yarn";
-    case RopeScaling::llama3:
-      return "llama3";
-    case RopeScaling::longrope:
-      return "longrope";
-  }
-  return "unknown";
-}
-
-bool finite_positive(double v) {
-  return std::isfinite(v) && v > 0.0;
+  const internal::ScalingVariant* v = internal::scaling_variant(s);
+  return v != nullptr ? v->name : "unknown";
 }
 
 void check_config(const RopeConfig& c) {
+  using internal::finite_positive;
   if (c.rotary_dim <= 0 || c.rotary_dim % 2 != 0) {
     validate::fail(kOp, "rotary_dim {} must be even and positive", c.rotary_dim);
   }
@@ -56,95 +40,25 @@ void check_config(const RopeConfig& c) {
     validate::fail(kOp, "sequence_length {} must be non-negative (0: max_positions)",
                    c.sequence_length);
   }
-
-  const RopeScaling s = c.scaling;
-  const char* name = scaling_name(s);
-  if (s != RopeScaling::none && s != RopeScaling::linear && s != RopeScaling::dynamic &&
-      s != RopeScaling::yarn && s != RopeScaling::llama3 && s != RopeScaling::longrope) {
-    validate::fail(kOp, "scaling {} is not a RopeScaling value", static_cast<int>(s));
+  const internal::ScalingVariant* variant = internal::scaling_variant(c.scaling);
+  if (variant == nullptr) {
+    validate::fail(kOp, "scaling {} is not a RopeScaling value", static_cast<int>(c.scaling));
   }
   // Fields the chosen variant ignores must keep their defaults: a mistyped configuration
   // fails here instead of silently giving other frequencies.
   const RopeConfig defaults;
-  const auto unused = [&](const char* field, bool is_default) {
-    if (!is_default) validate::fail(kOp, "{} is set but scaling {} does not use it", field, name);
+  const auto check_unused = [&](const char* field, bool is_default) {
+    if (is_default || internal::has_word("rotary_dim base max_positions", field) ||
+        internal::has_word(variant->fields, field)) {
+      return;
+    }
+    validate::fail(kOp, "{} is set but scaling {} does not use it", field, variant->name);
   };
-  const bool uses_factor = s != RopeScaling::none;
-  const bool uses_original = s == RopeScaling::dynamic || s == RopeScaling::yarn ||
-                             s == RopeScaling::llama3 || s == RopeScaling::longrope;
-  const bool is_yarn = s == RopeScaling::yarn;
-  if (!uses_factor) unused("factor", c.factor == defaults.factor);
-  if (!uses_original) unused("original_max_positions", c.original_max_positions == 0);
-  if (s != RopeScaling::dynamic && s != RopeScaling::longrope) {
-    unused("sequence_length", c.sequence_length == 0);
-  }
-  if (!is_yarn) {
-    unused("beta_fast", c.beta_fast == defaults.beta_fast);
-    unused("beta_slow", c.beta_slow == defaults.beta_slow);
-    unused("truncate", c.truncate == defaults.truncate);
-    unused("mscale", c.mscale == 0.0);
-    unused("mscale_all_dim", c.mscale_all_dim == 0.0);
-  }
-  if (s != RopeScaling::llama3) {
-    unused("low_freq_factor", c.low_freq_factor == defaults.low_freq_factor);
-    unused("high_freq_factor", c.high_freq_factor == defaults.high_freq_factor);
-  }
-  if (s != RopeScaling::longrope) {
-    unused("short_factor", c.short_factor.empty());
-    unused("long_factor", c.long_factor.empty());
-  }
-  if (!is_yarn && s != RopeScaling::longrope) unused("attention_factor", c.attention_factor == 0.0);
-
-  if (uses_factor && !finite_positive(c.factor)) {
-    validate::fail(kOp, "factor {} must be finite and positive (scaling {})", c.factor, name);
-  }
-  if (uses_original && c.original_max_positions <= 0) {
-    validate::fail(kOp, "original_max_positions {} must be positive (scaling {})",
-                   c.original_max_positions, name);
-  }
-  if (s == RopeScaling::dynamic && c.rotary_dim == 2) {
-    validate::fail(kOp, "rotary_dim 2 is too small for dynamic scaling (exponent R / (R - 2))");
-  }
-  if (is_yarn) {
-    if (!finite_positive(c.beta_fast) || !finite_positive(c.beta_slow)) {
-      validate::fail(kOp, "beta_fast {} and beta_slow {} must be finite and positive", c.beta_fast,
-                     c.beta_slow);
-    }
-    if (c.beta_fast <= c.beta_slow) {
-      validate::fail(kOp, "beta_fast {} must exceed beta_slow {}", c.beta_fast, c.beta_slow);
-    }
-    if (!std::isfinite(c.mscale) || c.mscale < 0.0 || !std::isfinite(c.mscale_all_dim) ||
-        c.mscale_all_dim < 0.0) {
-      validate::fail(kOp, "mscale {} and mscale_all_dim {} must be finite and non-negative",
-                     c.mscale, c.mscale_all_dim);
-    }
-    if (c.base == 1.0) validate::fail(kOp, "base 1 gives no yarn correction range (ln base = 0)");
-  }
-  if (s == RopeScaling::llama3) {
-    if (!finite_positive(c.low_freq_factor) || !std::isfinite(c.high_freq_factor) ||
-        c.high_freq_factor <= c.low_freq_factor) {
-      validate::fail(kOp, "low_freq_factor {} and high_freq_factor {} must satisfy 0 < low < high",
-                     c.low_freq_factor, c.high_freq_factor);
-    }
-  }
-  if (s == RopeScaling::longrope) {
-    const auto check_factors = [&](const char* field, const std::vector<double>& f) {
-      if (static_cast<std::int64_t>(f.size()) != c.rotary_dim / 2) {
-        validate::fail(kOp, "{} has {} values; longrope needs rotary_dim / 2 = {}", field, f.size(),
-                       c.rotary_dim / 2);
-      }
-      for (std::size_t i = 0; i < f.size(); ++i) {
-        if (!finite_positive(f[i])) {
-          validate::fail(kOp, "{}[{}] {} must be finite and positive", field, i, f[i]);
-        }
-      }
-    };
-    check_factors("short_factor", c.short_factor);
-    check_factors("long_factor", c.long_factor);
-    if (c.original_max_positions == 1) {
-      validate::fail(kOp, "original_max_positions 1 gives no longrope attention factor (ln 1 = 0)");
-    }
-  }
+#define EMBROPE_CHECK_UNUSED(field) check_unused(#field, c.field == defaults.field);
+  EMBROPE_ROPE_CONFIG_VALUES(EMBROPE_CHECK_UNUSED)
+  EMBROPE_ROPE_CONFIG_FACTORS(EMBROPE_CHECK_UNUSED)
+#undef EMBROPE_CHECK_UNUSED
+  variant->check(c);
   if (!std::isfinite(c.attention_factor) || c.attention_factor < 0.0) {
     validate::fail(kOp, "attention_factor {} must be finite and non-negative (0: derived)",
                    c.attention_factor);
@@ -164,31 +78,10 @@ RopeFrequencies rope_frequencies(const RopeConfig& config) {
                 fmt::format("{}: cannot allocate the {} frequencies of rotary_dim {}", kOp, count,
                             config.rotary_dim));
   }
+  const internal::ScalingVariant& variant = *internal::scaling_variant(config.scaling);
   RopeFrequencies out;
-  switch (config.scaling) {
-    case RopeScaling::none:
-      out.inv_freq = internal::default_inv_freq(config.rotary_dim, config.base);
-      break;
-    case RopeScaling::linear:
-      out.inv_freq = internal::default_inv_freq(config.rotary_dim, config.base);
-      for (double& f : out.inv_freq) f /= config.factor;
-      break;
-    case RopeScaling::dynamic:
-      out.inv_freq =
-          internal::default_inv_freq(config.rotary_dim, internal::dynamic_ntk_base(config));
-      break;
-    case RopeScaling::yarn:
-      out.inv_freq = internal::yarn_inv_freq(config);
-      out.attention_factor = internal::yarn_attention_factor(config);
-      break;
-    case RopeScaling::llama3:
-      out.inv_freq = internal::llama3_inv_freq(config);
-      break;
-    case RopeScaling::longrope:
-      out.inv_freq = internal::longrope_inv_freq(config);
-      out.attention_factor = internal::longrope_attention_factor(config);
-      break;
-  }
+  out.inv_freq = variant.inv_freq(config);
+  out.attention_factor = variant.attention_factor(config);
   const auto last_position = static_cast<double>(config.max_positions - 1);
   for (std::size_t i = 0; i < out.inv_freq.size(); ++i) {
     if (!std::isfinite(out.inv_freq[i]) || out.inv_freq[i] < 0.0) {

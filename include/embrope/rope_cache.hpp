@@ -57,6 +57,30 @@ struct RopeConfig {
   double attention_factor = 0.0;
 };
 
+// RopeConfig's fields in one list, for the code that treats each alike (the C API's
+// conversions to and from embrope_rope_config_t, whose fields have the same names; the Python
+// binding; the check that a variant's unused fields keep their defaults): X(name) for every
+// field but `scaling`. EMBROPE_ROPE_CONFIG_VALUES lists the numbers and flags,
+// EMBROPE_ROPE_CONFIG_FACTORS the longrope factor lists (pointers and num_factors in C).
+// clang-format off
+#define EMBROPE_ROPE_CONFIG_VALUES(X) \
+  X(rotary_dim)                       \
+  X(base)                             \
+  X(max_positions)                    \
+  X(factor)                           \
+  X(original_max_positions)           \
+  X(sequence_length)                  \
+  X(beta_fast)                        \
+  X(beta_slow)                        \
+  X(truncate)                         \
+  X(mscale)                           \
+  X(mscale_all_dim)                   \
+  X(low_freq_factor)                  \
+  X(high_freq_factor)                 \
+  X(attention_factor)
+#define EMBROPE_ROPE_CONFIG_FACTORS(X) X(short_factor) X(long_factor)
+// clang-format on
+
 // The frequencies and attention factor a configuration gives, in float64 (throws
 // Error(invalid_argument) naming the field and the rule for an invalid configuration).
 struct RopeFrequencies {

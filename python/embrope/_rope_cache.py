@@ -12,6 +12,8 @@ from . import _embrope as _C
 
 
 def _rope_config(op: str, **fields: Any) -> Any:
+    # The scaling parameters are RopeConfig's fields (listed once, in C++: RopeConfig.fields);
+    # a name that is not one of them is a TypeError from _arrays.settings.
     for name in ("short_factor", "long_factor"):
         if fields.get(name) is not None:
             fields[name] = [float(v) for v in fields[name]]
@@ -49,11 +51,12 @@ class RopeCache:
         Context-extension variant, with HF transformers' definitions (docs/ops.md). Its
         parameters are the keyword arguments below; setting one the variant does not use is
         an error.
-    factor, original_max_positions, sequence_length, beta_fast, beta_slow, truncate, mscale,
-    mscale_all_dim, low_freq_factor, high_freq_factor, short_factor, long_factor,
-    attention_factor
-        The variant's parameters, as in HF's ``rope_scaling`` (``original_max_positions`` is
-        ``original_max_position_embeddings``).
+    **params
+        The variant's parameters, by keyword, as in HF's ``rope_scaling``
+        (``original_max_positions`` is ``original_max_position_embeddings``): factor,
+        original_max_positions, sequence_length, beta_fast, beta_slow, truncate, mscale,
+        mscale_all_dim, low_freq_factor, high_freq_factor, attention_factor, short_factor,
+        long_factor (``RopeConfig.fields`` lists them).
     device : str, torch.device or int, default "cpu"
         Where the table lives ("cpu", "cuda", "cuda:1").
     layout : {"neox", "interleaved"}, default "neox"
@@ -70,6 +73,8 @@ class RopeCache:
         Naming the field and the rule, for an invalid configuration.
     OutOfMemoryError
         When the table cannot be allocated.
+    TypeError
+        For a keyword argument that is not a scaling parameter.
     """
 
     def __init__(
@@ -79,33 +84,15 @@ class RopeCache:
         base: float = 10000.0,
         *,
         scaling: str = "none",
-        factor: Optional[float] = None,
-        original_max_positions: Optional[int] = None,
-        sequence_length: Optional[int] = None,
-        beta_fast: Optional[float] = None,
-        beta_slow: Optional[float] = None,
-        truncate: Optional[bool] = None,
-        mscale: Optional[float] = None,
-        mscale_all_dim: Optional[float] = None,
-        low_freq_factor: Optional[float] = None,
-        high_freq_factor: Optional[float] = None,
-        short_factor: Optional[Sequence[float]] = None,
-        long_factor: Optional[Sequence[float]] = None,
-        attention_factor: Optional[float] = None,
         device: Any = "cpu",
         layout: str = "neox",
         mrope_section: Optional[Sequence[int]] = None,
         mrope_interleaved: bool = False,
         stream: Any = None,
+        **params: Any,
     ) -> None:
-        config = _rope_config(
-            "RopeCache", rotary_dim=rotary_dim, max_positions=max_positions, base=base,
-            scaling=scaling, factor=factor, original_max_positions=original_max_positions,
-            sequence_length=sequence_length, beta_fast=beta_fast, beta_slow=beta_slow,
-            truncate=truncate, mscale=mscale, mscale_all_dim=mscale_all_dim,
-            low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
-            short_factor=short_factor, long_factor=long_factor,
-            attention_factor=attention_factor)
+        config = _rope_config("RopeCache", rotary_dim=rotary_dim, max_positions=max_positions,
+                              base=base, scaling=scaling, **params)
         self._init(config, device, layout, mrope_section, mrope_interleaved, stream)
 
     def _init(self, config: Any, device: Any, layout: Any, mrope_section: Any,

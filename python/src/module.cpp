@@ -178,26 +178,20 @@ void bind_enums(nb::module_& m) {
 
 void bind_rope_config(nb::module_& m) {
   using embrope::RopeConfig;
-  nb::class_<RopeConfig>(m, "RopeConfig")
-      .def(nb::init<>())
+  nb::class_<RopeConfig> config(m, "RopeConfig");
+  config.def(nb::init<>())
       .def("__copy__", [](const RopeConfig& c) { return c; })
-      .def_rw("rotary_dim", &RopeConfig::rotary_dim)
-      .def_rw("base", &RopeConfig::base)
-      .def_rw("max_positions", &RopeConfig::max_positions)
-      .def_rw("scaling", &RopeConfig::scaling)
-      .def_rw("factor", &RopeConfig::factor)
-      .def_rw("original_max_positions", &RopeConfig::original_max_positions)
-      .def_rw("sequence_length", &RopeConfig::sequence_length)
-      .def_rw("beta_fast", &RopeConfig::beta_fast)
-      .def_rw("beta_slow", &RopeConfig::beta_slow)
-      .def_rw("truncate", &RopeConfig::truncate)
-      .def_rw("mscale", &RopeConfig::mscale)
-      .def_rw("mscale_all_dim", &RopeConfig::mscale_all_dim)
-      .def_rw("low_freq_factor", &RopeConfig::low_freq_factor)
-      .def_rw("high_freq_factor", &RopeConfig::high_freq_factor)
-      .def_rw("short_factor", &RopeConfig::short_factor)
-      .def_rw("long_factor", &RopeConfig::long_factor)
-      .def_rw("attention_factor", &RopeConfig::attention_factor);
+      .def_rw("scaling", &RopeConfig::scaling);
+  // Every other field, from the one list of them (embrope/rope_cache.hpp); `fields` names
+  // them for the Python layer's keyword arguments.
+  std::vector<std::string> fields;
+#define EMBROPE_BIND_FIELD(field)            \
+  config.def_rw(#field, &RopeConfig::field); \
+  fields.emplace_back(#field);
+  EMBROPE_ROPE_CONFIG_VALUES(EMBROPE_BIND_FIELD)
+  EMBROPE_ROPE_CONFIG_FACTORS(EMBROPE_BIND_FIELD)
+#undef EMBROPE_BIND_FIELD
+  config.attr("fields") = nb::tuple(nb::cast(fields));
 
   m.def("rope_frequencies", [](const RopeConfig& config) {
     embrope::RopeFrequencies f = embrope::rope_frequencies(config);

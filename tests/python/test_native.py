@@ -87,3 +87,34 @@ def test_torch_and_numpy_give_the_same_bits_from_one_cache():
     # and they are not the neox rotation without mrope (the settings did arrive)
     plain, _ = embrope.apply_rope(q, None, positions[0], cache.table, inplace=False)
     assert not np.array_equal(plain, by_numpy)
+
+
+def struct_fields(header, opening):
+    """The member names of the struct whose body follows `opening` in `header` (comments and
+    default values dropped; `double a, b;` gives a and b)."""
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).parents[2] / "include" / "embrope" / header).read_text()
+    body = text[text.index(opening) + len(opening):]
+    body = body[:body.index("\n}")]
+    body = re.sub(r"/\*.*?\*/|//[^\n]*", "", body, flags=re.S)
+    names = []
+    for declaration in body.split(";"):
+        declaration = re.sub(r"\{[^}]*\}|=[^,]*", "", declaration).strip()
+        if not declaration:
+            continue
+        first, *rest = declaration.split(",")
+        names += [first.split()[-1].lstrip("*")] + [r.strip().lstrip("*") for r in rest]
+    return names
+
+
+def test_rope_config_field_table_holds_every_field_of_both_structs():
+    # EMBROPE_ROPE_CONFIG_VALUES / _FACTORS (embrope/rope_cache.hpp) drive the C API's
+    # conversions and this binding: a field missing from them would be dropped silently.
+    table = set(_C.RopeConfig.fields)
+    cpp = set(struct_fields("rope_cache.hpp", "struct RopeConfig {"))
+    c = set(struct_fields("embrope.h", "typedef struct embrope_rope_config_t {"))
+    assert "beta_slow" in c and "high_freq_factor" in c and "long_factor" in cpp  # the parser
+    assert cpp - {"scaling"} == table
+    assert c - {"struct_size", "scaling", "num_factors"} == table
+    assert len(_C.RopeConfig.fields) == len(table)
