@@ -8,8 +8,10 @@
 #             the sweep's 1- and 64-token cases) and racecheck (every case but the sweep);
 #   bench     the benchmark on the GPU (JSON; medians of 5 repetitions);
 #   compare   when PyTorch is importable, the side-by-side comparison with the peers
-#             (benchmarks/compare/compare.py; wheels for Liger-Kernel and FlashInfer are
-#             installed from .whl/ when present, see benchmarks/compare/README.md).
+#             (benchmarks/compare/compare.py, through the Python package, whose extension the
+#             build step builds when python3 has nanobind; wheels for Liger-Kernel and
+#             FlashInfer are installed from .whl/ when present, see
+#             benchmarks/compare/README.md).
 # Logs and JSON go to the directory given as argument, or $OUT, or ./gpu-check-out.
 #   scripts/gpu-check.sh [OUT_DIR] [--quick] [--steps=build,test,sanitize,bench,compare]
 # --quick shortens the benchmark and the comparison (a first try of the whole script).
@@ -67,8 +69,15 @@ fi
 cat "$out/device.txt" | tee -a "$log"
 
 build=build-gpu
+# The Python extension too, for the comparison, when python3 can build it (nanobind and the
+# interpreter's headers); otherwise the comparison says so and the rest runs as before.
+python_args=()
+if python3 -m nanobind --cmake_dir >/dev/null 2>&1 && python3 -c "import os, sysconfig, sys
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"; then
+  python_args=(-DEMBROPE_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)")
+fi
 step configure cmake --preset cuda -B $build \
-  "${prefix_args[@]}" || { say "gpu-check: FAILED (configure)"; exit 1; }
+  "${prefix_args[@]}" "${python_args[@]}" || { say "gpu-check: FAILED (configure)"; exit 1; }
 step build cmake --build $build -j "$(nproc)" || { say "gpu-check: FAILED (build)"; exit 1; }
 step static-checks scripts/check-cuda-binary.sh $build
 gpu_tests=$build/tests/gpu/embrope_gpu_tests
@@ -117,9 +126,19 @@ if wants compare; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/embrope-site \
         .whl/*.whl >>"$log" 2>&1 && export PYTHONPATH="/tmp/embrope-site:${PYTHONPATH:-}"
     fi
-    compare_args=(--lib "$build/libembrope.so" --out "$out")
-    [ -n "$quick" ] && compare_args+=(--tokens 1,64,16384 --embed-tokens 16384 --skip compile)
-    PYTHONUNBUFFERED=1 step compare python3 benchmarks/compare/compare.py "${compare_args[@]}"
+    # The package from this checkout: its Python files beside the extension just built (which
+    # finds libembrope in the build tree).
+    package=$(pwd)/$build/python-package
+    rm -rf "$package" && mkdir -p "$package/embrope" && cp python/embrope/*.py "$package/embrope/"
+    if cp "$build"/python/_embrope*.so "$package/embrope/" 2>>"$log"; then
+      export PYTHONPATH="$package:${PYTHONPATH:-}"
+      compare_args=(--out "$out")
+      [ -n "$quick" ] && compare_args+=(--tokens 1,64,16384 --embed-tokens 16384 --skip compile)
+      PYTHONUNBUFFERED=1 step compare python3 benchmarks/compare/compare.py "${compare_args[@]}"
+    else
+      say "compare: FAILED (no Python extension in $build: python3 needs nanobind and its headers)"
+      status=1
+    fi
   else
     say "compare: skipped (EMBROPE_COMPARE=0 or no PyTorch)"
   fi

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Peer comparison: embrope against PyTorch eager, torch.compile, Liger-Kernel and FlashInfer.
 
-embrope is called through its C API (include/embrope/embrope.h) with ctypes; torch tensors are
-handed over as hand-built DLPack DLTensor structs, so no extension module has to be compiled
-for the Python side. Every implementation runs on the same inputs and its output is checked
+embrope is called through its Python package (`import embrope`: the functions a user calls,
+over the same libembrope as the C API), with torch tensors passed as they are (DLPack), on
+torch's current stream. Every implementation runs on the same inputs and its output is checked
 against a float64 reference before it is timed; a peer that cannot be imported or run is
 reported as "unavailable: <reason>" rather than left out.
 
@@ -11,7 +11,6 @@ See README.md next to this file for the command lines and the measurement method
 """
 
 import argparse
-import ctypes
 import datetime
 import importlib
 import json
@@ -31,316 +30,45 @@ if "--device=cpu" in sys.argv or any(a == "--device" and b == "cpu"
 
 import torch
 
-# ------------------------------------------------------------------------------ DLPack ----
-# Mirrors of dlpack/dlpack.h (DLPACK_VERSION 60+; DLTensor's layout is unchanged since 0.2).
-
-KDL_CPU = 1
-KDL_CUDA = 2
-KDL_INT, KDL_UINT, KDL_FLOAT, KDL_BFLOAT = 0, 1, 2, 4
-
-
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("device", DLDevice),
-        ("ndim", ctypes.c_int32),
-        ("dtype", DLDataType),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("strides", ctypes.POINTER(ctypes.c_int64)),
-        ("byte_offset", ctypes.c_uint64),
-    ]
-
-
-_DL_DTYPES = {
-    torch.float32: (KDL_FLOAT, 32),
-    torch.float16: (KDL_FLOAT, 16),
-    torch.bfloat16: (KDL_BFLOAT, 16),
-    torch.int32: (KDL_INT, 32),
-    torch.int64: (KDL_INT, 64),
-}
-
-
-class DLView:
-    """A DLTensor describing a torch tensor without copying. Keeps the shape and stride
-    arrays (and the tensor) alive as long as the view, since the struct only points at them."""
-
-    def __init__(self, t):
-        if t.dtype not in _DL_DTYPES:
-            raise TypeError(f"no DLPack mapping for {t.dtype}")
-        self.tensor = t
-        self._shape = (ctypes.c_int64 * max(t.dim(), 1))(*t.shape)
-        # torch strides are in elements, as DLPack wants them.
-        self._strides = (ctypes.c_int64 * max(t.dim(), 1))(*t.stride())
-        code, bits = _DL_DTYPES[t.dtype]
-        if t.device.type == "cuda":
-            device = DLDevice(KDL_CUDA, t.device.index if t.device.index is not None else 0)
-        elif t.device.type == "cpu":
-            device = DLDevice(KDL_CPU, 0)
-        else:
-            raise ValueError(f"device {t.device} has no DLPack mapping here")
-        # data_ptr() already includes the storage offset, so byte_offset stays 0.
-        self.struct = DLTensor(
-            ctypes.c_void_p(t.data_ptr()), device, t.dim(), DLDataType(code, bits, 1),
-            self._shape, self._strides, 0)
-
-    @property
-    def ptr(self):
-        return ctypes.pointer(self.struct)
-
-
-# ----------------------------------------------------------------------- embrope C API ----
-
-EMBROPE_STATUS = {
-    0: "OK", 1: "INVALID_ARGUMENT", 2: "INDEX_OUT_OF_RANGE", 3: "NOT_IMPLEMENTED", 4: "CUDA",
-    5: "OUT_OF_MEMORY", 6: "INTERNAL",
-}
-EMBROPE_ROPE_SCALING_NONE = 0
-EMBROPE_ROPE_NEOX = 0
-EMBROPE_POSITIONS_LEARNED = 1
-
-c_enum = ctypes.c_int  # C enums of this header are int-sized on the supported ABIs
-
-
-class RopeConfig(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),  # set by the *_init_size call
-        ("rotary_dim", ctypes.c_int64),
-        ("base", ctypes.c_double),
-        ("max_positions", ctypes.c_int64),
-        ("scaling", c_enum),
-        ("factor", ctypes.c_double),
-        ("original_max_positions", ctypes.c_int64),
-        ("sequence_length", ctypes.c_int64),
-        ("beta_fast", ctypes.c_double),
-        ("beta_slow", ctypes.c_double),
-        ("truncate", ctypes.c_int32),
-        ("mscale", ctypes.c_double),
-        ("mscale_all_dim", ctypes.c_double),
-        ("low_freq_factor", ctypes.c_double),
-        ("high_freq_factor", ctypes.c_double),
-        ("short_factor", ctypes.POINTER(ctypes.c_double)),
-        ("long_factor", ctypes.POINTER(ctypes.c_double)),
-        ("num_factors", ctypes.c_int64),
-        ("attention_factor", ctypes.c_double),
-    ]
-
-
-class RopeOptions(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),  # set by the *_init_size call
-        ("layout", c_enum),
-        ("inverse", ctypes.c_int32),
-        ("rotary_dim", ctypes.c_int64),
-        ("q_out", ctypes.POINTER(DLTensor)),
-        ("k_out", ctypes.POINTER(DLTensor)),
-        ("mrope_section", ctypes.c_int64 * 3),
-        ("deferred", ctypes.c_void_p),
-    ]
-
-
-class EmbedOptions(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),  # set by the *_init_size call
-        ("scale", ctypes.c_float),
-        ("vocab_start", ctypes.c_int64),
-        ("vocab_shard", ctypes.c_int32),
-        ("positions", c_enum),
-        ("position_table", ctypes.POINTER(DLTensor)),
-        ("sinusoid_base", ctypes.c_double),
-        ("sinusoid_layout", c_enum),
-        ("position_ids", ctypes.POINTER(DLTensor)),
-        ("position_offsets", ctypes.POINTER(DLTensor)),
-        ("type_table", ctypes.POINTER(DLTensor)),
-        ("type_ids", ctypes.POINTER(DLTensor)),
-        ("deferred", ctypes.c_void_p),
-    ]
-
-
-class EmbedBackwardOptions(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),  # set by the *_init_size call
-        ("scale", ctypes.c_float),
-        ("vocab_start", ctypes.c_int64),
-        ("vocab_shard", ctypes.c_int32),
-        ("has_padding_idx", ctypes.c_int32),
-        ("padding_idx", ctypes.c_int64),
-        ("grad_position_table", ctypes.POINTER(DLTensor)),
-        ("position_ids", ctypes.POINTER(DLTensor)),
-        ("position_offsets", ctypes.POINTER(DLTensor)),
-        ("grad_type_table", ctypes.POINTER(DLTensor)),
-        ("type_ids", ctypes.POINTER(DLTensor)),
-        ("mode", c_enum),
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_size_t),
-        ("deferred", ctypes.c_void_p),
-    ]
-
-
-class EmbropeError(RuntimeError):
-    def __init__(self, function, status, message):
-        super().__init__(f"{function} -> {EMBROPE_STATUS.get(status, status)}: {message}")
-        self.status = status
-
+# ------------------------------------------------------------------------------ embrope ----
 
 class Embrope:
-    """ctypes bindings of the functions this benchmark uses."""
+    """The calls of embrope's Python package this benchmark makes, with one deferred status per
+    device: embrope's calls then only enqueue kernels (no per-call synchronisation, capturable
+    into CUDA graphs), and the status is checked after each measurement."""
 
-    def __init__(self, path):
-        self.lib = lib = ctypes.CDLL(os.path.abspath(path))
-        P = ctypes.POINTER
-        lib.embrope_version.restype = ctypes.c_char_p
-        lib.embrope_version.argtypes = []
-        lib.embrope_last_error.restype = ctypes.c_char_p
-        lib.embrope_last_error.argtypes = []
-        lib.embrope_cuda_device_count.restype = ctypes.c_int
-        lib.embrope_cuda_device_count.argtypes = []
-        lib.embrope_rope_config_init_size.restype = None
-        lib.embrope_rope_config_init_size.argtypes = [P(RopeConfig), ctypes.c_size_t]
-        lib.embrope_rope_options_init_size.restype = None
-        lib.embrope_rope_options_init_size.argtypes = [P(RopeOptions), ctypes.c_size_t]
-        lib.embrope_embed_options_init_size.restype = None
-        lib.embrope_embed_options_init_size.argtypes = [P(EmbedOptions), ctypes.c_size_t]
-        lib.embrope_rope_cache_create.restype = ctypes.c_int
-        lib.embrope_rope_cache_create.argtypes = [P(RopeConfig), DLDevice, ctypes.c_void_p,
-                                                  P(ctypes.c_void_p)]
-        lib.embrope_rope_cache_destroy.restype = ctypes.c_int
-        lib.embrope_rope_cache_destroy.argtypes = [ctypes.c_void_p]
-        lib.embrope_rope_cache_copy_to_host.restype = ctypes.c_int
-        lib.embrope_rope_cache_copy_to_host.argtypes = [ctypes.c_void_p, P(ctypes.c_float),
-                                                        P(ctypes.c_float)]
-        lib.embrope_apply_rope.restype = ctypes.c_int
-        lib.embrope_apply_rope.argtypes = [P(DLTensor), P(DLTensor), P(DLTensor),
-                                           ctypes.c_void_p, P(RopeOptions), ctypes.c_void_p]
-        lib.embrope_embed.restype = ctypes.c_int
-        lib.embrope_embed.argtypes = [P(DLTensor), P(DLTensor), P(DLTensor), P(EmbedOptions),
-                                      ctypes.c_void_p]
-        lib.embrope_embed_backward_options_init_size.restype = None
-        lib.embrope_embed_backward_options_init_size.argtypes = [P(EmbedBackwardOptions), ctypes.c_size_t]
-        lib.embrope_embed_backward.restype = ctypes.c_int
-        lib.embrope_embed_backward.argtypes = [P(DLTensor), P(DLTensor), P(DLTensor),
-                                               P(EmbedBackwardOptions), ctypes.c_void_p]
-        lib.embrope_deferred_status_create.restype = ctypes.c_int
-        lib.embrope_deferred_status_create.argtypes = [DLDevice, P(ctypes.c_void_p)]
-        lib.embrope_deferred_status_destroy.restype = ctypes.c_int
-        lib.embrope_deferred_status_destroy.argtypes = [ctypes.c_void_p]
-        lib.embrope_deferred_status_check.restype = ctypes.c_int
-        lib.embrope_deferred_status_check.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    def __init__(self):
+        import embrope
+
+        self.m = embrope
+        self.version = embrope.__version__
+        self.path = os.path.dirname(os.path.abspath(embrope.__file__))
         self._deferred = {}
-        self.version = lib.embrope_version().decode()
-        self._check_struct_layouts()
 
-    def check(self, function, status):
-        if status != 0:
-            raise EmbropeError(function, status, self.lib.embrope_last_error().decode())
-
-    def _check_struct_layouts(self):
-        """Fills each options struct with a byte pattern, runs its *_init and compares every
-        field with the documented default: a field out of place in the ctypes mirror (or a
-        struct that is too short) shows up as a wrong value here instead of as a silent
-        misread later."""
-
-        def poisoned(cls):
-            s = cls()
-            ctypes.memset(ctypes.byref(s), 0x5A, ctypes.sizeof(s))
-            return s
-
-        c = poisoned(RopeConfig)
-        self.lib.embrope_rope_config_init_size(ctypes.byref(c), ctypes.sizeof(c))
-        got = {f: getattr(c, f) for f, _ in RopeConfig._fields_ if f != "struct_size"}
-        got["short_factor"] = bool(c.short_factor)
-        got["long_factor"] = bool(c.long_factor)
-        want = dict(rotary_dim=0, base=10000.0, max_positions=0, scaling=0, factor=1.0,
-                    original_max_positions=0, sequence_length=0, beta_fast=32.0, beta_slow=1.0,
-                    truncate=1, mscale=0.0, mscale_all_dim=0.0, low_freq_factor=1.0,
-                    high_freq_factor=4.0, short_factor=False, long_factor=False, num_factors=0,
-                    attention_factor=0.0)
-        if got != want:
-            raise RuntimeError(f"embrope_rope_config_t mirror does not match the library: {got}")
-        o = poisoned(RopeOptions)
-        self.lib.embrope_rope_options_init_size(ctypes.byref(o), ctypes.sizeof(o))
-        if (o.layout, o.inverse, o.rotary_dim, bool(o.q_out), bool(o.k_out),
-                tuple(o.mrope_section), bool(o.deferred)) != (0, 0, 0, False, False, (0, 0, 0),
-                                                              False):
-            raise RuntimeError("embrope_rope_options_t mirror does not match the library")
-        e = poisoned(EmbedOptions)
-        self.lib.embrope_embed_options_init_size(ctypes.byref(e), ctypes.sizeof(e))
-        pointers = [bool(getattr(e, f)) for f in ("position_table", "position_ids",
-                                                  "position_offsets", "type_table", "type_ids",
-                                                  "deferred")]
-        if (e.scale, e.vocab_start, e.vocab_shard, e.positions, e.sinusoid_base,
-                e.sinusoid_layout, any(pointers)) != (1.0, 0, 0, 0, 10000.0, 0, False):
-            raise RuntimeError("embrope_embed_options_t mirror does not match the library")
-        b = poisoned(EmbedBackwardOptions)
-        self.lib.embrope_embed_backward_options_init_size(ctypes.byref(b), ctypes.sizeof(b))
-        if (b.scale, b.vocab_start, b.vocab_shard, b.has_padding_idx, b.padding_idx, b.mode,
-                b.workspace_bytes, any(bool(getattr(b, f)) for f in (
-                    "grad_position_table", "position_ids", "position_offsets", "grad_type_table",
-                    "type_ids", "workspace", "deferred"))) != (1.0, 0, 0, 0, 0, 0, 0, False):
-            raise RuntimeError("embrope_embed_backward_options_t mirror does not match the library")
-
-    # -- deferred bad-index status: embrope's calls then only enqueue kernels (no per-call
-    # synchronisation, capturable into CUDA graphs); checked after each measurement.
     def deferred_status(self, device):
         key = str(device)
         if key not in self._deferred:
-            if device.type == "cuda":
-                dev = DLDevice(KDL_CUDA, device.index if device.index is not None else 0)
-            else:
-                dev = DLDevice(KDL_CPU, 0)
-            handle = ctypes.c_void_p()
-            self.check("embrope_deferred_status_create",
-                       self.lib.embrope_deferred_status_create(dev, ctypes.byref(handle)))
-            self._deferred[key] = handle
+            self._deferred[key] = self.m.DeferredStatus(key)
         return self._deferred[key]
 
     def check_deferred(self, device):
         if str(device) in self._deferred:
-            self.check("embrope_deferred_status_check",
-                       self.lib.embrope_deferred_status_check(self._deferred[str(device)],
-                                                              stream_handle(device)))
+            stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+            self._deferred[str(device)].check(stream)
 
-    # -- cache
-    def rope_cache(self, rotary_dim, max_positions, base, device, stream):
-        config = RopeConfig()
-        self.lib.embrope_rope_config_init_size(ctypes.byref(config), ctypes.sizeof(config))
-        config.rotary_dim = rotary_dim
-        config.max_positions = max_positions
-        config.base = base
-        config.scaling = EMBROPE_ROPE_SCALING_NONE
-        if device.type == "cuda":
-            dev = DLDevice(KDL_CUDA, device.index if device.index is not None else 0)
+    def rope_cache(self, rotary_dim, max_positions, base, device):
+        return self.m.RopeCache(rotary_dim, max_positions, base, device=str(device))
+
+    @staticmethod
+    def rope_cache_to_host(cache):
+        """The cache's cos and sin halves, [P, D/2] float32 each, on the CPU."""
+        table = cache.table  # NumPy (read-only) for a CPU cache, DLPack on the GPU
+        if hasattr(table, "__array_interface__"):
+            table = torch.tensor(table.copy())
         else:
-            dev = DLDevice(KDL_CPU, 0)
-        handle = ctypes.c_void_p()
-        self.check("embrope_rope_cache_create",
-                   self.lib.embrope_rope_cache_create(ctypes.byref(config), dev, stream,
-                                                      ctypes.byref(handle)))
-        return handle
-
-    def rope_cache_to_host(self, handle, max_positions, rotary_dim):
-        cos = torch.empty(max_positions, rotary_dim // 2, dtype=torch.float32)
-        sin = torch.empty_like(cos)
-        fp = ctypes.POINTER(ctypes.c_float)
-        self.check("embrope_rope_cache_copy_to_host",
-                   self.lib.embrope_rope_cache_copy_to_host(
-                       handle, ctypes.cast(cos.data_ptr(), fp), ctypes.cast(sin.data_ptr(), fp)))
-        return cos, sin
-
-
-def stream_handle(device):
-    """The cudaStream_t of torch's current stream (the capture stream inside a graph capture),
-    read at call time; NULL for the CPU."""
-    if device.type == "cuda":
-        return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
-    return None
+            table = torch.from_dlpack(table).cpu()
+        half = table.shape[1] // 2
+        return table[:, :half].contiguous(), table[:, half:].contiguous()
 
 
 # ------------------------------------------------------------------------ correctness ----
@@ -557,25 +285,24 @@ class Results:
             print(f"{what} {status}", flush=True)
 
 
-def embrope_rope_call(lib, q, k, positions, cache, opts, device):
-    """embrope_apply_rope on q and k in place; the DLTensors are built once, outside the
-    timed calls, and the stream is read at each call (the capture stream inside a capture)."""
-    qv, kv, pv = DLView(q), DLView(k), DLView(positions)
+def embrope_rope_call(lib, q, k, positions, cache, device):
+    """embrope.apply_rope on q and k in place, on torch's current stream at each call (the
+    capture stream inside a capture), reporting bad positions to the device's deferred status."""
+    deferred = lib.deferred_status(device)
+    apply_rope = lib.m.apply_rope
 
     def call():
-        lib.check("embrope_apply_rope", lib.lib.embrope_apply_rope(
-            qv.ptr, kv.ptr, pv.ptr, cache, ctypes.byref(opts), stream_handle(device)))
+        apply_rope(q, k, positions, cache, layout="neox", deferred=deferred)
     return call
 
 
 def run_rope(args, lib, device, timer, results, peers, failures):
     hq, hk, d = args.q_heads, args.kv_heads, args.head_dim
     max_pos = args.max_positions
-    stream = stream_handle(device)
-    cache = lib.rope_cache(d, max_pos, args.rope_base, device, stream)
+    cache = lib.rope_cache(d, max_pos, args.rope_base, device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    cos_half, sin_half = lib.rope_cache_to_host(cache, max_pos, d)
+    cos_half, sin_half = lib.rope_cache_to_host(cache)
     # The cache must be the textbook table: float64 angles position * base^(-2i/D).
     inv = args.rope_base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
@@ -588,10 +315,6 @@ def run_rope(args, lib, device, timer, results, peers, failures):
     # Peers read the same float32 values, so the comparison is about the kernels only.
     cos_sin_f32 = torch.cat((cos_half, sin_half), -1).to(device)  # FlashInfer's layout
     cos_half_dev, sin_half_dev = cos_half.to(device), sin_half.to(device)
-    opts = RopeOptions()
-    lib.lib.embrope_rope_options_init_size(ctypes.byref(opts), ctypes.sizeof(opts))
-    opts.layout = EMBROPE_ROPE_NEOX
-    opts.deferred = lib.deferred_status(device)
 
     liger_fn, liger_reason = peers["liger"]
     flashinfer_fn, flashinfer_reason = peers["flashinfer"]
@@ -622,7 +345,7 @@ def run_rope(args, lib, device, timer, results, peers, failures):
             impls = {}
 
             def embrope_impl(q, k):
-                return embrope_rope_call(lib, q, k, positions, cache, opts, device)
+                return embrope_rope_call(lib, q, k, positions, cache, device)
 
             impls["embrope"] = embrope_impl
 
@@ -747,12 +470,11 @@ def run_rope(args, lib, device, timer, results, peers, failures):
                                     gbps=nbytes / ms / 1e6)
 
     def finish():
-        embrope_graphs(args, lib, device, timer, results, cache, opts, embrope_graph_cases)
-        lib.check("embrope_rope_cache_destroy", lib.lib.embrope_rope_cache_destroy(cache))
+        embrope_graphs(args, lib, device, timer, results, cache, embrope_graph_cases)
     return finish
 
 
-def embrope_graphs(args, lib, device, timer, results, cache, opts, cases):
+def embrope_graphs(args, lib, device, timer, results, cache, cases):
     """embrope under CUDA-graph capture, run last of all. With a deferred status in its options
     a call only enqueues kernels, so it can be captured; a failed capture may still leave state
     behind in torch (the capture stream's allocator pool), so it is attempted after every other
@@ -767,7 +489,7 @@ def embrope_graphs(args, lib, device, timer, results, cache, opts, cases):
         q, k = case["q0"].clone(), case["k0"].clone()
         try:
             ms, iters = time_graph(
-                timer, embrope_rope_call(lib, q, k, case["positions"], cache, opts, device),
+                timer, embrope_rope_call(lib, q, k, case["positions"], cache, device),
                 device, args.graph_ops)
         except Exception as exc:
             reason = str(exc) or type(exc).__name__
@@ -803,24 +525,14 @@ def run_embed(args, lib, device, timer, results, failures):
                 impls = {}
 
                 def embrope_impl(out, mode=mode, pos=pos):
-                    tv, iv, ov, pv = DLView(table), DLView(ids), DLView(out), DLView(pos_table)
-                    o = EmbedOptions()
-                    lib.lib.embrope_embed_options_init_size(ctypes.byref(o), ctypes.sizeof(o))
-                    o.positions = EMBROPE_POSITIONS_LEARNED
-                    o.position_table = pv.ptr
-                    o.deferred = lib.deferred_status(device)
-                    keep = [tv, iv, ov, pv, o]
-                    if mode == "explicit":
-                        posv = DLView(pos)
-                        keep.append(posv)
-                        o.position_ids = posv.ptr
-                    # with neither position_ids nor position_offsets, 1-D ids get positions
-                    # 0..N-1
+                    # With no position_ids (and no offsets), 1-D ids take positions 0..N-1.
+                    position_ids = pos if mode == "explicit" else None
+                    deferred = lib.deferred_status(device)
+                    embed = lib.m.embed
 
                     def call():
-                        lib.check("embrope_embed", lib.lib.embrope_embed(
-                            tv.ptr, iv.ptr, ov.ptr, ctypes.byref(o), stream_handle(device)))
-                    call.keep = keep
+                        embed(table, ids, out=out, positions="learned", position_table=pos_table,
+                              position_ids=position_ids, deferred=deferred)
                     return call, out
 
                 impls["embrope"] = embrope_impl
@@ -906,14 +618,11 @@ def run_embed_backward(args, lib, device, timer, results, failures):
                         bytes=nbytes)
 
             grad = torch.zeros(args.vocab, hidden, dtype=torch.float32, device=device)
-            gv, iv, tv = DLView(grad_out), DLView(ids), DLView(grad)
-            opts = EmbedBackwardOptions()
-            lib.lib.embrope_embed_backward_options_init_size(ctypes.byref(opts), ctypes.sizeof(opts))
-            opts.deferred = lib.deferred_status(device)
+            deferred = lib.deferred_status(device)
+            embed_backward = lib.m.embed_backward
 
             def embrope_call():
-                lib.check("embrope_embed_backward", lib.lib.embrope_embed_backward(
-                    gv.ptr, iv.ptr, tv.ptr, ctypes.byref(opts), stream_handle(device)))
+                embed_backward(grad_out, ids, grad, deferred=deferred)
 
             def torch_call():
                 return torch.ops.aten.embedding_dense_backward(grad_out, ids, args.vocab, -1,
@@ -1072,7 +781,6 @@ def parse_list(text, cast=int):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lib", required=True, help="path to libembrope.so")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--out", default="out/compare")
     ap.add_argument("--ops", default="rope,embed,embed_bwd",
@@ -1142,9 +850,10 @@ def main(argv=None):
             pass
         device_name += f" ({torch.get_num_threads()} torch threads)"
 
-    lib = Embrope(args.lib)
-    if device.type == "cuda" and lib.lib.embrope_cuda_device_count() == 0:
-        sys.exit(f"{args.lib} reports no CUDA device: build it with -DEMBROPE_CUDA=ON")
+    lib = Embrope()
+    if device.type == "cuda" and lib.m.cuda_device_count() == 0:
+        sys.exit(f"embrope at {lib.path} reports no CUDA device: build it with nvcc on the "
+                 "PATH (the package then has the CUDA kernels)")
 
     liger, liger_reason = import_or_reason("liger_kernel.ops.rope", "LigerRopeFunction")
     liger_fn = (lambda q, k, c, s: liger.apply(q, k, c, s)) if liger else None
@@ -1175,7 +884,7 @@ def main(argv=None):
     meta = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         device=str(device), device_name=device_name, embrope_version=lib.version,
-        embrope_lib=os.path.abspath(args.lib), git_commit=git_commit,
+        embrope_package=lib.path, git_commit=git_commit,
         torch=torch.__version__, torch_cuda=torch.version.cuda, triton=triton_version,
         liger_kernel=package_version("liger-kernel") or (liger_reason and "unavailable"),
         flashinfer=package_version("flashinfer-python")
@@ -1184,7 +893,7 @@ def main(argv=None):
         python=platform.python_version(), timing=timing, flush_l2=timer.flush_l2,
         args={k: v for k, v in vars(args).items()},
     )
-    print(f"embrope {lib.version} from {args.lib}; device {device_name}; torch {torch.__version__}")
+    print(f"embrope {lib.version} from {lib.path}; device {device_name}; torch {torch.__version__}")
     print(f"liger: {meta['liger_kernel'] if liger else 'unavailable: ' + str(liger_reason)}; "
           f"flashinfer: {meta['flashinfer'] if flashinfer_fn else 'unavailable: ' + str(flashinfer_reason)}")
 
