@@ -1163,9 +1163,10 @@ class PctReporter : public Base {
       }
       const std::string& name = run.run_name.function_name;
       const std::size_t unfused = name.find("/unfused");
+      // A baseline that did not run (skipped with an error: no time) gives no ratio.
       if (unfused != std::string::npos) {
-        if (is_time) unfused_seconds_[name.substr(0, unfused)] = seconds;
-      } else if (is_time && unfused_seconds_.count(name) != 0) {
+        if (is_time && seconds > 0) unfused_seconds_[name.substr(0, unfused)] = seconds;
+      } else if (is_time && seconds > 0 && unfused_seconds_.count(name) != 0) {
         run.counters["x_vs_unfused"] = unfused_seconds_[name] / seconds;
       }
     }
