@@ -29,9 +29,12 @@ from ._rope_cache import RopeCache, _mrope_tuple
 
 def call(function: Any, *args: Any, **kwargs: Any) -> Any:
     """A native function called with every array argument importable (:func:`_arrays.importable`:
-    NumPy bfloat16 arrays as bfloat16 views of their bytes)."""
-    return function(*(_arrays.importable(a) for a in args),
-                    **{name: _arrays.importable(a) for name, a in kwargs.items()})
+    NumPy bfloat16 arrays as bfloat16 views of their bytes; only NumPy arrays need a look)."""
+    args = tuple(_arrays.importable(a) if isinstance(a, np.ndarray) else a for a in args)
+    for name, a in kwargs.items():
+        if isinstance(a, np.ndarray):
+            kwargs[name] = _arrays.importable(a)
+    return function(*args, **kwargs)
 
 
 def rope_table(op: str, cache: Any) -> dict:
