@@ -195,13 +195,17 @@ def stream_handle(stream: Any, like: Any = None) -> int:
     (cupy.cuda.Stream) or ``__cuda_stream__`` (the CUDA stream protocol).
     """
     if stream is None:
-        if like is None or dlpack_device(like)[0] != _KDL_CUDA:
+        if like is None:
             return 0
         module = framework(like)
         if module == "torch":
+            if not like.is_cuda:  # (torch's __dlpack_device__ costs about 2 us)
+                return 0
             import torch
 
             return int(torch.cuda.current_stream(like.device).cuda_stream)
+        if dlpack_device(like)[0] != _KDL_CUDA:
+            return 0
         if module == "cupy":
             import cupy
 
