@@ -6,6 +6,7 @@
 // range checks are internal::resolve_embed_row, shared with the CPU path. With a norm
 // (LayerNorm, Ba et al. 2016; RMSNorm, Zhang & Sennrich 2019), embed_norm_kernel below.
 #include <cstdint>
+#include <optional>
 
 #include "../src/backend.hpp"
 #include "../src/dispatch.hpp"
@@ -18,6 +19,7 @@
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/sinusoid.hpp"
 #include "vector.cuh"
+#include "workspace.cuh"
 
 namespace embrope::gpu {
 
@@ -43,11 +45,50 @@ struct RowTables {
                  : static_cast<const T*>(p.type_table) + r.type * p.type_table_stride) {}
 };
 
+// The sinusoids of a call as the CPU keeps them (src/cpu/sinusoid_rows.hpp): the frequencies
+// w_i and the offsets' sin and cos, sin/cos(b w_i) for b < kSinusoidBlock rounded to float32,
+// computed once by sinusoid_table_kernel into a workspace of 4 D + 128 D bytes (512 KB for D
+// 4096, an L2 resident). An element then costs the anchor's float64 sin/cos, where it cost a
+// float64 pow and two sin/cos: the GPU ran float64-bound (a bfloat16 lookup of 16K rows of D
+// 4096 took 609 us on an H100, 16% of a copy). The values are detail::sinusoid_sin_cos's bits.
+// Every sinusoidal call builds one, a decoding step too: the table kernel is one short launch
+// (D/2 x kSinusoidBlock threads), and one path is one set of bits to test.
+struct SinusoidTable {
+  const double* freq = nullptr;    // [D/2]
+  const float2* offset = nullptr;  // [kSinusoidBlock][D/2]: (sin, cos) of b w_i
+};
+
+// Block (i, b): the frequency w_i (b = 0 writes it) and sin/cos(b w_i) in float32.
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    sinusoid_table_kernel(std::int64_t dim, double base, double* freq, float2* offset) {
+  const std::int64_t half = dim / 2;
+  const std::int64_t b = blockIdx.y;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < half;
+       i += stride) {
+    const double w = detail::sinusoid_freq(i, dim, base);
+    if (b == 0) freq[i] = w;
+    const detail::SinCos v = detail::sin_cos_f64(static_cast<double>(b) * w);
+    offset[b * half + i] = make_float2(static_cast<float>(v.sin), static_cast<float>(v.cos));
+  }
+}
+
+// sin and cos of position * w_i (detail::sinusoid_sin_cos) from the call's table.
+__device__ __forceinline__ void sinusoid_value(const internal::EmbedParams& p,
+                                               const SinusoidTable& table, std::int64_t position,
+                                               std::int64_t i, float* sin_out, float* cos_out) {
+  const std::int64_t anchor = detail::sinusoid_anchor(position);
+  const float2 offset = table.offset[(position - anchor) * (p.dim / 2) + i];
+  detail::sinusoid_combine(detail::sin_cos_f64(static_cast<double>(anchor) * table.freq[i]),
+                           offset.x, offset.y, sin_out, cos_out);
+}
+
 // v = the float32 sum of the W elements j .. j + W - 1 of row r (aligned to a W chunk):
 // scale * token (zero for a shard miss) + position (learned or sinusoidal) + type, in that
 // order, as on the CPU.
 template <typename T, int W, bool kSinusoidal>
 __device__ __forceinline__ void sum_chunk(const internal::EmbedParams& p,
+                                          const SinusoidTable& sinusoids,
                                           const internal::EmbedRow& r, const RowTables<T>& rows,
                                           std::int64_t j, float* v) {
   float add[W];
@@ -72,8 +113,7 @@ __device__ __forceinline__ void sum_chunk(const internal::EmbedParams& p,
 #pragma unroll
         for (int w = 0; w < W; w += 2) {
           float sv, cv;
-          detail::sinusoid_sin_cos(
-              r.position, detail::sinusoid_freq((j + w) >> 1, p.dim, p.sinusoid_base), &sv, &cv);
+          sinusoid_value(p, sinusoids, r.position, (j + w) >> 1, &sv, &cv);
           v[w] += sv;
           v[w + 1] += cv;
         }
@@ -87,8 +127,7 @@ __device__ __forceinline__ void sum_chunk(const internal::EmbedParams& p,
         const std::int64_t i = split ? (e < half ? e : e - half) : (e >> 1);
         const bool is_sin = split ? e < half : (e & 1) == 0;
         float sv, cv;
-        detail::sinusoid_sin_cos(r.position, detail::sinusoid_freq(i, p.dim, p.sinusoid_base), &sv,
-                                 &cv);
+        sinusoid_value(p, sinusoids, r.position, i, &sv, &cv);
         v[w] += is_sin ? sv : cv;
       }
     }
@@ -103,15 +142,16 @@ __device__ __forceinline__ void sum_chunk(const internal::EmbedParams& p,
 // W is the number of consecutive elements a lane handles: 16 / sizeof(T) on the fast path
 // (aligned rows, D a multiple of W), 1 on the general path. G lanes (blockDim.x) share a row;
 // blockDim.y rows run side by side in a block.
-// kSinusoidal: the call adds sinusoidal positions (detail/sinusoid.hpp: two float64 sin/cos
-// and their angle-addition combination per element, or per pair), in instantiations of their
-// own so that the other paths keep their register budget.
+// kSinusoidal: the call adds sinusoidal positions (detail/sinusoid.hpp: the anchor's float64
+// sin/cos and the angle-addition combination per element, or per pair; SinusoidTable), in
+// instantiations of their own so that the other paths keep their register budget.
 // At least 4 blocks per multiprocessor, at most 64 registers: left to itself, ptxas chose
-// 32 for the scalar float16 path and spilled. The sinusoidal paths hold W float64 angles in
-// flight and get 2 blocks, 128 registers (64 spilled).
+// 32 for the scalar float16 path and spilled. The sinusoidal paths hold W float64 sin/cos in
+// flight and get 3 blocks, 80 registers (the 16-bit ones took 102 at 2 blocks; at 4 they
+// spill).
 template <typename T, int W, int G, bool kSinusoidal>
-__global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 2 : 4)
-    embed_kernel(const __grid_constant__ internal::EmbedParams p) {
+__global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 3 : 4)
+    embed_kernel(const __grid_constant__ internal::EmbedParams p, const SinusoidTable sinusoids) {
   constexpr int kRowsPerBlock = kThreadsPerBlock / G;
   const int lane = threadIdx.x;
   const std::int64_t dim = p.dim;
@@ -134,7 +174,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 2 : 4)
     const RowTables<T> rows(p, r);
     for (std::int64_t j = lane * W; j < dim; j += G * W) {
       float v[W];
-      sum_chunk<T, W, kSinusoidal>(p, r, rows, j, v);
+      sum_chunk<T, W, kSinusoidal>(p, sinusoids, r, rows, j, v);
 #pragma unroll
       for (int w = 0; w < W; ++w) result.v[w] = from_float<T>(v[w]);
       *reinterpret_cast<Chunk<T, W>*>(out + j) = result;
@@ -163,7 +203,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 2 : 4)
 constexpr int kNormThreadsPerBlock = kNormBlockRows * detail::kNormLanes;
 template <typename T, bool kVector, bool kSinusoidal>
 __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
-    embed_norm_kernel(const __grid_constant__ internal::EmbedParams p) {
+    embed_norm_kernel(const __grid_constant__ internal::EmbedParams p,
+                      const SinusoidTable sinusoids) {
   constexpr int kLanes = detail::kNormLanes;
   constexpr int kWidth = detail::kNormLaneWidth;
   constexpr int kRowsPerBlock = kNormBlockRows;
@@ -196,12 +237,12 @@ __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
       if constexpr (kVector) {
 #pragma unroll
         for (int c = 0; c < kWidth; c += kLoad)
-          sum_chunk<T, kLoad, kSinusoidal>(p, r, rows, j0 + c, v + c);
+          sum_chunk<T, kLoad, kSinusoidal>(p, sinusoids, r, rows, j0 + c, v + c);
       } else {
 #pragma unroll
         for (int w = 0; w < kWidth; ++w) {
           v[w] = 0.0f;
-          if (j0 + w < dim) sum_chunk<T, 1, kSinusoidal>(p, r, rows, j0 + w, v + w);
+          if (j0 + w < dim) sum_chunk<T, 1, kSinusoidal>(p, sinusoids, r, rows, j0 + w, v + w);
         }
       }
     };
@@ -304,7 +345,8 @@ bool fits_vector_path(const internal::EmbedParams& p) {
 }
 
 template <typename T>
-void launch_norm(const internal::EmbedParams& p, cudaStream_t stream) {
+void launch_norm(const internal::EmbedParams& p, const SinusoidTable& sinusoids,
+                 cudaStream_t stream) {
   const dim3 block(detail::kNormLanes, kNormBlockRows);
   const unsigned grid = grid_for(p.rows, kNormBlockRows);
   const bool sinusoidal = p.positions == PositionEncoding::sinusoidal;
@@ -312,33 +354,66 @@ void launch_norm(const internal::EmbedParams& p, cudaStream_t stream) {
   // float32, a multiple of 4 is not enough).
   if (fits_vector_path<T>(p) && p.dim % detail::kNormLaneWidth == 0) {
     if (sinusoidal) {
-      embed_norm_kernel<T, true, true><<<grid, block, 0, stream>>>(p);
+      embed_norm_kernel<T, true, true><<<grid, block, 0, stream>>>(p, sinusoids);
     } else {
-      embed_norm_kernel<T, true, false><<<grid, block, 0, stream>>>(p);
+      embed_norm_kernel<T, true, false><<<grid, block, 0, stream>>>(p, sinusoids);
     }
   } else if (sinusoidal) {
-    embed_norm_kernel<T, false, true><<<grid, block, 0, stream>>>(p);
+    embed_norm_kernel<T, false, true><<<grid, block, 0, stream>>>(p, sinusoids);
   } else {
-    embed_norm_kernel<T, false, false><<<grid, block, 0, stream>>>(p);
+    embed_norm_kernel<T, false, false><<<grid, block, 0, stream>>>(p, sinusoids);
   }
   check_launch("embed_norm_kernel");
 }
 
 template <typename T, int W, int G>
-void launch_group(const internal::EmbedParams& p, cudaStream_t stream) {
+void launch_group(const internal::EmbedParams& p, const SinusoidTable& sinusoids,
+                  cudaStream_t stream) {
   const dim3 block(G, kThreadsPerBlock / G);
   const unsigned grid = grid_for(p.rows, kThreadsPerBlock / G);
   if (p.positions == PositionEncoding::sinusoidal) {
-    embed_kernel<T, W, G, true><<<grid, block, 0, stream>>>(p);
+    embed_kernel<T, W, G, true><<<grid, block, 0, stream>>>(p, sinusoids);
   } else {
-    embed_kernel<T, W, G, false><<<grid, block, 0, stream>>>(p);
+    embed_kernel<T, W, G, false><<<grid, block, 0, stream>>>(p, sinusoids);
   }
+}
+
+// The pieces of a sinusoid table in a workspace layout.
+struct SinusoidPieces {
+  double* freq;
+  float2* offset;
+};
+SinusoidPieces take_sinusoid_pieces(WorkspaceLayout& layout, std::int64_t half) {
+  SinusoidPieces pieces;
+  pieces.freq = layout.take<double>(static_cast<std::size_t>(half));
+  pieces.offset = layout.take<float2>(static_cast<std::size_t>(detail::kSinusoidBlock * half));
+  return pieces;
+}
+
+// The call's sinusoid table, in `workspace` (allocated on the stream, freed in stream order when
+// the call returns), or none.
+SinusoidTable make_sinusoid_table(const internal::EmbedParams& p,
+                                  std::optional<Workspace>& workspace, cudaStream_t stream) {
+  if (p.positions != PositionEncoding::sinusoidal) return {};
+  const std::int64_t half = p.dim / 2;
+  WorkspaceLayout sizes(nullptr);
+  take_sinusoid_pieces(sizes, half);
+  workspace.emplace(nullptr, sizes.required_bytes(), stream, "embed");
+  WorkspaceLayout layout(workspace->base());
+  const SinusoidPieces pieces = take_sinusoid_pieces(layout, half);
+  const dim3 grid(grid_for(half, kThreadsPerBlock), static_cast<unsigned>(detail::kSinusoidBlock));
+  sinusoid_table_kernel<<<grid, kThreadsPerBlock, 0, stream>>>(p.dim, p.sinusoid_base, pieces.freq,
+                                                               pieces.offset);
+  check_launch("sinusoid_table_kernel");
+  return {pieces.freq, pieces.offset};
 }
 
 template <typename T>
 void launch(const internal::EmbedParams& p, cudaStream_t stream) {
+  std::optional<Workspace> workspace;
+  const SinusoidTable sinusoids = make_sinusoid_table(p, workspace, stream);
   if (p.norm != Normalization::none) {
-    launch_norm<T>(p, stream);
+    launch_norm<T>(p, sinusoids, stream);
     return;
   }
   if (fits_vector_path<T>(p)) {
@@ -346,16 +421,16 @@ void launch(const internal::EmbedParams& p, cudaStream_t stream) {
     // The smallest group whose lanes cover a row in one 16-byte step each (at least 4 lanes).
     const std::int64_t chunks = p.dim / w;
     if (chunks <= 4) {
-      launch_group<T, w, 4>(p, stream);
+      launch_group<T, w, 4>(p, sinusoids, stream);
     } else if (chunks <= 8) {
-      launch_group<T, w, 8>(p, stream);
+      launch_group<T, w, 8>(p, sinusoids, stream);
     } else if (chunks <= 16) {
-      launch_group<T, w, 16>(p, stream);
+      launch_group<T, w, 16>(p, sinusoids, stream);
     } else {
-      launch_group<T, w, 32>(p, stream);
+      launch_group<T, w, 32>(p, sinusoids, stream);
     }
   } else {
-    launch_group<T, 1, 32>(p, stream);
+    launch_group<T, 1, 32>(p, sinusoids, stream);
   }
   check_launch("embed_kernel");
 }

@@ -92,11 +92,18 @@ EMBROPE_HD float sinusoid_term(float f1, float g1, float f2, float g2) {
   return f1 * g1 + f2 * g2;
 }
 
-EMBROPE_HD void sinusoid_combine(SinCos anchor, SinCos offset, float* sin_out, float* cos_out) {
+// The same from the offset's sin and cos already rounded to float32: what a backend that keeps
+// the offsets' values of a call in a table (the GPU's workspace) combines.
+EMBROPE_HD void sinusoid_combine(SinCos anchor, float sin_b, float cos_b, float* sin_out,
+                                 float* cos_out) {
   const auto sin_a = static_cast<float>(anchor.sin), cos_a = static_cast<float>(anchor.cos);
-  const auto sin_b = static_cast<float>(offset.sin), cos_b = static_cast<float>(offset.cos);
   *sin_out = sinusoid_term(sin_a, cos_b, cos_a, sin_b);
   *cos_out = sinusoid_term(cos_a, cos_b, sin_a, -sin_b);
+}
+
+EMBROPE_HD void sinusoid_combine(SinCos anchor, SinCos offset, float* sin_out, float* cos_out) {
+  sinusoid_combine(anchor, static_cast<float>(offset.sin), static_cast<float>(offset.cos), sin_out,
+                   cos_out);
 }
 
 // sin and cos of p w for 0 <= p < kSinusoidPositionLimit: the value every backend gives.
