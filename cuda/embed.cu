@@ -73,14 +73,40 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
-// sin and cos of position * w_i (detail::sinusoid_sin_cos) from the call's table.
-__device__ __forceinline__ void sinusoid_value(const internal::EmbedParams& p,
+// sin and cos of position * w_i for the N pairs i = i0 .. i0 + N - 1 (detail::sinusoid_sin_cos)
+// from the call's table. N even: i0 a multiple of N, and the table's rows start on 16 bytes
+// (D a multiple of 4), so that a lane's frequencies and offsets are whole 16-byte loads.
+template <int N>
+__device__ __forceinline__ void sinusoid_pairs(const internal::EmbedParams& p,
                                                const SinusoidTable& table, std::int64_t position,
-                                               std::int64_t i, float* sin_out, float* cos_out) {
+                                               std::int64_t i0, float* sin_out, float* cos_out) {
   const std::int64_t anchor = detail::sinusoid_anchor(position);
-  const float2 offset = table.offset[(position - anchor) * (p.dim / 2) + i];
-  detail::sinusoid_combine(detail::sin_cos_f64(static_cast<double>(anchor) * table.freq[i]),
-                           offset.x, offset.y, sin_out, cos_out);
+  const double* freq = table.freq + i0;
+  const float2* offset = table.offset + (position - anchor) * (p.dim / 2) + i0;
+  double w[N];
+  float2 o[N];
+  if constexpr (N % 2 == 0) {
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      const double2 f = reinterpret_cast<const double2*>(freq)[k];
+      const float4 q = reinterpret_cast<const float4*>(offset)[k];
+      w[2 * k] = f.x;
+      w[2 * k + 1] = f.y;
+      o[2 * k] = make_float2(q.x, q.y);
+      o[2 * k + 1] = make_float2(q.z, q.w);
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      w[n] = freq[n];
+      o[n] = offset[n];
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    detail::sinusoid_combine(detail::sin_cos_f64(static_cast<double>(anchor) * w[n]), o[n].x,
+                             o[n].y, &sin_out[n], &cos_out[n]);
+  }
 }
 
 // v = the float32 sum of the W elements j .. j + W - 1 of row r (aligned to a W chunk):
@@ -107,27 +133,39 @@ __device__ __forceinline__ void sum_chunk(const internal::EmbedParams& p,
   } else if constexpr (kSinusoidal) {
     const std::int64_t half = p.dim / 2;
     const bool split = p.sinusoid_layout == SinusoidLayout::split;
-    bool paired = false;
+    bool done = false;
     if constexpr (W % 2 == 0) {
-      if (!split) {  // interleaved, j even (W-aligned): each (sin, cos) pair from one evaluation
+      if (!split) {  // interleaved: the chunk is the W/2 pairs from j / 2, each (sin, cos)
+        float sv[W / 2], cv[W / 2];
+        sinusoid_pairs<W / 2>(p, sinusoids, r.position, j >> 1, sv, cv);
 #pragma unroll
-        for (int w = 0; w < W; w += 2) {
-          float sv, cv;
-          sinusoid_value(p, sinusoids, r.position, (j + w) >> 1, &sv, &cv);
-          v[w] += sv;
-          v[w + 1] += cv;
+        for (int n = 0; n < W / 2; ++n) {
+          v[2 * n] += sv[n];
+          v[2 * n + 1] += cv[n];
         }
-        paired = true;
+        done = true;
+      } else if (half % W == 0) {  // split, the chunk within one half: W sines or W cosines
+        const bool sines = j < half;
+        const std::int64_t i0 = sines ? j : j - half;
+        // In two steps of W/2 pairs: W float64 sin/cos at once spill.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float sv[W / 2], cv[W / 2];
+          sinusoid_pairs<W / 2>(p, sinusoids, r.position, i0 + h * (W / 2), sv, cv);
+#pragma unroll
+          for (int n = 0; n < W / 2; ++n) v[h * (W / 2) + n] += sines ? sv[n] : cv[n];
+        }
+        done = true;
       }
     }
-    if (!paired) {
+    if (!done) {
 #pragma unroll
       for (int w = 0; w < W; ++w) {
         const std::int64_t e = j + w;
         const std::int64_t i = split ? (e < half ? e : e - half) : (e >> 1);
         const bool is_sin = split ? e < half : (e & 1) == 0;
         float sv, cv;
-        sinusoid_value(p, sinusoids, r.position, i, &sv, &cv);
+        sinusoid_pairs<1>(p, sinusoids, r.position, i, &sv, &cv);
         v[w] += is_sin ? sv : cv;
       }
     }
@@ -172,6 +210,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 3 : 4)
       continue;
     }
     const RowTables<T> rows(p, r);
+    // Two chunks' loads in flight per lane: with one, a bfloat16 lookup with learned positions
+    // kept too few bytes in flight per SM at 2,048 rows (68% of the Little bound in the GPU
+    // model). Not the sinusoidal paths: they spill at two.
+    constexpr int kChunksInFlight = kSinusoidal ? 1 : 2;
+#pragma unroll(kChunksInFlight)
     for (std::int64_t j = lane * W; j < dim; j += G * W) {
       float v[W];
       sum_chunk<T, W, kSinusoidal>(p, sinusoids, r, rows, j, v);
