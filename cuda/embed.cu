@@ -47,7 +47,7 @@ struct RowTables {
 
 // The sinusoids of a call as the CPU keeps them (src/cpu/sinusoid_rows.hpp): the frequencies
 // w_i and the offsets' sin and cos, sin/cos(b w_i) for b < kSinusoidBlock rounded to float32,
-// computed once by sinusoid_table_kernel into a workspace of 4 D + 128 D bytes (512 KB for D
+// computed once by sinusoid_table_kernel into a workspace of 4 D + 128 D bytes (528 KiB for D
 // 4096, an L2 resident). An element then costs the anchor's float64 sin/cos, where it cost a
 // float64 pow and two sin/cos: the GPU ran float64-bound (a bfloat16 lookup of 16K rows of D
 // 4096 took 609 us on an H100, 16% of a copy). The values are detail::sinusoid_sin_cos's bits.
@@ -210,11 +210,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 3 : 4)
       continue;
     }
     const RowTables<T> rows(p, r);
-    // Two chunks' loads in flight per lane: with one, a bfloat16 lookup with learned positions
-    // kept too few bytes in flight per SM at 2,048 rows (68% of the Little bound in the GPU
-    // model). Not the sinusoidal paths: they spill at two.
-    constexpr int kChunksInFlight = kSinusoidal ? 1 : 2;
-#pragma unroll(kChunksInFlight)
     for (std::int64_t j = lane * W; j < dim; j += G * W) {
       float v[W];
       sum_chunk<T, W, kSinusoidal>(p, sinusoids, r, rows, j, v);
