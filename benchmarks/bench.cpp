@@ -1,7 +1,8 @@
-// embrope-bench: every op against the memory ceiling measured in the same case (a
-// device-to-device copy on the GPU, memcpy on the CPU, of the same bytes, read + write
-// counted, timed after every call of the op) and against an unfused baseline
-// inside embrope.
+// embrope-bench: every op against the memory ceiling of its own access pattern measured in
+// the same case (on the CPU: memcpy of the same bytes for ops that read one place and write
+// another, an in-place read-modify-write pass over them for in-place ops; on the GPU a
+// device-to-device copy; read + write counted, timed after every call of the op) and against
+// an unfused baseline inside embrope.
 //
 //   embrope-bench [--device=auto|cpu|gpu] [--full] [Google Benchmark flags]
 //
@@ -9,9 +10,9 @@
 // sizes that tell, in about a minute on two cores); --full runs the whole sweep of shapes and
 // token counts. Unless told otherwise, every case runs 3 repetitions and reports medians.
 //
-// Counters per case: GB/s (bytes the op must move / median time), copy_seconds (the copy's
-// time per iteration), pct_of_copy (the op's bandwidth over the copy's: the copy's time over
-// the op's), x_vs_unfused (the unfused baseline's
+// Counters per case: GB/s (bytes the op must move / median time), ceiling_seconds (the
+// ceiling pass's time per iteration), in_place (1 where that pass is in place), pct_of_ceiling
+// (the op's bandwidth over the ceiling's: the ceiling's time over the op's), x_vs_unfused (the unfused baseline's
 // time over the fused op's: q then k in two calls; lookup, then positions, then an add pass;
 // RoPE, then a copy into the KV cache; the lookup with positions, then a LayerNorm pass).
 // On the GPU, decode RoPE is also timed without the default check (/deferred) and as CUDA
@@ -226,23 +227,45 @@ double seconds_of(const std::function<void()>& body, void* stream) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// The access pattern of an op's bytes, and so of its ceiling. An in-place pass over memory
+// the cores' caches hold outruns memcpy of the same bytes (no write-allocate of a second
+// buffer): on the 2-core machine of docs/performance.md, 1.96x at 128 MiB, 1.2x at 1-2 GiB.
+enum class Pattern { copy, in_place };
+
+// The ceiling of an in-place op: a read-modify-write pass over bytes/2 (read + write = bytes
+// moved), each 8-byte word's float sign bits flipped (a pass the compiler vectorises and
+// cannot drop), split over the cores like copy_body. On the GPU, the device copy.
+std::function<void()> ceiling_body(std::int64_t bytes, Pattern pattern, void* stream) {
+  if (pattern == Pattern::copy || g_gpu) return copy_body(bytes, stream);
+  const std::size_t words = static_cast<std::size_t>(bytes / 2 / 8);
+  Memory& buffer = shared_values("in_place_pass", words * 8, DType::float32);
+  const bool threaded = words * 2 >= (1 << 15);
+  return [&buffer, words, threaded] {
+    auto* w = static_cast<std::uint64_t*>(buffer.data());
+#pragma omp parallel for schedule(static) if (threaded)
+    for (std::size_t i = 0; i < words; ++i) w[i] ^= 0x8000000080000000ull;
+  };
+}
+
 // Times body() (manual time: CUDA events on `stream` on the GPU, wall time on the CPU), and
-// after each call the copy of the same bytes, into the counter copy_seconds (per iteration).
-// Op and ceiling alternate call by call: a machine whose memory bandwidth drifts within
-// seconds (a shared VM) moves both, and pct_of_copy compares them at the same moments.
+// after each call the ceiling pass over the same bytes (`pattern`), into the counter
+// ceiling_seconds (per iteration). Op and ceiling alternate call by call: a machine whose
+// memory bandwidth drifts within seconds (a shared VM) moves both, and pct_of_ceiling
+// compares them at the same moments.
 void run_timed(benchmark::State& state, const std::function<void()>& body, std::int64_t bytes_moved,
-               void* stream = nullptr) {
-  const std::function<void()> copy = copy_body(bytes_moved, stream);
+               Pattern pattern, void* stream = nullptr) {
+  const std::function<void()> ceiling = ceiling_body(bytes_moved, pattern, stream);
   body();  // warm up
-  copy();
-  double copy_seconds = 0;
+  ceiling();
+  double ceiling_seconds = 0;
   for (auto _ : state) {
     state.SetIterationTime(seconds_of(body, stream));
-    copy_seconds += seconds_of(copy, stream);
+    ceiling_seconds += seconds_of(ceiling, stream);
   }
   const benchmark::IterationCount iterations = state.iterations();
-  state.counters["copy_seconds"] =
-      iterations > 0 ? copy_seconds / static_cast<double>(iterations) : 0;
+  state.counters["ceiling_seconds"] =
+      iterations > 0 ? ceiling_seconds / static_cast<double>(iterations) : 0;
+  state.counters["in_place"] = pattern == Pattern::in_place && !g_gpu ? 1 : 0;
   state.counters["bytes"] = static_cast<double>(bytes_moved);
   state.counters["GBps"] = benchmark::Counter(static_cast<double>(bytes_moved) / 1e9,
                                               benchmark::Counter::kIsIterationInvariantRate);
@@ -281,7 +304,7 @@ void rope_case(benchmark::State& state, RopeShape s, DType dtype, std::int64_t t
     }
   };
   if (launch == Launch::checked) {
-    run_timed(state, call, bytes);
+    run_timed(state, call, bytes, Pattern::in_place);
     return;
   }
 #ifdef EMBROPE_BENCH_CUDA
@@ -308,7 +331,7 @@ void rope_case(benchmark::State& state, RopeShape s, DType dtype, std::int64_t t
     }
     body = [&] { cudaGraphLaunch(exec, stream); };
   }
-  run_timed(state, body, bytes, stream);
+  run_timed(state, body, bytes, Pattern::in_place, stream);
   cudaStreamSynchronize(stream);
   if (!status.ok(embrope::Stream{stream})) state.SkipWithError("a position was reported bad");
   if (exec != nullptr) cudaGraphExecDestroy(exec);
@@ -376,7 +399,7 @@ void append_kv_case(benchmark::State& state, RopeShape s, DType dtype, DType cac
           copy(v_cache.data(), v.data());
         }
       },
-      bytes);
+      bytes, Pattern::copy);
 }
 
 // The unfused chain's quantize pass: value * scale rounded once to float8_e4m3fn (embrope's
@@ -443,7 +466,7 @@ void rope_fp8_case(benchmark::State& state, RopeShape s, DType dtype, std::int64
     };
   }
   // What the fused op must move: q and k read, their float8 outputs written.
-  run_timed(state, body, (q_elements + k_elements) * (es + 1));
+  run_timed(state, body, (q_elements + k_elements) * (es + 1), Pattern::copy);
 }
 
 void embed_case(benchmark::State& state, DType dtype, std::int64_t dim, std::int64_t tokens,
@@ -499,7 +522,7 @@ void embed_case(benchmark::State& state, DType dtype, std::int64_t dim, std::int
       }
     };
   }
-  run_timed(state, body, bytes);
+  run_timed(state, body, bytes, Pattern::copy);
 }
 
 // A case; run_timed times its ceiling, the copy of the same bytes, inside it.
@@ -525,9 +548,9 @@ void register_all() {
       {"hd256", 16, 16, 256, 256, embrope::RopeLayout::neox},
   };
   // The main cases: Llama-3-8B at every dtype from decode to 16K tokens, partial rotary
-  // (Pythia, GPT-J) at 16K; --full: every shape at every token count.
+  // (Pythia, GPT-J) at 16K; --full: every shape at every token count, and Llama-3-8B at 64K
+  // tokens (q and k of 336-671 MB: past a 480 MiB last-level cache; the 16K cases fit in one).
   std::vector<std::int64_t> token_counts = {1, 8, 64, 1024, 16384};
-  if (g_gpu) token_counts.push_back(65536);
   for (const char* dt : {"bf16", "f16", "f32"}) {
     const DType dtype = parse_dtype(dt);
     for (const RopeShape& s : shapes) {
@@ -535,6 +558,7 @@ void register_all() {
       const bool partial_shape =
           std::strcmp(s.model, "pythia") == 0 || std::strcmp(s.model, "gpt-j") == 0;
       std::vector<std::int64_t> counts = token_counts;
+      if (main_shape || g_gpu) counts.push_back(65536);
       if (!g_full) {
         if (main_shape) {
           counts = {1, 256, 4096, 16384};
@@ -614,7 +638,8 @@ void register_all() {
       for (auto positions : {embrope::PositionEncoding::none, embrope::PositionEncoding::learned,
                              embrope::PositionEncoding::sinusoidal}) {
         const bool sinusoidal = positions == embrope::PositionEncoding::sinusoidal;
-        std::vector<std::int64_t> counts = {1, 64, 1024, 16384};
+        // --full: 64K rows of D 4096 too (0.5-2 GB out: past the last-level cache).
+        std::vector<std::int64_t> counts = {1, 64, 1024, 16384, 65536};
         if (!g_full)
           counts =
               sinusoidal ? std::vector<std::int64_t>{16384} : std::vector<std::int64_t>{64, 16384};
@@ -684,7 +709,7 @@ void embed_norm_case(benchmark::State& state, DType dtype, std::int64_t dim, std
       embrope::embed(scratch, row_ids, to, norm);
     };
   }
-  run_timed(state, body, bytes);
+  run_timed(state, body, bytes, Pattern::copy);
 }
 
 void register_embed_norm() {
@@ -754,7 +779,7 @@ void qk_norm_rope_case(benchmark::State& state, DType dtype, std::int64_t tokens
       embrope::apply_rope(tq_out, tk_out, tp, cache);
     };
   }
-  run_timed(state, body, bytes);
+  run_timed(state, body, bytes, Pattern::copy);
 }
 
 // Qwen3-8B's qk-norm + RoPE + KV-cache append (q [T, 32, 128], k and v [T, 8, 128], a paged
@@ -828,7 +853,7 @@ void qk_norm_append_kv_case(benchmark::State& state, DType dtype, std::int64_t t
           scatter();
         }
       },
-      bytes);
+      bytes, Pattern::copy);
 }
 
 // For a float8 attention kernel (bfloat16 activations): q normalised and rotated into a
@@ -879,7 +904,7 @@ void qk_norm_append_kv_fp8_case(benchmark::State& state, std::int64_t tokens, bo
     };
   }
   // What the fused op must move: q, k and v read; q_out and the cache rows written in float8.
-  run_timed(state, body, q_elements * (a.es + 1) + 2 * tokens * a.kv_row * (a.es + 1));
+  run_timed(state, body, q_elements * (a.es + 1) + 2 * tokens * a.kv_row * (a.es + 1), Pattern::copy);
 }
 
 // DeepSeek-V3 MLA into float8 (FlashInfer's mla_rope_quantize_fp8): q [T, 128, 128 | 64]
@@ -943,7 +968,7 @@ void mla_fp8_case(benchmark::State& state, std::int64_t tokens, bool fused) {
           quantize_rows(kv_base, tokens, kd, rank, kv_c8.data(), 2.0f);
         }
       },
-      tokens * (h * qd + kd) * 3);  // bfloat16 read, float8 written
+      tokens * (h * qd + kd) * 3, Pattern::copy);  // bfloat16 read, float8 written
 }
 
 // DeepSeek-V3 MLA's rotation and latent cache write (vLLM's rotary_emb + concat_and_cache_mla):
@@ -997,7 +1022,7 @@ void mla_append_case(benchmark::State& state, std::int64_t tokens, bool fused) {
           std::memcpy(c_base + slot_of[t] * kd, kv_base + t * kd, static_cast<std::size_t>(kd * 2));
         }
       },
-      tokens * (2 * h * rope + 2 * kd) * 2);  // q's rope slices read and written, kv_a to the cache
+      tokens * (2 * h * rope + 2 * kd) * 2, Pattern::copy);  // q's rope slices read and written, kv_a to the cache
 }
 
 void register_qk_norm_rope() {
@@ -1096,7 +1121,7 @@ void embed_backward_case(benchmark::State& state, DType dtype, std::int64_t dim,
   const std::int64_t distinct = distinct_ids(tokens, one_id ? 1 : vocab);
   const std::int64_t bytes = tokens * dim * es + 2 * distinct * dim * 4;
   run_timed(
-      state, [&] { embrope::embed_backward(tg, ti, tt, options); }, bytes);
+      state, [&] { embrope::embed_backward(tg, ti, tt, options); }, bytes, Pattern::copy);
 }
 
 // The same bytes as the forward rope case: read and write the rotated part of dq and dk.
@@ -1112,7 +1137,7 @@ void rope_backward_case(benchmark::State& state, DType dtype, std::int64_t token
   const Tensor tp(pos.data(), DType::int64, {tokens}, device());
   const std::int64_t bytes = 2 * tokens * (hq + hk) * dim * es;
   run_timed(
-      state, [&] { embrope::apply_rope_backward(tq, tk, tp, cache); }, bytes);
+      state, [&] { embrope::apply_rope_backward(tq, tk, tp, cache); }, bytes, Pattern::in_place);
 }
 
 void register_backward() {
@@ -1144,22 +1169,23 @@ void register_backward() {
   }
 }
 
-// Adds pct_of_copy to every row from the copy timed inside the same case (run_timed), and
-// x_vs_unfused to a fused row from its baseline's row (on the terminal and in the JSON file
-// alike). For the median aggregate, the medians of the op's and the copy's times.
+// Adds pct_of_ceiling to every row from the ceiling pass timed inside the same case
+// (run_timed), and x_vs_unfused to a fused row from its baseline's row (on the terminal and in
+// the JSON file alike). For the median aggregate, the medians of the op's and the ceiling's
+// times.
 template <typename Base>
 class PctReporter : public Base {
  public:
   using Run = benchmark::BenchmarkReporter::Run;
   void ReportRuns(const std::vector<Run>& runs) override {
-    std::vector<Run> copy = runs;
-    for (Run& run : copy) {
+    std::vector<Run> with_ratios = runs;
+    for (Run& run : with_ratios) {
       const double seconds = run.GetAdjustedRealTime() / 1e6;  // unit: microseconds
       const bool is_time = run.run_type == Run::RT_Iteration || run.aggregate_name == "median";
-      const auto copy_seconds = run.counters.find("copy_seconds");
-      if ((is_time || run.aggregate_name == "mean") && copy_seconds != run.counters.end() &&
-          copy_seconds->second.value > 0 && seconds > 0) {
-        run.counters["pct_of_copy"] = 100.0 * copy_seconds->second.value / seconds;
+      const auto ceiling_seconds = run.counters.find("ceiling_seconds");
+      if ((is_time || run.aggregate_name == "mean") && ceiling_seconds != run.counters.end() &&
+          ceiling_seconds->second.value > 0 && seconds > 0) {
+        run.counters["pct_of_ceiling"] = 100.0 * ceiling_seconds->second.value / seconds;
       }
       const std::string& name = run.run_name.function_name;
       const std::size_t unfused = name.find("/unfused");
@@ -1170,7 +1196,7 @@ class PctReporter : public Base {
         run.counters["x_vs_unfused"] = unfused_seconds_[name] / seconds;
       }
     }
-    Base::ReportRuns(copy);
+    Base::ReportRuns(with_ratios);
   }
 
  private:

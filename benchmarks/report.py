@@ -8,12 +8,13 @@ eager's time for the same cases, measured now, in this run, on the same device a
 when torch is importable, and writes into DIR:
 
 - bench.json: one record per case (op, shape, dtype, tokens, median time, GB/s, the GB/s of
-  the copy of the same bytes timed inside the same case and the op's percentage of it, the
-  ratio to the unfused baseline and to PyTorch eager) and the run's metadata (machine,
-  commit, command, instruction set);
+  the ceiling of its access pattern over the same bytes timed inside the same case (a copy,
+  or for in-place ops an in-place pass) and the op's percentage of it, the working set
+  against the last-level cache, the ratio to the unfused baseline and to PyTorch eager) and
+  the run's metadata (machine, commit, command, instruction set);
 - bench.md: the same as a markdown table, with the machine, command and commit;
-- bench.png: GB/s against tokens for each op and dtype, the copy ceiling of each case drawn
-  as a dashed line (needs matplotlib).
+- bench.png: per op at its largest size, the percentage of its ceiling and the speed-up over
+  PyTorch eager, as bars (needs matplotlib).
 
 With --models, the end-to-end rows of benchmarks/models.py (HF models unpatched and patched
 with embrope.transformers, same run) join the table. The table is also printed. Only the Python standard library is needed for the table and the
@@ -68,8 +69,10 @@ def parse_case(name: str) -> Optional[dict]:
 
 
 def read_cases(raw: dict) -> list[dict]:
-    """The op rows from the medians in Google Benchmark's JSON, each with the GB/s of the copy
-    of the same bytes timed inside the same case (copy_gbps)."""
+    """The op rows from the medians in Google Benchmark's JSON, each with the GB/s of the
+    ceiling pass over the same bytes timed inside the same case (ceiling_gbps; ceiling: "copy"
+    or "in-place pass") and its working set (the bytes it touches: half the bytes moved in place,
+    all of them otherwise)."""
     cases = []
     for b in raw["benchmarks"]:
         if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
@@ -82,10 +85,15 @@ def read_cases(raw: dict) -> list[dict]:
         if case is None:
             continue
         moved = int(b.get("bytes", 0))
-        copy_seconds = b.get("copy_seconds")
+        # Files from before the in-place ceiling name it copy_seconds / pct_of_copy.
+        ceiling_seconds = b.get("ceiling_seconds", b.get("copy_seconds"))
+        in_place = bool(b.get("in_place", 0))
         case.update(name=name, seconds=seconds, bytes=moved, gbps=moved / seconds / 1e9,
-                    copy_gbps=moved / copy_seconds / 1e9 if copy_seconds else None,
-                    pct_of_copy=b.get("pct_of_copy"), x_vs_unfused=b.get("x_vs_unfused"))
+                    ceiling="in-place pass" if in_place else "copy",
+                    ceiling_gbps=moved / ceiling_seconds / 1e9 if ceiling_seconds else None,
+                    pct_of_ceiling=b.get("pct_of_ceiling", b.get("pct_of_copy")),
+                    working_set=moved // 2 if in_place else moved,
+                    x_vs_unfused=b.get("x_vs_unfused"))
         cases.append(case)
     return cases
 
@@ -309,25 +317,55 @@ def fmt(value: Any, spec: str, suffix: str = "") -> str:
     return "" if value is None else f"{value:{spec}}{suffix}"
 
 
-def table_rows(cases: list[dict]) -> list[list[str]]:
+def last_level_cache_bytes() -> Optional[int]:
+    """The largest CPU cache of this machine (sysfs), or None."""
+    sizes = []
+    for index in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        scale = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes) if sizes else None
+
+
+def working_set(c: dict, llc: Optional[int]) -> str:
+    """The case's working set, and where it lives against the last-level cache (CPU runs)."""
+    size = c["working_set"]
+    text = f"{size / 1e6:.0f} MB" if size >= 1e6 else f"{size / 1e3:.0f} KB"
+    if llc is None:
+        return text
+    return text + (", LLC" if size <= llc else ", DRAM")
+
+
+def table_rows(cases: list[dict], llc: Optional[int]) -> list[list[str]]:
     rows = []
     for c in cases:
         op = c["op"] + (f" ({c['variant']})" if c["variant"] else "")
-        pct = c.get("pct_of_copy")
+        pct = c.get("pct_of_ceiling")
         small = c["bytes"] < SMALL_BYTES
         rows.append([op, c["shape"], c["dtype"], str(c["tokens"]), fmt(c["seconds"] * 1e6, ".1f"),
-                     fmt(c["gbps"], ".2f"), fmt(c.get("copy_gbps"), ".2f"),
-                     fmt(pct, ".0f", "%" + ("*" if small else "")),
+                     fmt(c["gbps"], ".2f"), c["ceiling"], fmt(c.get("ceiling_gbps"), ".2f"),
+                     fmt(pct, ".0f", "%" + ("*" if small else "")), working_set(c, llc),
                      fmt(c.get("x_vs_unfused"), ".2f", "x"), fmt(c.get("x_vs_torch"), ".2f", "x")])
     return rows
 
 
-HEADER = ["op", "shape", "dtype", "tokens", "median us", "GB/s", "copy GB/s", "% of copy",
-          "vs unfused", "vs torch eager"]
-NOTE = ("copy GB/s: a copy of the same bytes on the same threads (memcpy on the CPU, a "
-        "device copy on the GPU), timed after every call of the op in the same case, so that "
-        "both see the machine's memory at the same moments; % of copy: the op's GB/s over it "
-        "(medians of both). * marks cases under 256 KB, where both run on one thread from cache: the "
+HEADER = ["op", "shape", "dtype", "tokens", "median us", "GB/s", "ceiling", "ceiling GB/s",
+          "% of ceiling", "working set", "vs unfused", "vs torch eager"]
+NOTE = ("ceiling: a pass of the op's own access pattern over the same bytes on the same "
+        "threads, timed after every call of the op in the same case, so that both see the "
+        "machine's memory at the same moments: for an op that reads one place and writes "
+        "another (or mixes in-place rows with cache writes) a copy (memcpy on the CPU, a "
+        "device copy on the GPU); for an in-place op on the CPU an in-place read-modify-write "
+        "pass, which outruns memcpy where the data fits in the caches (no second buffer to "
+        "allocate lines for). % of ceiling: the op's GB/s over the ceiling's (medians of both). "
+        "working set: the bytes the case touches (in place: half the bytes moved), against the "
+        "machine's last-level cache (LLC: it can stay there between calls; DRAM: it cannot). "
+        "* marks cases under 256 KB, where both run on one thread from cache: the "
         "percentage compares call overheads more than bandwidth. vs unfused: the unfused "
         "baseline's median time over the op's (RoPE: q then k in two calls; learned positions: "
         "lookup, positions, then an add pass; RoPE + KV append: RoPE, then a copy; embed + "
@@ -358,7 +396,7 @@ def model_rows(models: dict) -> list[list[str]]:
     for r in models.get("rows", []):
         saved = r["saved_seconds"] * 1e3
         rows.append([f"model ({r['model']})", r["what"], "f32", str(r["tokens"]),
-                     fmt(r["patched_seconds"] * 1e6, ".0f"), "-", "-", "-",
+                     fmt(r["patched_seconds"] * 1e6, ".0f"), "-", "-", "-", "-", "-",
                      f"saved {saved:.0f} ms" + ("" if r["same_tokens"] else ", TOKENS DIFFER"),
                      fmt(r["x_vs_hf"], ".2f", "x")])
     return rows
@@ -389,6 +427,8 @@ def markdown(rows: list[list[str]], meta: dict, note: str = NOTE) -> str:
 
 
 def plot(cases: list[dict], path: pathlib.Path, title: str) -> bool:
+    """Per op, shape and dtype at its largest token count: the percentage of its ceiling, and
+    the speed-up over PyTorch eager where the run has it, as horizontal bars."""
     try:
         import matplotlib
 
@@ -397,40 +437,43 @@ def plot(cases: list[dict], path: pathlib.Path, title: str) -> bool:
     except ImportError:
         print("report: matplotlib is not installed: no plot", file=sys.stderr)
         return False
-    groups = {}
+    largest: dict = {}
     for c in cases:
-        if c["variant"]:
+        if c["variant"] or c.get("pct_of_ceiling") is None:
             continue
-        groups.setdefault((c["op"], c["shape"]), []).append(c)
-    panels = sorted(groups)
-    cols = min(3, len(panels))
-    rows = (len(panels) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
+        key = (c["op"], c["shape"], c["dtype"])
+        if key not in largest or c["tokens"] > largest[key]["tokens"]:
+            largest[key] = c
+    if not largest:
+        return False
+    bars = [largest[k] for k in sorted(largest)][::-1]  # first case at the top
+    labels = [f"{c['op']} {c['shape']} {c['dtype']}, {c['tokens']} tokens" for c in bars]
+    with_torch = any(c.get("x_vs_torch") for c in bars)
+    fig, axes = plt.subplots(1, 2 if with_torch else 1, sharey=True, squeeze=False,
+                             figsize=(13 if with_torch else 8, 0.28 * len(bars) + 1.6))
     colors = {"f32": "tab:blue", "f16": "tab:orange", "bf16": "tab:green"}
-    for ax, key in zip(axes.flat, panels):
-        # One line per dtype ("bf16", or "bf16->fp8e4m3" for a float8 output or cache), in
-        # the colour of its activations' dtype.
-        order = {"f32": 0, "f16": 1, "bf16": 2}
-        for dtype in sorted({c["dtype"] for c in groups[key]},
-                            key=lambda d: (order.get(d.split("->")[0], 3), d)):
-            points = sorted((c["tokens"], c["gbps"], c["copy_gbps"]) for c in groups[key]
-                            if c["dtype"] == dtype)
-            base = dtype.split("->")[0]
-            color = colors.get(base, "tab:gray")
-            style = "o-" if dtype == base else "s:"
-            tokens = [p[0] for p in points]
-            ax.plot(tokens, [p[1] for p in points], style, color=color, label=dtype)
-            ceiling = [p[2] for p in points]
-            if all(v is not None for v in ceiling):
-                ax.plot(tokens, ceiling, "--x", color=color, alpha=0.6,
-                        label=f"copy, {dtype} bytes")
-        ax.set_xscale("log")
-        ax.set(title=f"{key[0]}, {key[1]}", xlabel="tokens", ylabel="GB/s")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    fig.suptitle(title)
+    color = [colors.get(c["dtype"].split("->")[0], "tab:gray") for c in bars]
+    ax = axes[0][0]
+    pct = [c["pct_of_ceiling"] for c in bars]
+    ax.barh(labels, pct, color=color)
+    ax.axvline(100, color="black", lw=0.8)
+    for y, (v, c) in enumerate(zip(pct, bars)):
+        ax.text(v, y, f" {v:.0f}% of {c['ceiling']}", va="center", fontsize=7)
+    ax.set(xlabel="% of the ceiling of its access pattern (copy, or in-place pass)",
+           xlim=(0, max(pct + [100]) * 1.25))
+    ax.tick_params(axis="y", labelsize=7)
+    ax.grid(axis="x", alpha=0.3)
+    if with_torch:
+        ax = axes[0][1]
+        x = [c.get("x_vs_torch") or 0 for c in bars]
+        ax.barh(labels, x, color=color)
+        ax.axvline(1, color="black", lw=0.8)
+        for y, v in enumerate(x):
+            if v:
+                ax.text(v, y, f" {v:.1f}x", va="center", fontsize=7)
+        ax.set(xscale="log", xlabel="speed-up over PyTorch eager (its time over embrope's)")
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -450,12 +493,14 @@ def main(argv: list[str]) -> int:
     cases = read_cases(raw)
     device = context.get("device", "cpu")
     torch_version = None
+    torch_missing = False
     if not args.no_torch:
         try:
             import torch
 
             torch_version = torch.__version__
         except ImportError:
+            torch_missing = True
             print("report: PyTorch is not installed: no torch eager column", file=sys.stderr)
     if torch_version is not None:
         torch.set_num_threads(os.cpu_count() or 1)
@@ -480,8 +525,14 @@ def main(argv: list[str]) -> int:
     }
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = table_rows(cases)
+    llc = last_level_cache_bytes() if device == "cpu" else None
+    meta["last_level_cache_bytes"] = llc
+    rows = table_rows(cases, llc)
     note = NOTE
+    if torch_missing:
+        note += (" The vs torch eager column is empty: PyTorch is not installed here (`pip "
+                 "install torch`, or for the CPU only `pip install torch --index-url "
+                 "https://download.pytorch.org/whl/cpu`, then run the benchmark again).")
     models = None
     if args.models and pathlib.Path(args.models).exists():
         models = json.loads(pathlib.Path(args.models).read_text())
