@@ -11,10 +11,11 @@
 // token counts. Unless told otherwise, every case runs 3 repetitions and reports medians.
 //
 // Counters per case: GB/s (bytes the op must move / median time), ceiling_seconds (the
-// ceiling pass's time per iteration), in_place (1 where that pass is in place), pct_of_ceiling
-// (the op's bandwidth over the ceiling's: the ceiling's time over the op's), x_vs_unfused (the unfused baseline's
-// time over the fused op's: q then k in two calls; lookup, then positions, then an add pass;
-// RoPE, then a copy into the KV cache; the lookup with positions, then a LayerNorm pass).
+// ceiling pass's time per iteration), in_place (1 where that pass is in place),
+// pct_of_ceiling (the op's bandwidth over the ceiling's: the ceiling's time over the op's),
+// x_vs_unfused (the unfused baseline's time over the fused op's: q then k in two calls;
+// lookup, then positions, then an add pass; RoPE, then a copy into the KV cache; the lookup
+// with positions, then a LayerNorm pass).
 // On the GPU, decode RoPE is also timed without the default check (/deferred) and as CUDA
 // graph replays (/graph_replay).
 #include <benchmark/benchmark.h>
@@ -904,7 +905,8 @@ void qk_norm_append_kv_fp8_case(benchmark::State& state, std::int64_t tokens, bo
     };
   }
   // What the fused op must move: q, k and v read; q_out and the cache rows written in float8.
-  run_timed(state, body, q_elements * (a.es + 1) + 2 * tokens * a.kv_row * (a.es + 1), Pattern::copy);
+  run_timed(state, body, q_elements * (a.es + 1) + 2 * tokens * a.kv_row * (a.es + 1),
+            Pattern::copy);
 }
 
 // DeepSeek-V3 MLA into float8 (FlashInfer's mla_rope_quantize_fp8): q [T, 128, 128 | 64]
@@ -1022,7 +1024,8 @@ void mla_append_case(benchmark::State& state, std::int64_t tokens, bool fused) {
           std::memcpy(c_base + slot_of[t] * kd, kv_base + t * kd, static_cast<std::size_t>(kd * 2));
         }
       },
-      tokens * (2 * h * rope + 2 * kd) * 2, Pattern::copy);  // q's rope slices read and written, kv_a to the cache
+      tokens * (2 * h * rope + 2 * kd) * 2,  // q's rope slices read and written, kv_a to the cache
+      Pattern::copy);
 }
 
 void register_qk_norm_rope() {
