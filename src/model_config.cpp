@@ -85,6 +85,10 @@ void read_learned(const json& j, ModelConfig& m) {
   m.hidden_size = first_integer(j, {"hidden_size", "n_embd", "dim"}, "the embedding dim");
   m.max_positions =
       first_integer(j, {"max_position_embeddings", "n_positions"}, "the position table size");
+  if (m.hidden_size <= 0 || m.max_positions <= 0) {
+    fail(kOp, "the embedding dim {} and the position table size {} must be positive", m.hidden_size,
+         m.max_positions);
+  }
   if (auto types = integer(j, "type_vocab_size", "")) m.type_vocab_size = *types;
   if (auto heads = integer(j, "num_attention_heads", "")) m.num_heads = *heads;
   if (auto heads = integer(j, "n_head", "")) m.num_heads = *heads;
@@ -286,7 +290,14 @@ void read_rope(const json& j, ModelConfig& m, std::string_view layer_type) {
     const std::vector<double> s = number_array(p, "mrope_section", where);
     if (s.size() != 3)
       fail(kOp, "{}mrope_section has {} entries; 3 are supported", where, s.size());
-    for (std::size_t i = 0; i < 3; ++i) m.mrope_section[i] = static_cast<std::int64_t>(s[i]);
+    for (std::size_t i = 0; i < 3; ++i) {
+      // Whole numbers an int64_t holds, as integer() reads them (a larger double's conversion
+      // is undefined); signs and sum are the RoPE call's check (rotary_dim / 2).
+      if (!(std::isfinite(s[i]) && s[i] == std::floor(s[i]) && std::fabs(s[i]) < 9.0e15)) {
+        fail(kOp, "{}mrope_section[{}] is {}, not an integer", where, i, s[i]);
+      }
+      m.mrope_section[i] = static_cast<std::int64_t>(s[i]);
+    }
     (void)sections;
     if (const json* mi = find(p, "mrope_interleaved")) {
       if (!mi->is_boolean())

@@ -396,6 +396,44 @@ TEST_CASE("malformed or unsupported configs are clear errors", "[model_config][e
                 "max_position_embeddings": 8})");
       },
       {"model_config_from_hf_json", "hidden_size", "not an integer"});
+  // A learned-position model's sizes are positive (a fuzzed BERT config had hidden_size -68).
+  expect_invalid(
+      [] {
+        embrope::model_config_from_hf_json(
+            R"({"model_type": "bert", "hidden_size": -68, "max_position_embeddings": 512})");
+      },
+      {"model_config_from_hf_json", "embedding dim -68", "positive"});
+  expect_invalid(
+      [] {
+        embrope::model_config_from_hf_json(
+            R"({"model_type": "gpt2", "n_embd": 768, "n_positions": 0})");
+      },
+      {"model_config_from_hf_json", "position table size 0", "positive"});
+  // llama3's original_max_position_embeddings likewise (it was converted unchecked).
+  expect_invalid(
+      [] {
+        embrope::model_config_from_hf_json(
+            R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2,
+                "max_position_embeddings": 128,
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 1e300}})");
+      },
+      {"model_config_from_hf_json", "original_max_position_embeddings", "not an integer"});
+  // Sections must be whole numbers a 64-bit integer holds (a fuzzed 6.7e72 was converted to
+  // int64_t: undefined behaviour).
+  for (const char* section : {"6.66667e72", "2.5", "1e300"}) {
+    INFO(section);
+    expect_invalid(
+        [section] {
+          embrope::model_config_from_hf_json(
+              std::string(R"({"model_type": "qwen2_vl", "hidden_size": 3584,
+                  "num_attention_heads": 28, "max_position_embeddings": 32768,
+                  "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, )") +
+              section + "]}}");
+        },
+        {"model_config_from_hf_json", "mrope_section[2]", "not an integer"});
+  }
   expect_invalid(
       [] {
         embrope::model_config_from_hf_json(

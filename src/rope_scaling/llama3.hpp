@@ -49,9 +49,12 @@ struct Llama3Scaling {
     c.factor = hf.required("factor");
     c.low_freq_factor = hf.required("low_freq_factor");
     c.high_freq_factor = hf.required("high_freq_factor");
-    const std::optional<std::int64_t> top = hf.top_level_original_max_positions();
-    c.original_max_positions =
-        top ? *top : static_cast<std::int64_t>(hf.required("original_max_position_embeddings"));
+    // As a whole number an int64_t holds (integer() refuses others: a larger double's
+    // conversion is undefined); required() names it when it is missing.
+    std::optional<std::int64_t> given = hf.top_level_original_max_positions();
+    if (!given) given = hf.integer("original_max_position_embeddings");
+    if (!given) (void)hf.required("original_max_position_embeddings");  // throws: missing
+    c.original_max_positions = given.value_or(0);
   }
 };
 
