@@ -194,12 +194,23 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 3 : 4)
   const int lane = threadIdx.x;
   const std::int64_t dim = p.dim;
   const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * kRowsPerBlock;
+  // A plain lookup (scale 1, no positions or types) copies the token row's bits, as the CPU
+  // does: no conversion to float32 and back (which would also turn a signalling NaN quiet).
+  const bool copy_rows = !kSinusoidal && p.positions == PositionEncoding::none &&
+                         p.type_table == nullptr && p.scale == 1.0f;
   for (std::int64_t n = blockIdx.x * static_cast<std::int64_t>(kRowsPerBlock) + threadIdx.y;
        n < p.rows; n += row_stride) {
     // Every lane of the group resolves the same row: the id loads are one broadcast.
     const internal::EmbedRow r = internal::resolve_embed_row(p, n);
     T* out = static_cast<T*>(p.out) + r.out_offset;
     Chunk<T, W> result;
+    if (copy_rows && r.bad_key == internal::kNoBadIndex && r.token_hit) {
+      const T* token = RowTables<T>(p, r).token;
+      for (std::int64_t j = lane * W; j < dim; j += G * W) {
+        *reinterpret_cast<Chunk<T, W>*>(out + j) = *reinterpret_cast<const Chunk<T, W>*>(token + j);
+      }
+      continue;
+    }
     if (r.bad_key != internal::kNoBadIndex) {
 #pragma unroll
       for (int w = 0; w < W; ++w) result.v[w] = from_float<T>(0.0f);

@@ -1,5 +1,6 @@
 // embed on the GPU against the CPU: every dtype, position encoding and head size, explicit
-// arguments and the deferred status; bad ids; vocab shards, split sinusoids, a strided out.
+// arguments and the deferred status; bad ids; vocab shards, split sinusoids, a strided out;
+// every 16-bit pattern through the conversions, bit for bit.
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
@@ -88,6 +89,90 @@ TEST_CASE("GPU embed equals CPU embed", "[gpu][embed]") {
           run(true);
           cuda_check(cudaDeviceSynchronize());
           compare_rows(out.download(), out.host, dtype, batch * seq * dim, dim);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("GPU embed: every float16 and bfloat16 bit pattern, bit for bit as the CPU",
+          "[gpu][embed][numerics]") {
+  // The token table holds each of the 65,536 16-bit patterns (NaNs with payloads, infinities,
+  // subnormals, both zeros), the learned position table the same in another order. A plain
+  // lookup copies them; scaled, or summed with a position row, they give every case of the
+  // rounding to 16 bits: ties (two 16-bit values add exactly in float32), subnormal results,
+  // overflow to infinity, inf - inf, NaN inputs. The GPU rounds with its cvt instructions,
+  // the CPU with bit routines: the bits must agree. A NaN must stay a NaN, with its sign and
+  // payload where the lookup copies rows (scale 1, no positions); after arithmetic the GPU's
+  // float32 NaN is the canonical one (docs/numerics.md), the CPU's keeps its operand's bits.
+  for (DType dtype : {DType::float16, DType::bfloat16}) {
+    // 64: the 16-byte path; 66: the scalar one.
+    for (std::int64_t dim : {64, 66}) {
+      const std::int64_t vocab = (65536 + dim - 1) / dim, max_pos = vocab;
+      Buffer table(vocab * dim * 2), ptable(max_pos * dim * 2), ids(vocab * 8), pids(vocab * 8),
+          out(vocab * dim * 2);
+      for (std::int64_t i = 0; i < vocab * dim; ++i) {
+        const auto token_bits = static_cast<std::uint16_t>(i);
+        const auto position_bits = static_cast<std::uint16_t>(i * 40503);  // odd: a permutation
+        std::memcpy(table.host.data() + 2 * i, &token_bits, 2);
+        std::memcpy(ptable.host.data() + 2 * i, &position_bits, 2);
+      }
+      for (std::int64_t n = 0; n < vocab; ++n) {
+        const std::int64_t id = (n * 5) % vocab, pid = (n * 7 + 3) % max_pos;
+        std::memcpy(ids.host.data() + 8 * n, &id, 8);
+        std::memcpy(pids.host.data() + 8 * n, &pid, 8);
+      }
+      for (Buffer* b : {&table, &ptable, &ids, &pids}) b->upload();
+      // 1 + 2^-11 and 1 + 2^-8 put products next to ties of float16 and bfloat16; 2^-20 makes
+      // subnormals, 2^17 overflows.
+      const float scales[] = {1.0f, 1.00048828125f, 1.00390625f, -3.0f, 0x1p-20f, 0x1p17f};
+      for (bool learned : {false, true}) {
+        for (float scale : scales) {
+          INFO("dtype " << embrope::dtype_name(dtype) << " D " << dim << " learned " << learned
+                        << " scale " << scale);
+          out.poison_both(0xa5);
+          auto run = [&](bool gpu) {
+            const Device d = gpu ? Device::cuda(0) : Device::cpu();
+            auto ptr = [&](Buffer& b) -> void* { return gpu ? b.device : b.host.data(); };
+            embrope::EmbedOptions o;
+            o.scale = scale;
+            if (learned) {
+              o.positions = embrope::PositionEncoding::learned;
+              o.position_table = Tensor(ptr(ptable), dtype, {max_pos, dim}, d);
+              o.position_ids = Tensor(ptr(pids), DType::int64, {vocab}, d);
+            }
+            embrope::embed(Tensor(ptr(table), dtype, {vocab, dim}, d),
+                           Tensor(ptr(ids), DType::int64, {vocab}, d),
+                           Tensor(ptr(out), dtype, {vocab, dim}, d), o);
+          };
+          run(false);
+          run(true);
+          cuda_check(cudaDeviceSynchronize());
+          const std::vector<unsigned char> gpu = out.download();
+          const bool copies = scale == 1.0f && !learned;
+          const std::uint16_t nan_above = dtype == DType::float16 ? 0x7c00 : 0x7f80;
+          std::int64_t differ = 0, nans = 0, first = -1;
+          for (std::int64_t i = 0; i < vocab * dim; ++i) {
+            std::uint16_t g, c;
+            std::memcpy(&g, gpu.data() + 2 * i, 2);
+            std::memcpy(&c, out.host.data() + 2 * i, 2);
+            const bool c_nan = (c & 0x7fff) > nan_above;
+            nans += c_nan;
+            const bool same = c_nan && !copies ? (g & 0x7fff) > nan_above : g == c;
+            if (!same) {
+              if (first < 0) first = i;
+              ++differ;
+            }
+          }
+          CHECK(nans > 0);  // the patterns' NaNs reach the output
+          if (first >= 0) {
+            std::uint16_t g, c;
+            std::memcpy(&g, gpu.data() + 2 * first, 2);
+            std::memcpy(&c, out.host.data() + 2 * first, 2);
+            UNSCOPED_INFO(differ << " elements differ; the first, element " << first << ": gpu 0x"
+                                 << std::hex << g << " cpu 0x" << c);
+          }
+          CHECK(differ == 0);
         }
       }
     }
