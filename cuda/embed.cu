@@ -73,6 +73,34 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
+// The norm's per-element factors as float32 rows, computed once per call by
+// norm_factor_kernel into the call's workspace (8 D bytes) as the CPU's norm_factors does:
+// weight (1 + w with a unit offset; 1 without a weight) and bias (0 without). The output pass
+// then loads a lane's 8 of each as two 16-byte loads, where it loaded each element of a
+// weight and a bias of any dtype as a scalar (2- or 4-byte accesses, 12.5% of each request's
+// sectors used, in the coalescing model).
+struct NormFactors {
+  const float* weight = nullptr;  // [D]
+  const float* bias = nullptr;    // [D]
+};
+
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    norm_factor_kernel(const __grid_constant__ internal::EmbedParams p, float* weight,
+                       float* bias) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; j < p.dim;
+       j += stride) {
+    weight[j] = p.norm_weight == nullptr
+                    ? 1.0f
+                    : detail::norm_weight_factor(
+                          internal::load_vector_value(p.norm_weight, p.norm_weight_dtype, j),
+                          p.norm_unit_offset);
+    bias[j] = p.norm_bias == nullptr
+                  ? 0.0f
+                  : internal::load_vector_value(p.norm_bias, p.norm_bias_dtype, j);
+  }
+}
+
 // sin and cos of position * w_i for the N pairs i = i0 .. i0 + N - 1 (detail::sinusoid_sin_cos)
 // from the call's table. N even: i0 a multiple of N, and the table's rows start on 16 bytes
 // (D a multiple of 4), so that a lane's frequencies and offsets are whole 16-byte loads.
@@ -244,7 +272,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 3 : 4)
 // (layer_norm's sum, the squared deviations, the output), each recomputing the float32 sum of the
 // tables' rows (L1/L2 hits after the first) rather than holding D floats per row. kVector: rows in
 // whole 16-byte chunks and D a multiple of 8 (16-bit values: one load per lane per pass
-// step; float32: two).
+// step; float32: two). The output pass takes the weight and bias from the call's NormFactors.
 // Blocks of kNormBlockRows rows (64 threads): the barriers of the reduction need every
 // thread of the block in every step, so the block walks its rows in lockstep, with inactive
 // slots (past the last row, or bad rows) contributing zero partials. At most 64 registers
@@ -253,7 +281,7 @@ constexpr int kNormThreadsPerBlock = kNormBlockRows * detail::kNormLanes;
 template <typename T, bool kVector, bool kSinusoidal>
 __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
     embed_norm_kernel(const __grid_constant__ internal::EmbedParams p,
-                      const SinusoidTable sinusoids) {
+                      const SinusoidTable sinusoids, const NormFactors factors) {
   constexpr int kLanes = detail::kNormLanes;
   constexpr int kWidth = detail::kNormLaneWidth;
   constexpr int kRowsPerBlock = kNormBlockRows;
@@ -337,20 +365,22 @@ __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
     if (!good) continue;
     for (std::int64_t j0 = lane * kWidth; j0 < dim; j0 += kLanes * kWidth) {
       values(j0, v);
+      float weight[kWidth], bias[kWidth];
+      if constexpr (kVector) {  // j0 a multiple of 8, the rows on 256 bytes: whole float4s
+        load_floats<kWidth>(factors.weight + j0, weight);
+        load_floats<kWidth>(factors.bias + j0, bias);
+      } else {
+#pragma unroll
+        for (int w = 0; w < kWidth; ++w) {
+          const std::int64_t j = j0 + w < dim ? j0 + w : 0;  // in range for the loads
+          weight[w] = factors.weight[j];
+          bias[w] = factors.bias[j];
+        }
+      }
       T result[kWidth];
 #pragma unroll
       for (int w = 0; w < kWidth; ++w) {
-        const std::int64_t j = j0 + w < dim ? j0 + w : 0;  // in range for the loads
-        const float weight =
-            p.norm_weight == nullptr
-                ? 1.0f
-                : detail::norm_weight_factor(
-                      internal::load_vector_value(p.norm_weight, p.norm_weight_dtype, j),
-                      p.norm_unit_offset);
-        const float bias = p.norm_bias == nullptr
-                               ? 0.0f
-                               : internal::load_vector_value(p.norm_bias, p.norm_bias_dtype, j);
-        result[w] = from_float<T>(detail::norm_apply(v[w], stats, weight, bias));
+        result[w] = from_float<T>(detail::norm_apply(v[w], stats, weight[w], bias[w]));
       }
       if constexpr (kVector) {
 #pragma unroll
@@ -395,7 +425,7 @@ bool fits_vector_path(const internal::EmbedParams& p) {
 
 template <typename T>
 void launch_norm(const internal::EmbedParams& p, const SinusoidTable& sinusoids,
-                 cudaStream_t stream) {
+                 const NormFactors& factors, cudaStream_t stream) {
   const dim3 block(detail::kNormLanes, kNormBlockRows);
   const unsigned grid = grid_for(p.rows, kNormBlockRows);
   const bool sinusoidal = p.positions == PositionEncoding::sinusoidal;
@@ -403,14 +433,14 @@ void launch_norm(const internal::EmbedParams& p, const SinusoidTable& sinusoids,
   // float32, a multiple of 4 is not enough).
   if (fits_vector_path<T>(p) && p.dim % detail::kNormLaneWidth == 0) {
     if (sinusoidal) {
-      embed_norm_kernel<T, true, true><<<grid, block, 0, stream>>>(p, sinusoids);
+      embed_norm_kernel<T, true, true><<<grid, block, 0, stream>>>(p, sinusoids, factors);
     } else {
-      embed_norm_kernel<T, true, false><<<grid, block, 0, stream>>>(p, sinusoids);
+      embed_norm_kernel<T, true, false><<<grid, block, 0, stream>>>(p, sinusoids, factors);
     }
   } else if (sinusoidal) {
-    embed_norm_kernel<T, false, true><<<grid, block, 0, stream>>>(p, sinusoids);
+    embed_norm_kernel<T, false, true><<<grid, block, 0, stream>>>(p, sinusoids, factors);
   } else {
-    embed_norm_kernel<T, false, false><<<grid, block, 0, stream>>>(p, sinusoids);
+    embed_norm_kernel<T, false, false><<<grid, block, 0, stream>>>(p, sinusoids, factors);
   }
   check_launch("embed_norm_kernel");
 }
@@ -427,42 +457,67 @@ void launch_group(const internal::EmbedParams& p, const SinusoidTable& sinusoids
   }
 }
 
-// The pieces of a sinusoid table in a workspace layout.
-struct SinusoidPieces {
-  double* freq;
-  float2* offset;
+// The pieces of the call's tables in a workspace layout: the sinusoids (sinusoidal positions)
+// and the norm's factors (with a norm).
+struct TablePieces {
+  double* freq = nullptr;
+  float2* offset = nullptr;
+  float* weight = nullptr;
+  float* bias = nullptr;
 };
-SinusoidPieces take_sinusoid_pieces(WorkspaceLayout& layout, std::int64_t half) {
-  SinusoidPieces pieces;
-  pieces.freq = layout.take<double>(static_cast<std::size_t>(half));
-  pieces.offset = layout.take<float2>(static_cast<std::size_t>(detail::kSinusoidBlock * half));
+TablePieces take_table_pieces(const internal::EmbedParams& p, WorkspaceLayout& layout) {
+  TablePieces pieces;
+  const auto dim = static_cast<std::size_t>(p.dim);
+  if (p.positions == PositionEncoding::sinusoidal) {
+    pieces.freq = layout.take<double>(dim / 2);
+    pieces.offset =
+        layout.take<float2>(static_cast<std::size_t>(detail::kSinusoidBlock) * (dim / 2));
+  }
+  if (p.norm != Normalization::none) {
+    pieces.weight = layout.take<float>(dim);
+    pieces.bias = layout.take<float>(dim);
+  }
   return pieces;
 }
 
-// The call's sinusoid table, in `workspace` (allocated on the stream, freed in stream order when
-// the call returns), or none.
-SinusoidTable make_sinusoid_table(const internal::EmbedParams& p,
-                                  std::optional<Workspace>& workspace, cudaStream_t stream) {
-  if (p.positions != PositionEncoding::sinusoidal) return {};
-  const std::int64_t half = p.dim / 2;
+struct CallTables {
+  SinusoidTable sinusoids;
+  NormFactors norm;
+};
+
+// The call's tables, in `workspace` (allocated on the stream, freed in stream order when the
+// call returns), or none.
+CallTables make_call_tables(const internal::EmbedParams& p, std::optional<Workspace>& workspace,
+                            cudaStream_t stream) {
   WorkspaceLayout sizes(nullptr);
-  take_sinusoid_pieces(sizes, half);
+  take_table_pieces(p, sizes);
+  if (sizes.used_bytes() == 0) return {};  // no table to build
   workspace.emplace(nullptr, sizes.required_bytes(), stream, "embed");
   WorkspaceLayout layout(workspace->base());
-  const SinusoidPieces pieces = take_sinusoid_pieces(layout, half);
-  const dim3 grid(grid_for(half, kThreadsPerBlock), static_cast<unsigned>(detail::kSinusoidBlock));
-  sinusoid_table_kernel<<<grid, kThreadsPerBlock, 0, stream>>>(p.dim, p.sinusoid_base, pieces.freq,
-                                                               pieces.offset);
-  check_launch("sinusoid_table_kernel");
-  return {pieces.freq, pieces.offset};
+  const TablePieces pieces = take_table_pieces(p, layout);
+  if (pieces.freq != nullptr) {
+    const std::int64_t half = p.dim / 2;
+    const dim3 grid(grid_for(half, kThreadsPerBlock),
+                    static_cast<unsigned>(detail::kSinusoidBlock));
+    sinusoid_table_kernel<<<grid, kThreadsPerBlock, 0, stream>>>(p.dim, p.sinusoid_base,
+                                                                 pieces.freq, pieces.offset);
+    check_launch("sinusoid_table_kernel");
+  }
+  if (pieces.weight != nullptr) {
+    norm_factor_kernel<<<grid_for(p.dim, kThreadsPerBlock), kThreadsPerBlock, 0, stream>>>(
+        p, pieces.weight, pieces.bias);
+    check_launch("norm_factor_kernel");
+  }
+  return {{pieces.freq, pieces.offset}, {pieces.weight, pieces.bias}};
 }
 
 template <typename T>
 void launch(const internal::EmbedParams& p, cudaStream_t stream) {
   std::optional<Workspace> workspace;
-  const SinusoidTable sinusoids = make_sinusoid_table(p, workspace, stream);
+  const CallTables tables = make_call_tables(p, workspace, stream);
+  const SinusoidTable& sinusoids = tables.sinusoids;
   if (p.norm != Normalization::none) {
-    launch_norm<T>(p, sinusoids, stream);
+    launch_norm<T>(p, sinusoids, tables.norm, stream);
     return;
   }
   if (fits_vector_path<T>(p)) {
