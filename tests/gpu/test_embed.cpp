@@ -95,7 +95,7 @@ TEST_CASE("GPU embed equals CPU embed", "[gpu][embed]") {
   }
 }
 
-TEST_CASE("GPU embed: every float16 and bfloat16 bit pattern, bit for bit as the CPU",
+TEST_CASE("GPU embed: every float16 and bfloat16 bit pattern rounds as on the CPU",
           "[gpu][embed][numerics]") {
   // The token table holds each of the 65,536 16-bit patterns (NaNs with payloads, infinities,
   // subnormals, both zeros), the learned position table the same in another order. A plain
