@@ -73,12 +73,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
-// The norm's per-element factors as float32 rows, computed once per call by
-// norm_factor_kernel into the call's workspace (8 D bytes) as the CPU's norm_factors does:
-// weight (1 + w with a unit offset; 1 without a weight) and bias (0 without). The output pass
-// then loads a lane's 8 of each as two 16-byte loads, where it loaded each element of a
-// weight and a bias of any dtype as a scalar (2- or 4-byte accesses, 12.5% of each request's
-// sectors used, in the coalescing model).
+// The norm's per-element factors (internal::norm_factor) as float32 rows, computed once per
+// call by norm_factor_kernel into the call's workspace (8 D bytes), as the CPU's norm_factors
+// does. The output pass then loads a lane's 8 of each as two 16-byte loads, where it loaded
+// each element of a weight and a bias of any dtype as a scalar (2- or 4-byte accesses, 12.5%
+// of each request's sectors used, in the coalescing model).
 struct NormFactors {
   const float* weight = nullptr;  // [D]
   const float* bias = nullptr;    // [D]
@@ -90,14 +89,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; j < p.dim;
        j += stride) {
-    weight[j] = p.norm_weight == nullptr
-                    ? 1.0f
-                    : detail::norm_weight_factor(
-                          internal::load_vector_value(p.norm_weight, p.norm_weight_dtype, j),
-                          p.norm_unit_offset);
-    bias[j] = p.norm_bias == nullptr
-                  ? 0.0f
-                  : internal::load_vector_value(p.norm_bias, p.norm_bias_dtype, j);
+    const internal::NormFactor f = internal::norm_factor(p, j);
+    weight[j] = f.weight;
+    bias[j] = f.bias;
   }
 }
 

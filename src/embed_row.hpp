@@ -7,8 +7,10 @@
 
 #include "bad_index.hpp"
 #include "embrope/detail/config.hpp"
+#include "embrope/detail/norm_math.hpp"
 #include "embrope/detail/sinusoid.hpp"
 #include "embed_params.hpp"
+#include "tensor_access.hpp"
 
 namespace embrope::internal {
 
@@ -75,6 +77,20 @@ EMBROPE_HD EmbedRow resolve_embed_row(const EmbedParams& p, std::int64_t row) {
     }
   }
   return r;
+}
+
+// The norm's factors of element j as float32: the weight (1 + w with a unit offset; 1 without
+// a weight) and the bias (0 without). Each backend computes them once per call: the CPU into
+// vectors, the GPU into the call's workspace (cuda/embed.cu, norm_factor_kernel).
+struct NormFactor {
+  float weight, bias;
+};
+EMBROPE_HD NormFactor norm_factor(const EmbedParams& p, std::int64_t j) {
+  return {p.norm_weight == nullptr
+              ? 1.0f
+              : detail::norm_weight_factor(load_vector_value(p.norm_weight, p.norm_weight_dtype, j),
+                                           p.norm_unit_offset),
+          p.norm_bias == nullptr ? 0.0f : load_vector_value(p.norm_bias, p.norm_bias_dtype, j)};
 }
 
 // Where row n of grad_out goes: the row of each gradient table (-1: nowhere), and the bad

@@ -66,20 +66,16 @@ struct VectorBody {  // embed.inc of one instruction set
   SinusoidSinCosRow sinusoid_sin_cos_row;
 };
 
-// The float32 weight and bias factors of a normalised call (1 + w for unit-offset weights;
-// absent: 1 and 0), converted once per call.
+// The float32 weight and bias factors of a normalised call (internal::norm_factor), converted
+// once per call.
 void norm_factors(const internal::EmbedParams& p, std::vector<float>& weight,
                   std::vector<float>& bias) {
-  weight.assign(static_cast<std::size_t>(p.dim), 1.0f);
-  bias.assign(static_cast<std::size_t>(p.dim), 0.0f);
+  weight.resize(static_cast<std::size_t>(p.dim));
+  bias.resize(static_cast<std::size_t>(p.dim));
   for (std::int64_t j = 0; j < p.dim; ++j) {
-    if (p.norm_weight != nullptr) {
-      weight[j] = detail::norm_weight_factor(
-          internal::load_vector_value(p.norm_weight, p.norm_weight_dtype, j), p.norm_unit_offset);
-    }
-    if (p.norm_bias != nullptr) {
-      bias[j] = internal::load_vector_value(p.norm_bias, p.norm_bias_dtype, j);
-    }
+    const internal::NormFactor f = internal::norm_factor(p, j);
+    weight[static_cast<std::size_t>(j)] = f.weight;
+    bias[static_cast<std::size_t>(j)] = f.bias;
   }
 }
 
