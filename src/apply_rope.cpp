@@ -1,6 +1,12 @@
 // apply_rope: validate once and fill RopeParams (prepare), then run the CPU or CUDA kernel.
 #include "apply_rope.hpp"
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <fmt/ranges.h>
+
 #include "backend.hpp"
 #include "validate.hpp"
 #include "embrope/version.hpp"
@@ -141,6 +147,60 @@ void fill_nope(const RopeNames& names, bool is_q, const char* nope_name,
   dim = nope->shape(n - 1);
 }
 
+// An axial call's axes: how many (0: not axial), the pairs of each, and axes_dim as text.
+struct AxialSections {
+  int axes = 0;
+  std::int64_t pairs[detail::kMaxPositionStreams] = {};
+  std::string text;
+};
+
+// The axes of a call: options.axes_dim, or the axial cache's when that is all zero (both given
+// must agree). Each is a positive even number of features, the unused ones trailing zeros, and
+// together they are the table's rotary dim.
+AxialSections axial_sections(const RopeNames& names, const RopeOptions& options,
+                             const CosSinTable& table, bool mrope) {
+  const auto is_zero = [](const auto& dims) {
+    return std::all_of(dims.begin(), dims.end(), [](std::int64_t d) { return d == 0; });
+  };
+  const auto text = [](const auto& dims) { return fmt::format("[{}]", fmt::join(dims, ", ")); };
+  const bool from_options = !is_zero(options.axes_dim);
+  if (from_options && !is_zero(table.axes_dim) && options.axes_dim != table.axes_dim) {
+    fail(names.op, "axes_dim {} differs from the axes {} of {}", text(options.axes_dim),
+         text(table.axes_dim), table.name);
+  }
+  const auto& dims = from_options ? options.axes_dim : table.axes_dim;
+  AxialSections axial;
+  if (is_zero(dims)) return axial;
+  if (mrope) {
+    fail(names.op, "axes_dim {} and mrope_section are given; a call has one or the other",
+         text(dims));
+  }
+  if (options.mrope_interleaved) {
+    fail(names.op, "mrope_interleaved is set with axes_dim {}; axes are contiguous", text(dims));
+  }
+  std::int64_t sum = 0;
+  for (std::size_t a = 0; a < dims.size(); ++a) {
+    const bool trailing_zeros = std::all_of(dims.begin() + static_cast<std::ptrdiff_t>(a),
+                                            dims.end(), [](std::int64_t d) { return d == 0; });
+    if (dims[a] == 0 && trailing_zeros) break;
+    if (dims[a] <= 0 || dims[a] % 2 != 0) {
+      fail(names.op,
+           "axes_dim {}: axis {} has {} features; each axis has a positive even number, unused "
+           "axes trailing zeros",
+           text(dims), a, dims[a]);
+    }
+    axial.pairs[a] = dims[a] / 2;
+    axial.axes = static_cast<int>(a) + 1;
+    sum += dims[a];
+  }
+  axial.text = text(std::vector<std::int64_t>(dims.begin(), dims.begin() + axial.axes));
+  if (sum != table.rotary_dim) {
+    fail(names.op, "axes_dim {} sums to {}, but the rotary dim of {} is {}", axial.text, sum,
+         table.name, table.rotary_dim);
+  }
+  return axial;
+}
+
 }  // namespace
 
 EMBROPE_END_NAMESPACE
@@ -164,12 +224,18 @@ RopeParams prepare_rope(const RopeNames& names, const Tensor& q, const std::opti
 
   const auto& section = options.mrope_section;
   const bool mrope = section[0] != 0 || section[1] != 0 || section[2] != 0;
-  // With mrope, positions gain a leading stream dimension of 3.
-  const int lead = mrope ? 1 : 0;
+  const AxialSections axial = axial_sections(names, options, table, mrope);
+  // With mrope or axes, positions gain a leading stream dimension (3, or one per axis).
+  const int streams = mrope ? 3 : axial.axes > 0 ? axial.axes : 1;
+  const int lead = streams > 1 || axial.axes > 0 ? 1 : 0;
   validate::check_view(names.op, "positions", positions, n - 2 + lead, n - 2 + lead);
   validate::check_index_dtype(names.op, "positions", positions);
   validate::check_same_device(names.op, "positions", positions, names.q, device);
   if (mrope) validate::check_dim(names.op, "positions", positions, 0, 3, "the 3 mrope streams");
+  if (axial.axes > 0) {
+    validate::check_dim(names.op, "positions", positions, 0, axial.axes,
+                        fmt::format("its {} axes (axes_dim {})", axial.axes, axial.text).c_str());
+  }
   for (int d = 0; d < n - 2; ++d) {
     validate::check_dim(names.op, "positions", positions, d + lead, q.shape(d), names.q_token_dims);
   }
@@ -215,12 +281,15 @@ RopeParams prepare_rope(const RopeNames& names, const Tensor& q, const std::opti
   p.position_dtype = positions.dtype();
   p.position_stride_b = batched ? positions.stride(lead) : 0;
   p.position_stride_s = positions.stride(positions.ndim() - 1);
-  p.mrope = mrope;
+  p.mrope = mrope || axial.axes > 0;
+  p.streams = streams;
   if (mrope) {
     for (int j = 0; j < 3; ++j) p.mrope_section[j] = section[j];
     p.mrope_interleaved = options.mrope_interleaved;
-    p.position_stride_stream = positions.stride(0);
+  } else {
+    for (int j = 0; j < axial.axes; ++j) p.mrope_section[j] = axial.pairs[j];
   }
+  if (p.mrope) p.position_stride_stream = positions.stride(0);
   p.cos = table.cos;
   p.sin = table.sin;
   p.table_dtype = table.dtype;
@@ -391,8 +460,12 @@ CosSinTable cos_sin_table(const char* op, const RopeCache& cache) {
   if (cache.data() == nullptr) fail(op, "the cache was moved from");
   const std::int64_t r = cache.rotary_dim();
   const Tensor view = cache.table();
-  return {cache.data(),   cache.data() + r / 2, DType::float32, r,   r, cache.max_positions(), r,
-          cache.device(), "the cache",          view,           view};
+  std::array<std::int64_t, detail::kMaxPositionStreams> axes_dim{};
+  const std::vector<std::int64_t> dims = cache.axes_dim();
+  std::copy(dims.begin(), dims.end(), axes_dim.begin());
+  return {
+      cache.data(),   cache.data() + r / 2, DType::float32, r,    r,       cache.max_positions(), r,
+      cache.device(), "the cache",          view,           view, axes_dim};
 }
 
 CosSinTable cos_sin_table(const RopeNames& names, const Tensor& cos, const Tensor& sin) {
@@ -409,9 +482,8 @@ CosSinTable cos_sin_table(const RopeNames& names, const Tensor& cos, const Tenso
   }
   if (cos.shape(1) == 0)
     fail(names.op, "cos has shape {}: rotary_dim 0 must be positive", validate::shape_string(cos));
-  return {cos.data(),   sin.data(),       cos.dtype(),  cos.stride(0), sin.stride(0),
-          cos.shape(0), 2 * cos.shape(1), cos.device(), "cos",         cos,
-          sin};
+  return {cos.data(),       sin.data(),   cos.dtype(), cos.stride(0), sin.stride(0), cos.shape(0),
+          2 * cos.shape(1), cos.device(), "cos",       cos,           sin,           {}};
 }
 
 void apply_rope_named(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,

@@ -3,6 +3,8 @@
 // arguments (dq, dk, ...) through the same checks: the checks take the names to speak of.
 #pragma once
 
+#include <array>
+
 #include <optional>
 
 #include "bad_index.hpp"
@@ -65,6 +67,8 @@ struct CosSinTable {
   Device device;
   const char* name;           // for messages: "the cache" or "cos"
   Tensor cos_view, sin_view;  // the memory read, for the overlap checks
+  // An axial cache's axes (RopeCache::axes_dim); all zero for any other table.
+  std::array<std::int64_t, detail::kMaxPositionStreams> axes_dim;
 };
 CosSinTable cos_sin_table(const char* op, const RopeCache& cache);
 // Checks cos and sin [max_positions, rotary_dim / 2].

@@ -40,12 +40,14 @@ struct RopeParams {
   const void* positions = nullptr;
   DType position_dtype = DType::int64;
   std::int64_t position_stride_b = 0, position_stride_s = 0;
-  // Multimodal RoPE: frequency i takes its angle from stream detail::mrope_stream(i, ...) of the
-  // section sizes, contiguous or interleaved; stream j's positions are at positions + j *
-  // position_stride_stream.
+  // Several position streams (Qwen2-VL's mrope: 3; axial RoPE: one per axis, up to 4):
+  // frequency i takes its angle from stream detail::mrope_stream(i, ...) of the section sizes
+  // (frequencies per stream), contiguous or interleaved (mrope only); stream j's positions are
+  // at positions + j * position_stride_stream.
   bool mrope = false;
   bool mrope_interleaved = false;
-  std::int64_t mrope_section[3] = {0, 0, 0};
+  int streams = 1;
+  std::int64_t mrope_section[detail::kMaxPositionStreams] = {0, 0, 0, 0};
   std::int64_t position_stride_stream = 0;
   // Row p of the table: cos at cos + p * cos_stride, sin at sin + p * sin_stride, R/2 each.
   const void* cos = nullptr;
@@ -162,8 +164,7 @@ EMBROPE_HD std::int64_t rope_position(const RopeParams& p, std::int64_t b, std::
 
 // The first stream whose position of token (b, s) lies outside the table, or -1.
 EMBROPE_HD int rope_bad_stream(const RopeParams& p, std::int64_t b, std::int64_t s) {
-  const int streams = p.mrope ? 3 : 1;
-  for (int j = 0; j < streams; ++j) {
+  for (int j = 0; j < p.streams; ++j) {
     const std::int64_t position = rope_position(p, b, s, j);
     if (position < 0 || position >= p.table_rows) return j;
   }
@@ -178,22 +179,25 @@ EMBROPE_HD BadIndexValue rope_bad_position(const RopeParams& p, std::int64_t t) 
   return {rope_position(p, b, s, rope_bad_stream(p, b, s)), 0, p.table_rows};
 }
 
-// The stream positions of token (b, s): temporal, height, width (all one without mrope). Three
-// scalars, not an array: on the GPU an array indexed at run time would live in local memory.
+// The stream positions of token (b, s): mrope's temporal, height, width, or an axial call's
+// axes (all one without streams; a stream past the call's count repeats the last). Scalars,
+// not an array: on the GPU an array indexed at run time would live in local memory.
 struct TokenPositions {
-  std::int64_t p0, p1, p2;
+  std::int64_t p0, p1, p2, p3;
 };
 EMBROPE_HD TokenPositions token_positions(const RopeParams& p, std::int64_t b, std::int64_t s) {
   const std::int64_t p0 = rope_position(p, b, s, 0);
-  if (!p.mrope) return {p0, p0, p0};
-  return {p0, rope_position(p, b, s, 1), rope_position(p, b, s, 2)};
+  if (!p.mrope) return {p0, p0, p0, p0};
+  const std::int64_t p1 = rope_position(p, b, s, 1);
+  const std::int64_t p2 = p.streams > 2 ? rope_position(p, b, s, 2) : p1;
+  return {p0, p1, p2, p.streams > 3 ? rope_position(p, b, s, 3) : p2};
 }
 
 // The table row of frequency i of a token: its stream's position.
 EMBROPE_HD std::int64_t rope_table_row(const RopeParams& p, const TokenPositions& pos,
                                        std::int64_t i) {
   const int stream = rope_stream(p, i);
-  return stream == 0 ? pos.p0 : (stream == 1 ? pos.p1 : pos.p2);
+  return stream == 0 ? pos.p0 : stream == 1 ? pos.p1 : stream == 2 ? pos.p2 : pos.p3;
 }
 
 // The table's cos and sin (times sin_sign) of pair i of a token, as float32 (exact for every

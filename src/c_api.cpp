@@ -8,6 +8,7 @@
 #include <new>
 #include <type_traits>
 #include <utility>
+#include <vector>
 #include <string>
 
 #include "embrope/embrope.h"
@@ -179,6 +180,7 @@ embrope::RopeOptions rope_options(const char* function, const embrope_rope_optio
   options.q_out = to_optional(function, "q_out", o->q_out);
   options.k_out = to_optional(function, "k_out", o->k_out);
   for (int i = 0; i < 3; ++i) options.mrope_section[i] = o->mrope_section[i];
+  for (int i = 0; i < 4; ++i) options.axes_dim[static_cast<std::size_t>(i)] = o->axes_dim[i];
   options.mrope_interleaved = o->mrope_interleaved != 0;
   if (o->deferred != nullptr) options.deferred = &o->deferred->status;
   // A zero scale (the init's, and an older header's) is the default 1 (docs/abi.md, rule 1).
@@ -344,6 +346,38 @@ embrope_status_t embrope_rope_cache_create(const embrope_rope_config_t* config, 
   });
 }
 
+embrope_status_t embrope_rope_cache_create_axial(const embrope_rope_config_t* const* axes,
+                                                 size_t num_axes, DLDevice device, void* stream,
+                                                 embrope_rope_cache_t** cache) {
+  constexpr const char* fn = "embrope_rope_cache_create_axial";
+  return guarded(fn, "RopeCache", [&] {
+    if (cache == nullptr) fail(fn, "cache (the output handle) is null");
+    *cache = nullptr;
+    if (axes == nullptr) fail(fn, "axes is null");
+    if (num_axes == 0 || num_axes > 4) {
+      fail(fn, fmt::format("num_axes {} must be 1 to 4", num_axes));
+    }
+    std::vector<embrope::RopeConfig> configs;
+    for (std::size_t a = 0; a < num_axes; ++a) {
+      if (axes[a] == nullptr) fail(fn, fmt::format("axes[{}] is null", a));
+      configs.push_back(to_rope_config(fn, *axes[a]));
+    }
+    *cache = new embrope_rope_cache{embrope::RopeCache::axial(
+        configs, embrope::device_from_dlpack(device, fn, "device"), embrope::Stream{stream})};
+  });
+}
+
+embrope_status_t embrope_rope_cache_axes_dim(const embrope_rope_cache_t* cache,
+                                             int64_t axes_dim[4]) {
+  constexpr const char* fn = "embrope_rope_cache_axes_dim";
+  return guarded(fn, "RopeCache", [&] {
+    if (cache == nullptr) fail(fn, "cache is null");
+    if (axes_dim == nullptr) fail(fn, "axes_dim is null");
+    const std::vector<int64_t> dims = cache->cache.axes_dim();
+    for (std::size_t a = 0; a < 4; ++a) axes_dim[a] = a < dims.size() ? dims[a] : 0;
+  });
+}
+
 embrope_status_t embrope_rope_cache_destroy(embrope_rope_cache_t* cache) {
   return guarded("embrope_rope_cache_destroy", "RopeCache", [&] { delete cache; });
 }
@@ -401,6 +435,7 @@ void embrope_rope_options_init_size(embrope_rope_options_t* out, size_t struct_s
   options->q_out = nullptr;
   options->k_out = nullptr;
   for (int64_t& s : options->mrope_section) s = 0;
+  for (int64_t& a : options->axes_dim) a = 0;
   options->deferred = nullptr;
   options->mrope_interleaved = 0;
   options->q_out_head_scales = nullptr;

@@ -3,12 +3,15 @@
 
 #include <cmath>
 #include <memory>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "backend.hpp"
 #include "device_runtime.hpp"
 #include "rope_scaling.hpp"
+#include "embrope/apply_rope.hpp"
 #include "embrope/error.hpp"
 #include "embrope/version.hpp"
 #include "validate.hpp"
@@ -111,11 +114,74 @@ RopeCache::RopeCache(const RopeConfig& config, Device device, Stream stream)
     : config_(config), device_(device) {
   RopeFrequencies frequencies = rope_frequencies(config);
   validate::check_device_usable(kOp, device);
-  attention_factor_ = frequencies.attention_factor;
-  inv_freq_ = std::move(frequencies.inv_freq);
+  build(frequencies.inv_freq, frequencies.attention_factor, stream);
+}
+
+RopeCache RopeCache::axial(const std::vector<RopeConfig>& axes, Device device, Stream stream) {
+  constexpr int kMaxAxes = static_cast<int>(std::tuple_size_v<decltype(RopeOptions::axes_dim)>);
+  if (axes.empty() || axes.size() > static_cast<std::size_t>(kMaxAxes)) {
+    validate::fail(kOp, "an axial cache has 1 to {} axes, not {}", kMaxAxes, axes.size());
+  }
+  std::vector<double> inv_freq;
+  double attention_factor = 1.0;
+  std::int64_t rotary_dim = 0;
+  for (std::size_t a = 0; a < axes.size(); ++a) {
+    RopeFrequencies f;
+    try {
+      f = rope_frequencies(axes[a]);
+    } catch (const Error& e) {
+      // "RopeCache: rule" becomes "RopeCache: axis a: rule".
+      const std::string what = e.what();
+      const std::string prefix = std::string(kOp) + ": ";
+      const std::string rule = what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
+      throw Error(e.code(), fmt::format("{}: axis {}: {}", kOp, a, rule));
+    }
+    if (axes[a].max_positions != axes[0].max_positions) {
+      validate::fail(kOp,
+                     "axis {} has max_positions {} but axis 0 has {}; the axes share one table "
+                     "of max_positions rows",
+                     a, axes[a].max_positions, axes[0].max_positions);
+    }
+    if (a == 0) attention_factor = f.attention_factor;
+    if (f.attention_factor != attention_factor) {
+      validate::fail(kOp,
+                     "axis {} has attention factor {} but axis 0 has {}; the axes share one "
+                     "factor folded into the table",
+                     a, f.attention_factor, attention_factor);
+    }
+    rotary_dim += axes[a].rotary_dim;
+    inv_freq.insert(inv_freq.end(), f.inv_freq.begin(), f.inv_freq.end());
+  }
+  const std::int64_t max_positions = axes[0].max_positions;
+  if (max_positions > (INT64_MAX / 8) / rotary_dim) {
+    validate::fail(kOp, "max_positions {} times the axes' rotary_dim {} overflows the table size",
+                   max_positions, rotary_dim);
+  }
+  validate::check_device_usable(kOp, device);
+  RopeCache cache;
+  cache.config_.rotary_dim = rotary_dim;
+  cache.config_.max_positions = max_positions;
+  cache.axes_ = axes;
+  cache.device_ = device;
+  cache.build(inv_freq, attention_factor, stream);
+  return cache;
+}
+
+std::vector<std::int64_t> RopeCache::axes_dim() const {
+  std::vector<std::int64_t> dims;
+  for (const RopeConfig& axis : axes_) dims.push_back(axis.rotary_dim);
+  return dims;
+}
+
+// The table of config_.max_positions rows and config_.rotary_dim columns from its frequencies,
+// on device_.
+void RopeCache::build(const std::vector<double>& inv_freq, double attention_factor, Stream stream) {
+  attention_factor_ = attention_factor;
+  inv_freq_ = inv_freq;
   const std::vector<double>& f = inv_freq_;
+  const RopeConfig& config = config_;
   const auto count = static_cast<std::size_t>(config.max_positions * config.rotary_dim);
-  if (device.kind == DeviceKind::cpu) {
+  if (device_.kind == DeviceKind::cpu) {
     data_ = new (std::nothrow) float[count];
     if (data_ == nullptr) {
       throw Error(ErrorCode::out_of_memory,
@@ -125,12 +191,12 @@ RopeCache::RopeCache(const RopeConfig& config, Device device, Stream stream)
     cpu::build_rope_cache(data_, config.max_positions, config.rotary_dim, f.data(),
                           attention_factor_);
   } else {
-    data_ = static_cast<float*>(gpu::allocate(count * sizeof(float), device));
+    data_ = static_cast<float*>(gpu::allocate(count * sizeof(float), device_));
     try {
       gpu::build_rope_cache(data_, config.max_positions, config.rotary_dim, f.data(),
-                            attention_factor_, device, stream);
+                            attention_factor_, device_, stream);
       // Built once, then shared by any stream: wait here so no later call can race the build.
-      gpu::synchronize(stream, device);
+      gpu::synchronize(stream, device_);
     } catch (...) {
       release();
       throw;
@@ -157,12 +223,14 @@ RopeCache::RopeCache(RopeCache&& other) noexcept
       device_(other.device_),
       attention_factor_(other.attention_factor_),
       inv_freq_(std::move(other.inv_freq_)),
-      data_(std::exchange(other.data_, nullptr)) {}
+      data_(std::exchange(other.data_, nullptr)),
+      axes_(std::move(other.axes_)) {}
 
 RopeCache& RopeCache::operator=(RopeCache&& other) noexcept {
   if (this != &other) {
     release();
     config_ = other.config_;
+    axes_ = std::move(other.axes_);
     device_ = other.device_;
     attention_factor_ = other.attention_factor_;
     inv_freq_ = std::move(other.inv_freq_);

@@ -80,4 +80,18 @@ struct MropeCase {
   std::int64_t max_positions = 4096;
 };
 
+// Axial RoPE (RopeCache::axial): the axes' feature slices (trailing zeros unused) and bases.
+struct AxialCase {
+  DType dtype = DType::float32;
+  DType pos_dtype = DType::int64;
+  bool interleaved = false;  // the pair layout (Flux, Wan: adjacent; Qwen2-VL vision: halves)
+  std::int64_t head_dim = 128;
+  std::array<std::int64_t, 4> axes_dim = {16, 56, 56, 0};
+  std::array<double, 4> bases = {10000.0, 10000.0, 10000.0, 10000.0};
+  std::int64_t batch = 0, seq = 7, hq = 4, hk = 2;
+  bool positions_token_major = false;  // positions stored [T, N] (Flux's ids), viewed [N, T]
+  bool out_of_place = false, inverse = false;
+  std::int64_t max_positions = 300;
+};
+
 }  // namespace op_cases

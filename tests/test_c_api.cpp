@@ -782,6 +782,76 @@ TEST_CASE("C scaling variants: frequencies, caches and info agree with the C++ A
   CHECK(ref::mentions(embrope_last_error(), "short_factor"));
 }
 
+TEST_CASE("C axial RoPE through embrope_rope_cache_create_axial and options.axes_dim",
+          "[c_api][rope][axial]") {
+  const std::int64_t t = 3, h = 2, d = 64;
+  ref::Buffer q(DType::float32, t * h * d), q2(DType::float32, t * h * d), pos(DType::int64, 3 * t);
+  ref::fill_random(q, 63);
+  ref::fill_random_indices(pos, 64, 0, 31);
+  const ref::Buffer q0 = q;
+  q2 = q;
+  const embrope::RopeCache cpp_cache = embrope::RopeCache::axial(
+      {embrope::RopeConfig{16, 10000.0, 32}, {24, 100.0, 32}, {24, 100.0, 32}});
+  embrope::RopeOptions cpp;
+  cpp.layout = embrope::RopeLayout::interleaved;
+  embrope::apply_rope(ref::view(q2, 0, {t, h, d}), std::nullopt, ref::view(pos, 0, {3, t}),
+                      cpp_cache, cpp);
+
+  embrope_rope_config_t axes[3];
+  const std::int64_t dims[3] = {16, 24, 24};
+  const double bases[3] = {10000.0, 100.0, 100.0};
+  const embrope_rope_config_t* axis_pointers[3];
+  for (int a = 0; a < 3; ++a) {
+    embrope_rope_config_init(&axes[a]);
+    axes[a].rotary_dim = dims[a];
+    axes[a].base = bases[a];
+    axes[a].max_positions = 32;
+    axis_pointers[a] = &axes[a];
+  }
+  embrope_rope_cache_t* cache = nullptr;
+  REQUIRE(embrope_rope_cache_create_axial(axis_pointers, 3, DLDevice{kDLCPU, 0}, nullptr, &cache) ==
+          EMBROPE_OK);
+  std::int64_t got[4] = {-1, -1, -1, -1};
+  REQUIRE(embrope_rope_cache_axes_dim(cache, got) == EMBROPE_OK);
+  CHECK((got[0] == 16 && got[1] == 24 && got[2] == 24 && got[3] == 0));
+  embrope_rope_options_t o;
+  embrope_rope_options_init(&o);
+  CHECK((o.axes_dim[0] == 0 && o.axes_dim[3] == 0));
+  o.layout = EMBROPE_ROPE_INTERLEAVED;
+  std::int64_t q_shape[] = {t, h, d}, p_shape[] = {3, t};
+  DLTensor qt{q.data(), DLDevice{kDLCPU, 0}, 3, {kDLFloat, 32, 1}, q_shape, nullptr, 0};
+  DLTensor pt{pos.data(), DLDevice{kDLCPU, 0}, 2, {kDLInt, 64, 1}, p_shape, nullptr, 0};
+  REQUIRE(embrope_apply_rope(&qt, nullptr, &pt, cache, &o, nullptr) == EMBROPE_OK);
+  CHECK(q.snapshot() == q2.snapshot());
+  CHECK(q.snapshot() != q0.snapshot());
+
+  SECTION("options.axes_dim that disagrees with the cache's is refused") {
+    o.axes_dim[0] = 32;
+    o.axes_dim[1] = 32;
+    CHECK(embrope_apply_rope(&qt, nullptr, &pt, cache, &o, nullptr) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(embrope_last_error(), Catch::Contains("axes_dim [32, 32, 0, 0]"));
+  }
+  SECTION("bad arguments of the axial create") {
+    embrope_rope_cache_t* other = nullptr;
+    CHECK(embrope_rope_cache_create_axial(axis_pointers, 5, DLDevice{kDLCPU, 0}, nullptr, &other) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(embrope_last_error(), Catch::Contains("num_axes 5 must be 1 to 4"));
+    CHECK(embrope_rope_cache_create_axial(nullptr, 1, DLDevice{kDLCPU, 0}, nullptr, &other) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    const embrope_rope_config_t* with_null[2] = {&axes[0], nullptr};
+    CHECK(embrope_rope_cache_create_axial(with_null, 2, DLDevice{kDLCPU, 0}, nullptr, &other) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(embrope_last_error(), Catch::Contains("axes[1] is null"));
+    axes[1].max_positions = 33;
+    CHECK(embrope_rope_cache_create_axial(axis_pointers, 3, DLDevice{kDLCPU, 0}, nullptr, &other) ==
+          EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(embrope_last_error(), Catch::Contains("axis 1 has max_positions 33"));
+    CHECK(other == nullptr);
+  }
+  embrope_rope_cache_destroy(cache);
+}
+
 TEST_CASE("C mrope through embrope_rope_options_t.mrope_section", "[c_api][rope][mrope]") {
   const std::int64_t t = 3, h = 2, d = 64;
   ref::Buffer q(DType::float32, t * h * d), q2(DType::float32, t * h * d), pos(DType::int64, 3 * t);

@@ -36,6 +36,15 @@ struct RopeOptions {
   // With mrope_section: the streams interleaved over the frequencies as Qwen3-VL does them
   // (mrope_interleaved in its config; detail::mrope_stream) instead of in contiguous sections.
   bool mrope_interleaved = false;
+  // Axial RoPE (vision encoders, diffusion transformers; docs/ops.md, "Axial RoPE"): all zero
+  // = off. Otherwise N = 1 to 4 leading positive even sizes, then zeros, summing to rotary_dim:
+  // axis a owns the next axes_dim[a] rotary features (axes_dim[a] / 2 pairs, diffusers'
+  // FluxPosEmbed axes_dim, Flux.1's {16, 56, 56}); positions carry one stream per axis, [N, T]
+  // or [N, B, S] (the token's coordinate on each axis, Flux's ids transposed), and pair i takes
+  // its angle from the axis that owns it. With a RopeCache built by RopeCache::axial this may
+  // stay zero (the cache's axes are used) or must equal them; a cos/sin table must come with
+  // it. Not together with mrope_section.
+  std::array<std::int64_t, 4> axes_dim{};
   // Null: a bad position makes the call throw. Otherwise it is recorded there
   // (deferred_status.hpp).
   DeferredStatus* deferred = nullptr;
@@ -64,10 +73,11 @@ struct RopeOptions {
 
 // Rotates q [T, Hq, D] or [B, S, Hq, D] and, when given, k [T, Hk, D] or [B, S, Hk, D]
 // (Hk may differ from Hq: GQA/MQA) by the angles of `positions` [T] or [B, S] (int32 or
-// int64; [3, T] or [3, B, S] with mrope_section). q and k are float32, float16 or bfloat16 (the
-// same dtype); every dimension but the last may have any non-negative stride; the last has
-// stride 1. Arithmetic is float32 with one rounding to the output dtype. A position outside [0,
-// table rows) zero-fills its token's output rows and is reported (deferred_status.hpp).
+// int64; [3, T] or [3, B, S] with mrope_section; [N, T] or [N, B, S] with N axes). q and k are
+// float32, float16 or bfloat16 (the same dtype); every dimension but the last may have any
+// non-negative stride; the last has stride 1. Arithmetic is float32 with one rounding to the output
+// dtype. A position outside [0, table rows) zero-fills its token's output rows and is reported
+// (deferred_status.hpp).
 EMBROPE_EXPORT void apply_rope(const Tensor& q, const std::optional<Tensor>& k,
                                const Tensor& positions, const RopeCache& cache,
                                const RopeOptions& options = {});

@@ -132,6 +132,20 @@ EMBROPE_API embrope_status_t embrope_rope_cache_create(const embrope_rope_config
                                                        DLDevice device, void* stream,
                                                        embrope_rope_cache_t** cache);
 
+/* Axial RoPE: one cache for num_axes = 1 to 4 axes, axis a configured by *axes[a] as a
+ * one-axis cache would be (its rotary_dim the axis's share of the features, base its theta,
+ * its own scaling); the table's columns are the axes' frequencies one after another. Every
+ * axis has the same max_positions and attention factor. apply_rope then takes positions
+ * [num_axes, T] or [num_axes, B, S]. Errors as embrope_rope_cache_create's, naming the axis. */
+EMBROPE_API embrope_status_t
+embrope_rope_cache_create_axial(const embrope_rope_config_t* const* axes, size_t num_axes,
+                                DLDevice device, void* stream, embrope_rope_cache_t** cache);
+
+/* The axes' rotary dims of an axial cache into axes_dim[0..3] (unused axes 0; all 0 for a
+ * one-axis cache). */
+EMBROPE_API embrope_status_t embrope_rope_cache_axes_dim(const embrope_rope_cache_t* cache,
+                                                         int64_t axes_dim[4]);
+
 /* Frees a cache. A null handle is accepted and does nothing. */
 EMBROPE_API embrope_status_t embrope_rope_cache_destroy(embrope_rope_cache_t* cache);
 
@@ -210,6 +224,13 @@ typedef struct embrope_rope_options_t {
   DLTensor* q_nope_out;
   const DLTensor* k_nope;
   DLTensor* k_nope_out;
+  /* Axial RoPE (vision encoders, diffusion transformers): all 0 = off (default). Otherwise
+   * N = 1 to 4 leading positive even sizes, then zeros, summing to rotary_dim: axis a owns the
+   * next axes_dim[a] rotary features (diffusers' axes_dim, Flux.1's {16, 56, 56}); positions
+   * are [N, T] or [N, B, S], one coordinate per axis, and each pair takes its angle from its
+   * axis. With a cache from embrope_rope_cache_create_axial it may stay 0 (the cache's axes)
+   * or must equal them. Not together with mrope_section. */
+  int64_t axes_dim[4];
 } embrope_rope_options_t;
 
 EMBROPE_API void embrope_rope_options_init_size(embrope_rope_options_t* options,

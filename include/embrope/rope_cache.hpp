@@ -101,13 +101,31 @@ class EMBROPE_EXPORT RopeCache {
   // Builds the table on `device`. For a CUDA device the build runs on `stream`, and the
   // constructor waits for it, so the cache is ready for any stream when it returns.
   explicit RopeCache(const RopeConfig& config, Device device = Device::cpu(), Stream stream = {});
+
+  // Axial RoPE (docs/ops.md, "Axial RoPE"): one table for 1 to 4 axes, axis a configured by
+  // axes[a] as a one-axis cache would be: its rotary_dim is the axis's share of the rotary
+  // features (diffusers' axes_dim), base its theta, scaling its own; so axis a's frequency j is
+  // base_a^(-2j / rotary_dim_a), j < rotary_dim_a / 2, as diffusers' get_1d_rotary_pos_embed
+  // and HF's VisionRotaryEmbedding compute them. The table is [max_positions, R] with R the sum
+  // of the axes' dims, its columns the axes' frequencies one after another, in the one-axis
+  // layout (cos of every frequency, then sin). Every axis must have the same max_positions
+  // (the table's rows: each axis's coordinates lie in [0, max_positions)) and the same
+  // attention factor (1 unless a scaling variant derives another); apply_rope takes the axes
+  // from the cache. The axes' presets are in the Python package (embrope.RopeCache.flux, ...).
+  static RopeCache axial(const std::vector<RopeConfig>& axes, Device device = Device::cpu(),
+                         Stream stream = {});
   ~RopeCache();
   RopeCache(RopeCache&& other) noexcept;
   RopeCache& operator=(RopeCache&& other) noexcept;
   RopeCache(const RopeCache&) = delete;
   RopeCache& operator=(const RopeCache&) = delete;
 
+  // For an axial cache: rotary_dim (the sum of the axes') and max_positions of the table,
+  // every other field at its default; axes() holds each axis's configuration.
   const RopeConfig& config() const { return config_; }
+  // The axes of an axial cache (empty for a one-axis cache), and their rotary dims.
+  const std::vector<RopeConfig>& axes() const { return axes_; }
+  std::vector<std::int64_t> axes_dim() const;
   std::int64_t rotary_dim() const { return config_.rotary_dim; }
   std::int64_t max_positions() const { return config_.max_positions; }
   Device device() const { return device_; }
@@ -129,12 +147,15 @@ class EMBROPE_EXPORT RopeCache {
   void copy_to_host(float* cos, float* sin) const;
 
  private:
+  RopeCache() = default;
+  void build(const std::vector<double>& inv_freq, double attention_factor, Stream stream);
   void release() noexcept;
   RopeConfig config_{};
   Device device_{};
   double attention_factor_ = 1.0;
   std::vector<double> inv_freq_;
   float* data_ = nullptr;
+  std::vector<RopeConfig> axes_;
 };
 
 // A cache that follows the length of the sequence being processed, for the variants whose

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _arrays
 from . import _embrope as _C
-from ._rope_cache import RopeCache, _mrope_tuple
+from ._rope_cache import RopeCache, _axes_tuple, _mrope_tuple
 
 
 def call(function: Any, *args: Any, **kwargs: Any) -> Any:
@@ -84,8 +84,9 @@ def _shared_options(settings: tuple, build: Any) -> Any:
 
 class RopeSettings(NamedTuple):
     """A call's RoPE settings in plain values (so that ``torch.compile`` traces the code that
-    forms them): the ``RopeOptions`` fields, the layout as its enum value and mrope as
-    (temporal, height, width, interleaved), all 0 without mrope."""
+    forms them): the ``RopeOptions`` fields, the layout as its enum value and the position
+    streams as (mrope temporal, height, width, interleaved, then the four axes_dim), all 0
+    without mrope or axes."""
 
     layout: int
     inverse: bool
@@ -99,16 +100,18 @@ class RopeSettings(NamedTuple):
         return _shared_options(("rope",) + tuple(self), lambda: _arrays.settings(
             op, _C.RopeOptions, layout=_C.RopeLayout(self.layout), inverse=bool(self.inverse),
             rotary_dim=int(self.rotary_dim), mrope_section=tuple(self.mrope[:3]),
-            mrope_interleaved=bool(self.mrope[3]), q_out_scale=float(self.q_out_scale),
+            mrope_interleaved=bool(self.mrope[3]), axes_dim=tuple(self.mrope[4:8]),
+            q_out_scale=float(self.q_out_scale),
             k_out_scale=float(self.k_out_scale)))
 
 
 def rope_settings(op: str, cache: Any, *, layout: Optional[str] = None, inverse: bool = False,
                   rotary_dim: int = 0, mrope_section: Optional[Sequence[int]] = None,
                   mrope_interleaved: Optional[bool] = None, q_out_scale: float = 1.0,
-                  k_out_scale: float = 1.0) -> RopeSettings:
-    """The settings of a call: the layout and multimodal setting are the call's own, else its
-    RopeCache's (a table array has neither: "neox", no mrope)."""
+                  k_out_scale: float = 1.0,
+                  axes_dim: Optional[Sequence[int]] = None) -> RopeSettings:
+    """The settings of a call: the layout, multimodal and axial settings are the call's own,
+    else its RopeCache's (a table array has none: "neox", no mrope, no axes)."""
     from_cache = isinstance(cache, RopeCache)
     if layout is None:
         layout = cache.layout if from_cache else "neox"
@@ -116,11 +119,13 @@ def rope_settings(op: str, cache: Any, *, layout: Optional[str] = None, inverse:
         mrope_section = cache.mrope_section
         if mrope_interleaved is None:
             mrope_interleaved = cache.mrope_interleaved
+    if axes_dim is None and from_cache:
+        axes_dim = cache.axes_dim
     sections = _mrope_tuple(op, mrope_section) or (0, 0, 0)
     return RopeSettings(_arrays.enum_value(op, "layout", _C.RopeLayout, layout).value,
                         bool(inverse), int(rotary_dim),
-                        sections + (int(bool(mrope_interleaved)),), float(q_out_scale),
-                        float(k_out_scale))
+                        sections + (int(bool(mrope_interleaved)),) + _axes_tuple(op, axes_dim),
+                        float(q_out_scale), float(k_out_scale))
 
 
 def dlpack_table(cache: RopeCache) -> Any:

@@ -96,7 +96,8 @@ def _rope_direction(op: str, backward: bool, q: Any, k: Any, positions: Any, cac
 def apply_rope(q: Any, k: Any, positions: Any, cache: Any, *, layout: Optional[str] = None,
                inverse: bool = False, rotary_dim: int = 0,
                mrope_section: Optional[Sequence[int]] = None,
-               mrope_interleaved: Optional[bool] = None, inplace: bool = True,
+               mrope_interleaved: Optional[bool] = None,
+               axes_dim: Optional[Sequence[int]] = None, inplace: bool = True,
                q_out: Any = None, k_out: Any = None, deferred: Any = None,
                stream: Any = None, q_out_scale: float = 1.0, k_out_scale: float = 1.0,
                q_out_head_scales: Any = None, k_out_head_scales: Any = None,
@@ -112,7 +113,8 @@ def apply_rope(q: Any, k: Any, positions: Any, cache: Any, *, layout: Optional[s
     k : array [T, Hk, D] or [B, S, Hk, D], or None
         The same dtype as q; Hk may differ from Hq (GQA, MQA).
     positions : array [T] or [B, S] of int32 / int64
-        ``[3, T]`` or ``[3, B, S]`` (temporal, height, width) with `mrope_section`.
+        ``[3, T]`` or ``[3, B, S]`` (temporal, height, width) with `mrope_section`;
+        ``[N, T]`` or ``[N, B, S]`` (each token's coordinate on each axis) with N axes.
     cache : RopeCache, array [max_positions, R] or (cos, sin)
         The cos/sin table: a :class:`RopeCache`, a vLLM / FlashInfer style
         ``cos_sin_cache`` (cos half then sin half, used as is), or cos and sin arrays
@@ -131,6 +133,10 @@ def apply_rope(q: Any, k: Any, positions: Any, cache: Any, *, layout: Optional[s
         With `mrope_section`: frequency i takes height for i = 1, 4, ... below
         3 * section[1], width for i = 2, 5, ... below 3 * section[2], else temporal
         (Qwen3-VL, HF's interleaving). Default: the cache's with its sections, else False.
+    axes_dim : 1 to 4 even ints, optional
+        Axial RoPE (docs/ops.md): axis a owns the next ``axes_dim[a]`` rotary features and
+        takes its angles from positions[a]. Default: the cache's axes (``RopeCache.axial``
+        and its presets); needed with a table array built for axes.
     inplace : bool, default True
         Rotate q and k in place. False allocates new outputs in q's framework.
     q_out, k_out : arrays, optional
@@ -172,7 +178,7 @@ def apply_rope(q: Any, k: Any, positions: Any, cache: Any, *, layout: Optional[s
                            deferred, stream, q_out_head_scales, k_out_head_scales,
                            layout=layout, inverse=inverse, rotary_dim=rotary_dim,
                            mrope_section=mrope_section, mrope_interleaved=mrope_interleaved,
-                           q_out_scale=q_out_scale, k_out_scale=k_out_scale,
+                           axes_dim=axes_dim, q_out_scale=q_out_scale, k_out_scale=k_out_scale,
                            nope=dict(q_nope=q_nope, q_nope_out=q_nope_out, k_nope=k_nope,
                                      k_nope_out=k_nope_out))
 
@@ -180,7 +186,8 @@ def apply_rope(q: Any, k: Any, positions: Any, cache: Any, *, layout: Optional[s
 def apply_rope_backward(dq: Any, dk: Any, positions: Any, cache: Any, *,
                         layout: Optional[str] = None, inverse: bool = False,
                         rotary_dim: int = 0, mrope_section: Optional[Sequence[int]] = None,
-                        mrope_interleaved: Optional[bool] = None, inplace: bool = True,
+                        mrope_interleaved: Optional[bool] = None,
+                        axes_dim: Optional[Sequence[int]] = None, inplace: bool = True,
                         q_out: Any = None, k_out: Any = None, deferred: Any = None,
                         stream: Any = None) -> tuple[Any, Any]:
     """The gradient of :func:`apply_rope`: ``dx = m R(-angle) dy``.
@@ -192,7 +199,7 @@ def apply_rope_backward(dq: Any, dk: Any, positions: Any, cache: Any, *,
     return _rope_direction("apply_rope_backward", True, dq, dk, positions, cache, inplace, q_out, k_out,
                            deferred, stream, layout=layout, inverse=inverse,
                            rotary_dim=rotary_dim, mrope_section=mrope_section,
-                           mrope_interleaved=mrope_interleaved)
+                           mrope_interleaved=mrope_interleaved, axes_dim=axes_dim)
 
 
 def _qk_arguments(op: str, like: Any, cache: Any, q_weight: Any, k_weight: Any, eps: float,

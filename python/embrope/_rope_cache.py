@@ -98,10 +98,118 @@ class RopeCache:
     def _init(self, config: Any, device: Any, layout: Any, mrope_section: Any,
               mrope_interleaved: bool, stream: Any) -> None:
         kind, index = _arrays.parse_device(device)
-        self._native = _C.RopeCache(config, kind, index, _arrays.stream_handle(stream))
+        if isinstance(config, list):  # the axes of an axial cache
+            self._native = _C.RopeCache.axial(config, kind, index, _arrays.stream_handle(stream))
+        else:
+            self._native = _C.RopeCache(config, kind, index, _arrays.stream_handle(stream))
         self.layout = _arrays.enum_value("RopeCache", "layout", _C.RopeLayout, layout).name
         self.mrope_section = _mrope_tuple("RopeCache", mrope_section)
         self.mrope_interleaved = bool(mrope_interleaved)
+
+    # ------------------------------------------------------------------ axial RoPE ----
+    @classmethod
+    def axial(cls, axes_dim: Sequence[int], max_positions: int,
+              base: Union[float, Sequence[float]] = 10000.0, *, scaling: str = "none",
+              device: Any = "cpu", layout: str = "neox", stream: Any = None,
+              **params: Any) -> "RopeCache":
+        """An axial RoPE cache: 1 to 4 axes, each owning a slice of the rotary features.
+
+        Axis a owns ``axes_dim[a]`` features (``axes_dim[a] / 2`` pairs) with the frequencies
+        ``base_a ** (-2 j / axes_dim[a])``, as diffusers' ``get_1d_rotary_pos_embed`` and HF's
+        ``VisionRotaryEmbedding`` compute them; the table's columns are the axes' frequencies
+        one after another (docs/ops.md, "Axial RoPE"). :func:`apply_rope` with this cache then
+        takes positions ``[N, T]`` or ``[N, B, S]``: each token's integer coordinate on each
+        axis (Flux's ``ids [T, N]`` transposed, ``ids.T``), and the axes from the cache.
+
+        Parameters
+        ----------
+        axes_dim : sequence of 1 to 4 even ints
+            The features of each axis (diffusers' ``axes_dim``); their sum is the rotary dim.
+        max_positions : int
+            Coordinates ``[0, max_positions)`` are valid on every axis.
+        base : float or sequence of floats, default 10000.0
+            theta, one for all axes or one per axis.
+        scaling, **params
+            A context-extension variant and its parameters, as in :class:`RopeCache`,
+            applied to every axis alike (each with its own rotary dim). The axes must give
+            one attention factor.
+        device, layout, stream
+            As in :class:`RopeCache`. `layout` is the pairing :func:`apply_rope` uses by
+            default: "interleaved" for Flux, Wan and timm, "neox" for Qwen2-VL's vision tower.
+
+        Raises
+        ------
+        InvalidArgumentError
+            Naming the axis and the rule.
+        """
+        dims = [int(d) for d in axes_dim]
+        bases = [float(base)] * len(dims) if isinstance(base, (int, float)) else \
+            [float(b) for b in base]
+        if len(bases) != len(dims):
+            raise _C.InvalidArgumentError(
+                f"RopeCache: base has {len(bases)} entries but axes_dim has {len(dims)}; give "
+                "one base, or one per axis")
+        configs = [_rope_config("RopeCache", rotary_dim=d, max_positions=max_positions, base=b,
+                                scaling=scaling, **params) for d, b in zip(dims, bases)]
+        return cls.from_axes(configs, device=device, layout=layout, stream=stream)
+
+    @classmethod
+    def from_axes(cls, axes: Sequence[Any], *, device: Any = "cpu", layout: str = "neox",
+                  stream: Any = None) -> "RopeCache":
+        """An axial cache from one :class:`RopeConfig` per axis (each axis's rotary_dim,
+        base and scaling its own; one max_positions and attention factor for all)."""
+        self = cls.__new__(cls)
+        self._init(list(axes), device, layout, None, False, stream)
+        return self
+
+    @classmethod
+    def flux(cls, max_positions: int = 512, *, device: Any = "cpu") -> "RopeCache":
+        """Flux.1's rotary table (diffusers' ``FluxPosEmbed(theta=10000, axes_dim=[16, 56,
+        56])``, adjacent pairs): positions are its ``ids`` transposed, ``[3, T]``."""
+        return cls.axial([16, 56, 56], max_positions, 10000.0, device=device,
+                         layout="interleaved")
+
+    @classmethod
+    def flux2(cls, max_positions: int = 512, *, device: Any = "cpu") -> "RopeCache":
+        """FLUX.2's rotary table (diffusers' ``Flux2PosEmbed(theta=2000, axes_dim=(32, 32, 32,
+        32))``, adjacent pairs): positions ``[4, T]``."""
+        return cls.axial([32, 32, 32, 32], max_positions, 2000.0, device=device,
+                         layout="interleaved")
+
+    @classmethod
+    def qwen2_vl_vision(cls, head_dim: int = 80, max_positions: int = 1024,
+                        base: float = 10000.0, *, device: Any = "cpu") -> "RopeCache":
+        """The vision tower of Qwen2-VL and Qwen2.5-VL (HF's ``VisionRotaryEmbedding(head_dim
+        // 2)`` and ``apply_rotary_pos_emb_vision``): axes (row, column) of ``head_dim / 2``
+        features each, rotate-half pairs; positions ``[2, T]``, each patch's row and column."""
+        return cls.axial([head_dim // 2, head_dim // 2], max_positions, base, device=device,
+                         layout="neox")
+
+    @classmethod
+    def wan(cls, head_dim: int = 128, max_positions: int = 1024, base: float = 10000.0, *,
+            device: Any = "cpu") -> "RopeCache":
+        """Wan 2.1's rotary table (diffusers' ``WanRotaryPosEmbed``): axes (frame, row,
+        column) of ``head_dim - 4 (head_dim // 6)``, ``2 (head_dim // 6)`` and ``2 (head_dim
+        // 6)`` features, adjacent pairs; positions ``[3, T]``."""
+        hw = 2 * (head_dim // 6)
+        return cls.axial([head_dim - 2 * hw, hw, hw], max_positions, base, device=device,
+                         layout="interleaved")
+
+    @classmethod
+    def vit_2d(cls, head_dim: int, max_positions: int, base: float = 10000.0, *,
+               device: Any = "cpu") -> "RopeCache":
+        """A 2-D RoPE ViT with integer patch coordinates (timm's ``RotaryEmbeddingCat(head_dim,
+        in_pixels=False)`` without ``ref_feat_shape``, EVA-02's layout): axes (row, column) of
+        ``head_dim / 2`` features each, temperature `base`, adjacent pairs; positions
+        ``[2, T]``."""
+        return cls.axial([head_dim // 2, head_dim // 2], max_positions, base, device=device,
+                         layout="interleaved")
+
+    @property
+    def axes_dim(self) -> Optional[tuple[int, ...]]:
+        """The features of each axis of an axial cache; None for a one-axis cache."""
+        dims = tuple(int(d) for d in self._native.axes_dim)
+        return dims or None
 
     @classmethod
     def from_config(cls, config: Any, *, device: Any = "cpu", layout: str = "neox",
@@ -220,9 +328,25 @@ class RopeCache:
 
     def __repr__(self) -> str:
         c = self._native.config
+        if self.axes_dim is not None:
+            bases = [a.base for a in self._native.axes]
+            return (f"RopeCache.axial(axes_dim={list(self.axes_dim)}, "
+                    f"max_positions={c.max_positions}, base={bases}, device={self.device!r}, "
+                    f"layout={self.layout!r})")
         return (f"RopeCache(rotary_dim={c.rotary_dim}, max_positions={c.max_positions}, "
                 f"base={c.base}, scaling={c.scaling.name!r}, device={self.device!r}, "
                 f"layout={self.layout!r})")
+
+
+def _axes_tuple(op: str, axes_dim: Optional[Sequence[int]]) -> tuple[int, int, int, int]:
+    """axes_dim as RopeOptions holds it: four entries, unused ones 0."""
+    if axes_dim is None:
+        return (0, 0, 0, 0)
+    dims = tuple(int(d) for d in axes_dim)
+    if not 1 <= len(dims) <= 4:
+        raise _C.InvalidArgumentError(
+            f"{op}: axes_dim has {len(dims)} entries; axial RoPE has 1 to 4 axes")
+    return dims + (0,) * (4 - len(dims))
 
 
 def _mrope_tuple(op: str, sections: Optional[Sequence[int]]) -> Optional[tuple[int, int, int]]:

@@ -304,12 +304,14 @@ def _cache_tensor(cache: RopeCache, device: torch.device) -> Tensor:
 
 def _rope_arguments(op: str, cache: Any, layout: Optional[str], inverse: bool, rotary_dim: int,
                     mrope_section: Optional[Sequence[int]],
-                    mrope_interleaved: Optional[bool]) -> Tuple[int, bool, int, List[int]]:
+                    mrope_interleaved: Optional[bool],
+                    axes_dim: Optional[Sequence[int]] = None) -> Tuple[int, bool, int, List[int]]:
     """The custom ops' (layout, inverse, rotary_dim, mrope) of a call, with the settings the
-    NumPy / DLPack API would use (its own, else its RopeCache's)."""
+    NumPy / DLPack API would use (its own, else its RopeCache's); mrope holds the position
+    streams, mrope's and the axes' (RopeSettings.mrope)."""
     settings = _native.rope_settings(
         op, cache, layout=layout, inverse=inverse, rotary_dim=rotary_dim,
-        mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
+        mrope_section=mrope_section, mrope_interleaved=mrope_interleaved, axes_dim=axes_dim)
     return settings.layout, settings.inverse, settings.rotary_dim, list(settings.mrope)
 
 
@@ -318,6 +320,7 @@ def apply_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
                inverse: bool = False, rotary_dim: int = 0,
                mrope_section: Optional[Sequence[int]] = None,
                mrope_interleaved: Optional[bool] = None,
+               axes_dim: Optional[Sequence[int]] = None,
                inplace: bool = False, out_dtype: Optional[torch.dtype] = None,
                q_out_scale: float = 1.0, k_out_scale: float = 1.0,
                q_out_head_scales: Optional[Tensor] = None,
@@ -355,7 +358,7 @@ def apply_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
     op = "apply_rope"
     table = _cos_sin_tensor(op, cache, q.device)
     arguments = _rope_arguments(op, cache, layout, inverse, rotary_dim, mrope_section,
-                                mrope_interleaved)
+                                mrope_interleaved, axes_dim)
     if out_dtype is not None and out_dtype != q.dtype:
         if out_dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
             raise _C.InvalidArgumentError(

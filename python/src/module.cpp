@@ -209,7 +209,16 @@ void bind_rope_cache(nb::module_& m) {
              nb::gil_scoped_release nogil;
              new (self) RopeCache(config, device, stream_of(stream));
            })
+      .def_static("axial",
+                  [](const std::vector<embrope::RopeConfig>& axes, int kind, int index,
+                     std::uintptr_t stream) {
+                    const embrope::Device device = device_of(kind, index);
+                    nb::gil_scoped_release nogil;
+                    return RopeCache::axial(axes, device, stream_of(stream));
+                  })
       .def_prop_ro("config", &RopeCache::config)
+      .def_prop_ro("axes", &RopeCache::axes)
+      .def_prop_ro("axes_dim", &RopeCache::axes_dim)
       .def_prop_ro("device", [](const RopeCache& c) { return device_pair(c.device()); })
       .def_prop_ro("attention_factor", &RopeCache::attention_factor)
       .def_prop_ro("inv_freq", [](const RopeCache& c) { return numpy_copy(c.inv_freqs()); })
@@ -300,6 +309,7 @@ void bind_options(nb::module_& m) {
       .def_rw("rotary_dim", &RopeOptions::rotary_dim)
       .def_rw("mrope_section", &RopeOptions::mrope_section)
       .def_rw("mrope_interleaved", &RopeOptions::mrope_interleaved)
+      .def_rw("axes_dim", &RopeOptions::axes_dim)
       .def_rw("q_out_scale", &RopeOptions::q_out_scale)
       .def_rw("k_out_scale", &RopeOptions::k_out_scale);
   nb::class_<QkNorm>(m, "QkNorm")

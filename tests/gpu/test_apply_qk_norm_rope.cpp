@@ -20,6 +20,7 @@ struct QkCase {
   embrope::RopeLayout layout;
   bool unit_offset;
   bool mrope;  // interleaved mrope over 3 streams
+  bool axial;  // four axes of rotary / 4 features each (FLUX.2's layout)
 };
 
 // The first byte where two buffers differ, or -1.
@@ -45,21 +46,23 @@ TEST_CASE("GPU apply_qk_norm_rope and its backward equal the CPU bit for bit",
           "[gpu][qk_norm_rope]") {
   using embrope::RopeLayout;
   const QkCase cases[] = {
-      {DType::bfloat16, 77, 8, 2, 128, 128, RopeLayout::neox, false, false},
-      {DType::float32, 70, 4, 1, 64, 32, RopeLayout::interleaved, false, false},
-      {DType::float16, 33, 3, 3, 80, 80, RopeLayout::neox, true, false},
-      {DType::bfloat16, 20, 2, 1, 256, 256, RopeLayout::interleaved, true, false},
-      {DType::float32, 9, 2, 1, 17, 16, RopeLayout::neox, false, false},
-      {DType::bfloat16, 40, 4, 2, 96, 64, RopeLayout::neox, false, true},
-      {DType::float32, 5, 1, 1, 300, 300, RopeLayout::neox, false, false},
+      {DType::bfloat16, 77, 8, 2, 128, 128, RopeLayout::neox, false, false, false},
+      {DType::float32, 70, 4, 1, 64, 32, RopeLayout::interleaved, false, false, false},
+      {DType::float16, 33, 3, 3, 80, 80, RopeLayout::neox, true, false, false},
+      {DType::bfloat16, 20, 2, 1, 256, 256, RopeLayout::interleaved, true, false, false},
+      {DType::float32, 9, 2, 1, 17, 16, RopeLayout::neox, false, false, false},
+      {DType::bfloat16, 40, 4, 2, 96, 64, RopeLayout::neox, false, true, false},
+      {DType::float32, 5, 1, 1, 300, 300, RopeLayout::neox, false, false, false},
+      {DType::bfloat16, 37, 4, 2, 128, 128, RopeLayout::interleaved, false, false, true},
+      {DType::float16, 11, 2, 2, 80, 64, RopeLayout::neox, false, false, true},
   };
   for (const QkCase& c : cases) {
     INFO("dtype " << embrope::dtype_name(c.dtype) << " D " << c.dim << " R " << c.rotary
                   << " interleaved " << (c.layout == RopeLayout::interleaved) << " unit "
-                  << c.unit_offset << " mrope " << c.mrope);
+                  << c.unit_offset << " mrope " << c.mrope << " axial " << c.axial);
     const int es = embrope::dtype_size(c.dtype);
     const std::int64_t nq = c.tokens * c.hq * c.dim, nk = c.tokens * c.hk * c.dim;
-    const std::int64_t streams = c.mrope ? 3 : 1;
+    const std::int64_t streams = c.mrope ? 3 : c.axial ? 4 : 1;
     Buffer q(nq * es), k(nk * es), dq(nq * es), dk(nk * es), pos(streams * c.tokens * 8),
         wq(c.dim * es), wk(c.dim * es), gq(c.dim * 4), gk(c.dim * 4);
     fill_random(q, c.dtype, nq, 201);
@@ -85,9 +88,10 @@ TEST_CASE("GPU apply_qk_norm_rope and its backward equal the CPU bit for bit",
       o.mrope_section = {c.rotary / 2 - 2 * (c.rotary / 8), c.rotary / 8, c.rotary / 8};
       o.mrope_interleaved = true;
     }
+    if (c.axial) o.axes_dim = {c.rotary / 4, c.rotary / 4, c.rotary / 4, c.rotary / 4};
     const std::vector<std::int64_t> qs{c.tokens, c.hq, c.dim}, ks{c.tokens, c.hk, c.dim};
-    const std::vector<std::int64_t> ps =
-        c.mrope ? std::vector<std::int64_t>{3, c.tokens} : std::vector<std::int64_t>{c.tokens};
+    const std::vector<std::int64_t> ps = streams > 1 ? std::vector<std::int64_t>{streams, c.tokens}
+                                                     : std::vector<std::int64_t>{c.tokens};
     auto norm_on = [&](bool gpu) {
       embrope::QkNorm n;
       n.q_weight = gpu ? device_view(wq, c.dtype, {c.dim}) : host_view(wq, c.dtype, {c.dim});

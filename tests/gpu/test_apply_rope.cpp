@@ -1,6 +1,6 @@
 // apply_rope on the GPU against the CPU: the sweep over dtypes, layouts, head sizes, head
-// counts, token counts, fused views and out of place; bad positions; mrope; scaled caches;
-// [B, S, H, D] views, caller cos/sin tables, no heads.
+// counts, token counts, fused views and out of place; bad positions; mrope; axial RoPE; scaled
+// caches; [B, S, H, D] views, caller cos/sin tables, no heads.
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
@@ -246,6 +246,78 @@ TEST_CASE("GPU mrope equals CPU mrope, including chunks that straddle a section"
           embrope::apply_rope(Tensor(q.device, dtype, {tokens, hq, d}, g),
                               Tensor(k.device, dtype, {tokens, hk, d}, g),
                               Tensor(pos.device, DType::int64, {3, tokens}, g), gpu_cache, opt);
+          cuda_check(cudaDeviceSynchronize());
+          compare_rows(q.download(), q.host, dtype, tokens * hq * d, d);
+          compare_rows(k.download(), k.host, dtype, tokens * hk * d, d);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("GPU axial RoPE equals the CPU, with axial caches built on both", "[gpu][rope][axial]") {
+  // The vision and diffusion shapes: Flux.1, Qwen2-VL's vision tower, Wan 2.1, FLUX.2's four
+  // axes, a ViT's head dim 72 rotated in part, and head dims 64, 88 and 96 with two axes.
+  struct Shape {
+    std::int64_t head_dim;
+    std::array<std::int64_t, 4> axes_dim;
+  };
+  const Shape shapes[] = {{128, {16, 56, 56, 0}},  {80, {40, 40, 0, 0}}, {128, {44, 42, 42, 0}},
+                          {128, {32, 32, 32, 32}}, {72, {16, 16, 0, 0}}, {64, {32, 32, 0, 0}},
+                          {88, {44, 44, 0, 0}},    {96, {48, 48, 0, 0}}};
+  const std::int64_t hq = 4, hk = 2, max_positions = 200;
+  for (const Shape& shape : shapes) {
+    std::vector<embrope::RopeConfig> axes;
+    std::int64_t streams = 0;
+    for (std::int64_t dim : shape.axes_dim) {
+      if (dim == 0) continue;
+      axes.push_back({dim, streams == 3 ? 2000.0 : 10000.0, max_positions});
+      ++streams;
+    }
+    const embrope::RopeCache cpu_cache = embrope::RopeCache::axial(axes);
+    const embrope::RopeCache gpu_cache = embrope::RopeCache::axial(axes, Device::cuda(0));
+    {
+      const std::int64_t half = cpu_cache.rotary_dim() / 2;
+      std::vector<float> cos_cpu(max_positions * half), sin_cpu(cos_cpu.size());
+      std::vector<float> cos_gpu(cos_cpu.size()), sin_gpu(cos_cpu.size());
+      cpu_cache.copy_to_host(cos_cpu.data(), sin_cpu.data());
+      gpu_cache.copy_to_host(cos_gpu.data(), sin_gpu.data());
+      std::int64_t differ = 0;
+      for (std::size_t i = 0; i < cos_cpu.size(); ++i) {
+        differ += cos_cpu[i] != cos_gpu[i] || sin_cpu[i] != sin_gpu[i];
+      }
+      INFO("D " << shape.head_dim << ": table entries that differ");
+      CHECK(differ == 0);
+    }
+    for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+      for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
+        for (std::int64_t tokens : {1, 5, 300}) {
+          INFO("dtype " << embrope::dtype_name(dtype) << " layout " << static_cast<int>(layout)
+                        << " D " << shape.head_dim << " axes " << streams << " T " << tokens);
+          const int es = embrope::dtype_size(dtype);
+          const std::int64_t d = shape.head_dim;
+          Buffer q(tokens * hq * d * es), k(tokens * hk * d * es), pos(streams * tokens * 8);
+          fill_random(q, dtype, tokens * hq * d, 41 + tokens);
+          fill_random(k, dtype, tokens * hk * d, 43 + tokens);
+          std::mt19937_64 rng(tokens + 7);
+          for (std::int64_t i = 0; i < streams * tokens; ++i) {
+            const std::int64_t p = static_cast<std::int64_t>(rng() % max_positions);
+            std::memcpy(pos.host.data() + 8 * i, &p, 8);
+          }
+          q.upload();
+          k.upload();
+          pos.upload();
+          embrope::RopeOptions opt;
+          opt.layout = layout;
+          embrope::apply_rope(Tensor(q.host.data(), dtype, {tokens, hq, d}),
+                              Tensor(k.host.data(), dtype, {tokens, hk, d}),
+                              Tensor(pos.host.data(), DType::int64, {streams, tokens}), cpu_cache,
+                              opt);
+          const Device g = Device::cuda(0);
+          embrope::apply_rope(Tensor(q.device, dtype, {tokens, hq, d}, g),
+                              Tensor(k.device, dtype, {tokens, hk, d}, g),
+                              Tensor(pos.device, DType::int64, {streams, tokens}, g), gpu_cache,
+                              opt);
           cuda_check(cudaDeviceSynchronize());
           compare_rows(q.download(), q.host, dtype, tokens * hq * d, d);
           compare_rows(k.download(), k.host, dtype, tokens * hk * d, d);

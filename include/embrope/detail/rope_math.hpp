@@ -33,10 +33,15 @@ EMBROPE_HD void rotate_pair(float& a, float& b, float cos_v, float sin_v) {
   b = rb;
 }
 
-// Multimodal RoPE: the position stream (0 temporal, 1 height, 2 width) that frequency i takes
-// its angle from, given the three section sizes.
-// - contiguous (Qwen2-VL, HF apply_multimodal_rotary_pos_emb): section j holds the next
-//   section[j] frequencies;
+// The most position streams a RoPE call takes: mrope's three, or an axial call's axes (FLUX.2
+// has four).
+constexpr int kMaxPositionStreams = 4;
+
+// Multimodal and axial RoPE: the position stream (mrope: 0 temporal, 1 height, 2 width; axial:
+// the axis) that frequency i takes its angle from, given kMaxPositionStreams section sizes
+// (frequencies per stream; unused ones 0).
+// - contiguous (Qwen2-VL, HF apply_multimodal_rotary_pos_emb; axial RoPE, diffusers'
+//   FluxPosEmbed): section j holds the next section[j] frequencies;
 // - interleaved (Qwen3-VL, HF Qwen3VLTextRotaryEmbedding.recomposition_frequencies): i = 3k + 1
 //   below 3 section[1] takes height, i = 3k + 2 below 3 section[2] takes width, every other i
 //   temporal.
@@ -47,7 +52,12 @@ EMBROPE_HD int mrope_stream(std::int64_t i, const std::int64_t* section, bool in
     if (r == 2 && i < 3 * section[2]) return 2;
     return 0;
   }
-  return i < section[0] ? 0 : (i < section[0] + section[1] ? 1 : 2);
+  std::int64_t end = 0;
+  for (int j = 0; j < kMaxPositionStreams - 1; ++j) {
+    end += section[j];
+    if (i < end) return j;
+  }
+  return kMaxPositionStreams - 1;
 }
 
 // The stream shared by frequencies [first, first + n), or -1 where they take more than one.
