@@ -23,6 +23,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -111,6 +112,9 @@ class Memory {
     for (std::int64_t i = 0; i < count; ++i) {
       host[i] = sequential ? i % modulo : static_cast<std::int64_t>(rng() % modulo);
     }
+    upload(host.data());
+  }
+  void fill_int64(const std::vector<std::int64_t>& host) {
     upload(host.data());
   }
 
@@ -340,6 +344,53 @@ void rope_case(benchmark::State& state, RopeShape s, DType dtype, std::int64_t t
 #else
   state.SkipWithError("deferred and graph launches need the CUDA build");
 #endif
+}
+
+// Axial RoPE of one image: q and k of every patch rotated by its (index, row, column) or
+// (row, column) coordinates, with the axes' cache (RopeCache::axial).
+struct AxialShape {
+  const char* model;
+  std::int64_t heads, head_dim;
+  std::vector<std::int64_t> axes_dim;
+  embrope::RopeLayout layout;
+};
+
+void axial_rope_case(benchmark::State& state, const AxialShape& s, DType dtype,
+                     std::int64_t tokens) {
+  const int es = embrope::dtype_size(dtype);
+  const auto axes = static_cast<std::int64_t>(s.axes_dim.size());
+  Memory& q = shared_values("rope_q", tokens * s.heads * s.head_dim * es, dtype);
+  Memory& k = shared_values("rope_k", tokens * s.heads * s.head_dim * es, dtype);
+  // A square grid of patches, row-major: axis a's coordinates are 0 (a leading index axis),
+  // the row, or the column of each patch.
+  const auto side = static_cast<std::int64_t>(std::ceil(std::sqrt(static_cast<double>(tokens))));
+  Memory& pos = shared(std::string("axial_positions/") + s.model + "/" + std::to_string(tokens),
+                       static_cast<std::size_t>(axes * tokens) * 8, [&](Memory& m) {
+                         std::vector<std::int64_t> host(static_cast<std::size_t>(axes * tokens));
+                         for (std::int64_t a = 0; a < axes; ++a) {
+                           for (std::int64_t t = 0; t < tokens; ++t) {
+                             const std::int64_t axis_from_end = axes - 1 - a;
+                             host[static_cast<std::size_t>(a * tokens + t)] =
+                                 axis_from_end == 0 ? t % side : axis_from_end == 1 ? t / side : 0;
+                           }
+                         }
+                         m.fill_int64(host);
+                       });
+  static std::map<std::string, std::unique_ptr<embrope::RopeCache>> caches;
+  auto& cache = caches[s.model];
+  if (!cache) {
+    std::vector<embrope::RopeConfig> configs;
+    for (std::int64_t dim : s.axes_dim) configs.push_back({dim, 10000.0, 512});
+    cache = std::make_unique<embrope::RopeCache>(embrope::RopeCache::axial(configs, device()));
+  }
+  const Tensor tq(q.data(), dtype, {tokens, s.heads, s.head_dim}, device());
+  const Tensor tk(k.data(), dtype, {tokens, s.heads, s.head_dim}, device());
+  const Tensor tp(pos.data(), DType::int64, {axes, tokens}, device());
+  embrope::RopeOptions options;
+  options.layout = s.layout;
+  const std::int64_t bytes = 2 * tokens * 2 * s.heads * cache->rotary_dim() * es;
+  run_timed(
+      state, [&] { embrope::apply_rope(tq, tk, tp, *cache, options); }, bytes, Pattern::in_place);
 }
 
 // RoPE + KV-cache append (a prefill into consecutive slots of a paged NHD cache, 16 slots a
@@ -590,6 +641,23 @@ void register_all() {
             });
           }
         }
+      }
+    }
+  }
+  // Axial RoPE: a Flux.1 image of 4096 latent patches (24 heads of 128, axes [16, 56, 56]) and
+  // Qwen2-VL's vision tower on 1024 patches (16 heads of 80, axes [40, 40]); --full: f16, f32.
+  {
+    const AxialShape axial_shapes[] = {
+        {"flux", 24, 128, {16, 56, 56}, embrope::RopeLayout::interleaved},
+        {"qwen2-vl-vision", 16, 80, {40, 40}, embrope::RopeLayout::neox},
+    };
+    for (const char* dt : {"bf16", "f16", "f32"}) {
+      const DType dtype = parse_dtype(dt);
+      if (!g_full && dtype != DType::bfloat16) continue;
+      for (const AxialShape& s : axial_shapes) {
+        const std::int64_t t = std::strcmp(s.model, "flux") == 0 ? 4096 : 1024;
+        register_case(std::string("axial_rope/") + s.model + "/" + dt + "/T=" + std::to_string(t),
+                      [s, dtype, t](benchmark::State& st) { axial_rope_case(st, s, dtype, t); });
       }
     }
   }

@@ -39,7 +39,7 @@ from typing import Any, Optional
 # Threads below this many bytes moved: the copy and the op both run on one thread and in cache.
 SMALL_BYTES = 256 * 1024
 
-ROPE_OPS = ("rope", "rope_backward", "rope_append_kv", "rope_fp8", "qk_norm_rope",
+ROPE_OPS = ("rope", "axial_rope", "rope_backward", "rope_append_kv", "rope_fp8", "qk_norm_rope",
             "qk_norm_rope_append_kv", "qk_norm_rope_append_kv_fp8", "mla_rope_fp8",
             "mla_rope_append_kv")
 NAME = re.compile(
@@ -137,6 +137,37 @@ def tensor(torch, name: str, shape: tuple, dtype, device: str, integers: int = 0
     return _tensors[key]
 
 
+AXIAL_SHAPES = {  # heads, head_dim, interleaved pairs (as benchmarks/bench.cpp's axial cases)
+    "flux": (24, 128, True), "qwen2-vl-vision": (16, 80, False),
+}
+
+
+def axial_eager_seconds(torch, case: dict, dtype, device: str, sync) -> Optional[float]:
+    """Axial RoPE as the models' own code runs it per attention layer, from the per-token
+    cos/sin [T, D] that their position module computes once per forward: diffusers'
+    apply_rotary_emb (use_real, adjacent pairs) for Flux, transformers'
+    apply_rotary_pos_emb_vision (rotate_half) for Qwen2-VL's vision tower; q and k."""
+    if case["shape"] not in AXIAL_SHAPES:
+        return None
+    heads, dim, interleaved = AXIAL_SHAPES[case["shape"]]
+    tokens = case["tokens"]
+    q = tensor(torch, "q", (tokens, heads, dim), dtype, device)
+    k = tensor(torch, "k", (tokens, heads, dim), dtype, device)
+    cos = tensor(torch, "axial_cos", (tokens, 1, dim), torch.float32, device)
+    sin = tensor(torch, "axial_sin", (tokens, 1, dim), torch.float32, device)
+
+    def rotate(x):
+        if interleaved:
+            real, imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+            rotated = torch.stack([-imag, real], dim=-1).flatten(-2)
+        else:
+            a, b = x.chunk(2, dim=-1)
+            rotated = torch.cat((-b, a), dim=-1)
+        return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+    return time_median(lambda: (rotate(q), rotate(k)), sync)
+
+
 def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[float]:
     """PyTorch eager's median time for the case, or None where it has no counterpart.
 
@@ -152,6 +183,8 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
     dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[base]
     tokens = case["tokens"]
     sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
+    if case["op"] == "axial_rope":
+        return axial_eager_seconds(torch, case, dtype, device, sync)
     if case["op"] in ("rope", "rope_fp8"):
         if case["shape"] not in ROPE_SHAPES:
             return None

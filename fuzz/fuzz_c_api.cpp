@@ -591,6 +591,40 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (in.u8() >= 48) pair(o.q_nope, o.q_nope_out);
       if (in.u8() >= 96) pair(o.k_nope, o.k_nope_out);
     }
+    // Axial RoPE, decided by the bytes after those (none in an older input): axes_dim (any
+    // values now and then), and an axial cache of 0 to 5 axes in place of the table.
+    embrope_rope_cache_t* axial_cache = nullptr;
+    const std::uint8_t axial = in.u8();
+    if (axial >= 160) {
+      for (std::int64_t& dim : o.axes_dim) dim = in.chance(32) ? in.extreme() : (in.u8() % 5) * 8;
+    }
+    if (op == 1 && axial >= 208) {
+      embrope_rope_config_t axes[5];
+      const embrope_rope_config_t* axis_pointers[5];
+      const std::size_t n = in.u8() % 6;
+      const std::int64_t rows = in.u8() % 40;
+      for (std::size_t a = 0; a < 5; ++a) {
+        embrope_rope_config_init(&axes[a]);
+        axes[a].rotary_dim = (in.u8() % 5) * 8 + (in.chance(16) ? 1 : 0);
+        axes[a].base = in.chance(16) ? in.real() : 10000.0;
+        axes[a].max_positions = in.chance(16) ? in.extreme() : rows;
+        axis_pointers[a] = &axes[a];
+      }
+      const embrope_status_t created = embrope_rope_cache_create_axial(
+          in.chance(8) ? nullptr : axis_pointers, n, DLDevice{kDLCPU, 0}, nullptr, &axial_cache);
+      Bytes none(nullptr, 0);
+      Call empty(none);
+      check("embrope_rope_cache_create_axial", created, empty.snapshot(), empty);
+      if (created == EMBROPE_OK) {
+        std::int64_t dims[4] = {};
+        if (embrope_rope_cache_axes_dim(axial_cache, dims) != EMBROPE_OK) {
+          broken("embrope_rope_cache_axes_dim", "an axial cache's axes", created);
+        }
+        table = axial_cache;
+      } else if (axial_cache != nullptr) {
+        broken("embrope_rope_cache_create_axial", "a handle after failure", created);
+      }
+    }
     const std::vector<unsigned char> before = call.snapshot();
     const embrope_status_t s =
         op == 1 ? embrope_apply_rope(q, k, positions, table, with_options ? &o : nullptr, nullptr)
@@ -598,6 +632,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                              nullptr);
     check(op == 1 ? "embrope_apply_rope" : "embrope_apply_rope_cos_sin", s, before, call);
     embrope_rope_cache_destroy(cache);
+    embrope_rope_cache_destroy(axial_cache);
     return 0;
   }
 

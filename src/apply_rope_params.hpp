@@ -193,11 +193,15 @@ EMBROPE_HD TokenPositions token_positions(const RopeParams& p, std::int64_t b, s
   return {p0, p1, p2, p.streams > 3 ? rope_position(p, b, s, 3) : p2};
 }
 
+// A token's position in stream j.
+EMBROPE_HD std::int64_t stream_position(const TokenPositions& pos, int j) {
+  return j == 0 ? pos.p0 : j == 1 ? pos.p1 : j == 2 ? pos.p2 : pos.p3;
+}
+
 // The table row of frequency i of a token: its stream's position.
 EMBROPE_HD std::int64_t rope_table_row(const RopeParams& p, const TokenPositions& pos,
                                        std::int64_t i) {
-  const int stream = rope_stream(p, i);
-  return stream == 0 ? pos.p0 : stream == 1 ? pos.p1 : stream == 2 ? pos.p2 : pos.p3;
+  return stream_position(pos, rope_stream(p, i));
 }
 
 // The table's cos and sin (times sin_sign) of pair i of a token, as float32 (exact for every

@@ -86,7 +86,7 @@ class RopeSettings(NamedTuple):
     """A call's RoPE settings in plain values (so that ``torch.compile`` traces the code that
     forms them): the ``RopeOptions`` fields, the layout as its enum value and the position
     streams as (mrope temporal, height, width, interleaved, then the four axes_dim), all 0
-    without mrope or axes."""
+    without mrope or axes (a custom op's list of the first four alone means no axes)."""
 
     layout: int
     inverse: bool
@@ -100,7 +100,8 @@ class RopeSettings(NamedTuple):
         return _shared_options(("rope",) + tuple(self), lambda: _arrays.settings(
             op, _C.RopeOptions, layout=_C.RopeLayout(self.layout), inverse=bool(self.inverse),
             rotary_dim=int(self.rotary_dim), mrope_section=tuple(self.mrope[:3]),
-            mrope_interleaved=bool(self.mrope[3]), axes_dim=tuple(self.mrope[4:8]),
+            mrope_interleaved=bool(self.mrope[3]),
+            axes_dim=(tuple(self.mrope[4:8]) + (0, 0, 0, 0))[:4],
             q_out_scale=float(self.q_out_scale),
             k_out_scale=float(self.k_out_scale)))
 

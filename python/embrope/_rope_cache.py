@@ -105,6 +105,9 @@ class RopeCache:
         self.layout = _arrays.enum_value("RopeCache", "layout", _C.RopeLayout, layout).name
         self.mrope_section = _mrope_tuple("RopeCache", mrope_section)
         self.mrope_interleaved = bool(mrope_interleaved)
+        # The features of each axis of an axial cache, None for a one-axis cache (a plain
+        # attribute, as the settings above, so that torch.compile traces the code reading it).
+        self.axes_dim = tuple(int(d) for d in self._native.axes_dim) or None
 
     # ------------------------------------------------------------------ axial RoPE ----
     @classmethod
@@ -205,11 +208,6 @@ class RopeCache:
         return cls.axial([head_dim // 2, head_dim // 2], max_positions, base, device=device,
                          layout="interleaved")
 
-    @property
-    def axes_dim(self) -> Optional[tuple[int, ...]]:
-        """The features of each axis of an axial cache; None for a one-axis cache."""
-        dims = tuple(int(d) for d in self._native.axes_dim)
-        return dims or None
 
     @classmethod
     def from_config(cls, config: Any, *, device: Any = "cpu", layout: str = "neox",

@@ -65,11 +65,18 @@ def test_a_call_takes_its_own_settings_else_its_caches():
     cache = embrope.RopeCache(12, 16, layout="interleaved", mrope_section=(2, 2, 2),
                               mrope_interleaved=True)
     interleaved = _C.RopeLayout.interleaved.value
-    assert _native.rope_settings("apply_rope", cache) == (interleaved, False, 0, (2, 2, 2, 1), 1.0, 1.0)
+    none = (0, 0, 0, 0)  # no axes
+    assert _native.rope_settings("apply_rope", cache) == (interleaved, False, 0,
+                                                          (2, 2, 2, 1) + none, 1.0, 1.0)
     assert _native.rope_settings("apply_rope", cache, layout="neox", inverse=True,
-                                 mrope_section=(4, 1, 1), q_out_scale=2.0) == (0, True, 0, (4, 1, 1, 0), 2.0, 1.0)
-    # A table array carries no settings: neox, no mrope.
-    assert _native.rope_settings("apply_rope", cache.table) == (0, False, 0, (0, 0, 0, 0), 1.0, 1.0)
+                                 mrope_section=(4, 1, 1), q_out_scale=2.0) == (0, True, 0,
+                                                                               (4, 1, 1, 0) + none,
+                                                                               2.0, 1.0)
+    # A table array carries no settings: neox, no mrope, no axes; an axial cache its axes.
+    assert _native.rope_settings("apply_rope", cache.table) == (0, False, 0, (0,) * 8, 1.0, 1.0)
+    axial = embrope.RopeCache.axial([8, 4], 16)
+    assert _native.rope_settings("apply_rope", axial) == (0, False, 0, (0, 0, 0, 0, 8, 4, 0, 0),
+                                                          1.0, 1.0)
 
 
 def test_torch_and_numpy_give_the_same_bits_from_one_cache():
