@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
+import os
+from collections.abc import Mapping
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -269,6 +272,59 @@ class RopeCache:
         return cls.from_model(model, max_positions=max_positions,
                               sequence_length=sequence_length, device=device)
 
+    @classmethod
+    def from_diffusers_config(cls, config: Any, *, max_positions: Optional[int] = None,
+                              device: Any = "cpu") -> "RopeCache":
+        """The axial cache of a diffusers transformer from its config: a config.json path (or
+        the model directory holding it), its dict, a model's ``config``, or the model itself.
+
+        ``FluxTransformer2DModel`` (``axes_dims_rope``, theta 10000 as its FluxPosEmbed),
+        ``Flux2Transformer2DModel`` (``axes_dims_rope``, ``rope_theta``) and
+        ``WanTransformer3DModel`` (``attention_head_dim``, ``rope_max_seq_len``, theta 10000 as
+        its WanRotaryPosEmbed). `max_positions`: the table's rows (default: Wan's
+        ``rope_max_seq_len``, else 512, Flux's latent coordinates of an 8192-pixel side).
+        Any other config is an error naming what it lacks.
+        """
+        fields = _config_dict(config)
+        name = fields.get("_class_name", "")
+        if name.startswith("Wan") or "rope_max_seq_len" in fields:
+            if "attention_head_dim" not in fields:
+                raise _C.InvalidArgumentError(
+                    f"RopeCache: the diffusers config {name or '(unnamed)'} has "
+                    "rope_max_seq_len but no attention_head_dim")
+            rows = max_positions or int(fields.get("rope_max_seq_len", 1024))
+            return cls.wan(int(fields["attention_head_dim"]), rows, device=device)
+        axes = fields.get("axes_dims_rope")
+        if axes is None:
+            raise _C.InvalidArgumentError(
+                f"RopeCache: the diffusers config {name or '(unnamed)'} has neither "
+                "axes_dims_rope (Flux.1, FLUX.2) nor rope_max_seq_len (Wan 2.1)")
+        theta = float(fields.get("rope_theta", 10000.0))
+        return cls.axial([int(d) for d in axes], max_positions or 512, theta, device=device,
+                         layout="interleaved")
+
+    @classmethod
+    def from_hf_vision_config(cls, config: Any, *, max_positions: int = 1024,
+                              device: Any = "cpu") -> "RopeCache":
+        """The axial cache of a Qwen2-VL or Qwen2.5-VL vision tower from transformers' config:
+        the model's config (its ``vision_config`` is used), the vision config itself, their
+        dicts or a config.json path. Head dim ``embed_dim / num_heads`` (Qwen2-VL) or
+        ``hidden_size / num_heads`` (Qwen2.5-VL), ``head_dim`` where given; theta from
+        ``rope_parameters["rope_theta"]`` or ``rope_theta``, else 10000, as the vision rotary
+        module reads them. `max_positions`: rows of the table (patch rows and columns)."""
+        fields = _config_dict(config)
+        fields = _config_dict(fields.get("vision_config", fields))
+        heads = fields.get("num_heads")
+        width = fields.get("embed_dim", fields.get("hidden_size"))
+        head_dim = fields.get("head_dim") or (width // heads if heads and width else None)
+        if not head_dim:
+            raise _C.InvalidArgumentError(
+                "RopeCache: the vision config has no head_dim, nor num_heads with embed_dim or "
+                "hidden_size")
+        rope = fields.get("rope_parameters") or {}
+        theta = float(rope.get("rope_theta", fields.get("rope_theta", 10000.0)))
+        return cls.qwen2_vl_vision(int(head_dim), max_positions, theta, device=device)
+
     # ------------------------------------------------------------------ properties ----
     @property
     def config(self) -> Any:
@@ -334,6 +390,24 @@ class RopeCache:
         return (f"RopeCache(rotary_dim={c.rotary_dim}, max_positions={c.max_positions}, "
                 f"base={c.base}, scaling={c.scaling.name!r}, device={self.device!r}, "
                 f"layout={self.layout!r})")
+
+
+def _config_dict(config: Any) -> dict:
+    """A config as a dict: a config.json path (or its directory), a mapping, an object with
+    ``to_dict()`` (transformers' PretrainedConfig), or one with a ``config`` (a model)."""
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    if isinstance(config, Mapping):
+        return dict(config)
+    if hasattr(config, "to_dict"):
+        return config.to_dict()
+    if hasattr(config, "config"):
+        return _config_dict(config.config)
+    raise TypeError(f"RopeCache: cannot read a config from {type(config).__name__}")
 
 
 def _axes_tuple(op: str, axes_dim: Optional[Sequence[int]]) -> tuple[int, int, int, int]:

@@ -198,3 +198,62 @@ def test_axial_errors_name_the_rule():
     assert "axes_dim=[16, 56, 56]" in repr(cache)
     assert embrope.RopeCache(64, 8).axes_dim is None
     assert math.isclose(cache.attention_factor, 1.0)
+
+
+def test_caches_from_diffusers_and_transformers_configs_match_the_models_own_modules():
+    diffusers = pytest.importorskip("diffusers")
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    g = torch.Generator().manual_seed(12)
+    # A tiny Flux transformer with its own axes: the cache from its config against its
+    # pos_embed, through the model object, its config and the config's dict.
+    flux = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=8, pooled_projection_dim=8,
+        axes_dims_rope=[4, 6, 6])
+    for source in (flux, flux.config, dict(flux.config)):
+        cache = embrope.RopeCache.from_diffusers_config(source, max_positions=32)
+        assert cache.axes_dim == (4, 6, 6) and cache.layout == "interleaved"
+    ids = torch.randint(0, 32, (11, 3), generator=g)
+    cos, sin = flux.pos_embed(ids.float())
+    q = torch.randn(1, 2, 11, 16, generator=g)
+    want = apply_rotary_emb(q, (cos, sin), use_real=True, use_real_unbind_dim=-1)
+    got, _ = et.apply_rope(_bshd(q), None, ids.T.unsqueeze(1), cache)
+    torch.testing.assert_close(got, _bshd(want), rtol=0, atol=0)
+
+    # A tiny Wan transformer: head dim 24, axes [8, 8, 8], rope_max_seq_len rows.
+    wan = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=24, in_channels=4,
+        out_channels=4, text_dim=8, freq_dim=8, ffn_dim=16, num_layers=1, rope_max_seq_len=64)
+    cache = embrope.RopeCache.from_diffusers_config(wan.config)
+    assert cache.axes_dim == (8, 8, 8) and cache.max_positions == 64
+    cos, sin = wan.rope(torch.zeros(1, 4, 2, 6, 4))
+    cos = cos.reshape(-1, 24)
+    f, h, w = torch.meshgrid(torch.arange(2), torch.arange(3), torch.arange(2), indexing="ij")
+    positions = torch.stack([f.flatten(), h.flatten(), w.flatten()])
+    table = torch.from_numpy(np.array(cache.table))
+    gathered = torch.cat([table[positions[0], 0:4], table[positions[1], 4:8],
+                          table[positions[2], 8:12]], -1)
+    torch.testing.assert_close(cos[:, 0::2], gathered, rtol=0, atol=0)
+
+    with pytest.raises(embrope.InvalidArgumentError, match="neither axes_dims_rope"):
+        embrope.RopeCache.from_diffusers_config({"_class_name": "UNet2DModel"})
+
+    # Qwen2-VL's vision tower from the model's config (vision_config inside) and from the
+    # vision config alone, against the vision rotary module.
+    modeling = pytest.importorskip("transformers.models.qwen2_vl.modeling_qwen2_vl")
+    from transformers import Qwen2VLConfig
+    from transformers.vision_utils import get_vision_position_ids
+
+    config = Qwen2VLConfig(vision_config=dict(depth=1, embed_dim=96, num_heads=2, hidden_size=32,
+                                              spatial_merge_size=2))
+    for source in (config, config.vision_config, config.to_dict()):
+        cache = embrope.RopeCache.from_hf_vision_config(source, max_positions=16)
+        assert cache.axes_dim == (24, 24) and cache.layout == "neox"
+    positions = get_vision_position_ids(torch.tensor([[1, 4, 6]]), 2)
+    cos, sin = modeling.Qwen2VLVisionRotaryEmbedding(config.vision_config)(
+        torch.zeros(positions.shape[0], 96), positions)
+    q = torch.randn(positions.shape[0], 2, 48, generator=g)
+    want, _ = modeling.apply_rotary_pos_emb_vision(q, q.clone(), cos, sin)
+    got, _ = et.apply_rope(q, None, positions.T, cache)
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
