@@ -371,7 +371,9 @@ void axial_rope_case(benchmark::State& state, const AxialShape& s, DType dtype,
                            for (std::int64_t t = 0; t < tokens; ++t) {
                              const std::int64_t axis_from_end = axes - 1 - a;
                              host[static_cast<std::size_t>(a * tokens + t)] =
-                                 axis_from_end == 0 ? t % side : axis_from_end == 1 ? t / side : 0;
+                                 axis_from_end == 0   ? t % side
+                                 : axis_from_end == 1 ? t / side
+                                                      : 0;
                            }
                          }
                          m.fill_int64(host);

@@ -76,12 +76,14 @@ __device__ __forceinline__ void rope_rows(const internal::RopeParams& p) {
       continue;
     }
     const float scale = kQuantized ? internal::rope_out_scale(p, h) : 1.0f;
-    const internal::TokenPositions pos = internal::token_positions(p, b, s);
     for (std::int64_t i = lane; i < half; i += 32) {
       const std::int64_t ia = internal::rope_pair_first(p, i);
       const std::int64_t ib = internal::rope_pair_second(p, i);
-      float c, sn;
-      internal::rope_pair_cos_sin<C>(p, pos, i, sin_sign, c, sn);
+      // The pair's stream position read where it is used, as load_cos_sin's by_pair does:
+      // holding the token's four stream positions across the loop made ptxas spill.
+      const std::int64_t row = internal::rope_position(p, b, s, internal::rope_stream(p, i));
+      const float c = to_float(static_cast<const C*>(p.cos)[row * p.cos_stride + i]);
+      const float sn = sin_sign * to_float(static_cast<const C*>(p.sin)[row * p.sin_stride + i]);
       float a = to_float(in[ia]);
       float v = to_float(in[ib]);
       detail::rotate_pair(a, v, c, sn);

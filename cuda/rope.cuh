@@ -38,10 +38,21 @@ __device__ __forceinline__ void load_cos_sin(const internal::RopeParams& r, std:
                                              std::int64_t s, std::int64_t pair0, float (&c)[kPairs],
                                              float (&sn)[kPairs]) {
   const auto by_pair = [&] {
+    // The pairs' streams packed two bits each into one register (the same for every token of
+    // a thread, so ptxas keeps it across the token loop: the per-pair arithmetic of the
+    // interleaved streams, hoisted instead, spilled), and the token's offset into positions.
+    static_assert(2 * kPairs <= 32 && detail::kMaxPositionStreams <= 4);
+    std::uint32_t streams = 0;
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
-      const std::int64_t row =
-          internal::rope_position(r, b, s, internal::rope_stream(r, pair0 + j));
+      streams |= static_cast<std::uint32_t>(internal::rope_stream(r, pair0 + j)) << (2 * j);
+    }
+    const std::int64_t token = b * r.position_stride_b + s * r.position_stride_s;
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const std::int64_t stream = (streams >> (2 * j)) & 3u;
+      const std::int64_t row = internal::load_index(r.positions, r.position_dtype,
+                                                    stream * r.position_stride_stream + token);
       if constexpr (kVector) {
         c[j] = static_cast<const float*>(r.cos)[row * r.cos_stride + pair0 + j];
         sn[j] = static_cast<const float*>(r.sin)[row * r.sin_stride + pair0 + j];

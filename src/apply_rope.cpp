@@ -290,6 +290,7 @@ RopeParams prepare_rope(const RopeNames& names, const Tensor& q, const std::opti
     for (int j = 0; j < axial.axes; ++j) p.mrope_section[j] = axial.pairs[j];
   }
   if (p.mrope) p.position_stride_stream = positions.stride(0);
+  detail::section_ends(p.mrope_section, p.section_end);
   p.cos = table.cos;
   p.sin = table.sin;
   p.table_dtype = table.dtype;

@@ -48,6 +48,7 @@ struct RopeParams {
   bool mrope_interleaved = false;
   int streams = 1;
   std::int64_t mrope_section[detail::kMaxPositionStreams] = {0, 0, 0, 0};
+  std::int64_t section_end[detail::kMaxPositionStreams] = {0, 0, 0, 0};  // detail::section_ends
   std::int64_t position_stride_stream = 0;
   // Row p of the table: cos at cos + p * cos_stride, sin at sin + p * sin_stride, R/2 each.
   const void* cos = nullptr;
@@ -149,10 +150,12 @@ EMBROPE_HD float rope_out_scale(const RopeParams& p, std::int64_t h) {
 // The position stream of frequency i (0 unless mrope), and the stream shared by frequencies
 // [first, first + n) or -1.
 EMBROPE_HD int rope_stream(const RopeParams& p, std::int64_t i) {
-  return p.mrope ? detail::mrope_stream(i, p.mrope_section, p.mrope_interleaved) : 0;
+  return p.mrope ? detail::mrope_stream(i, p.mrope_section, p.section_end, p.mrope_interleaved) : 0;
 }
 EMBROPE_HD int rope_chunk_stream(const RopeParams& p, std::int64_t first, std::int64_t n) {
-  return p.mrope ? detail::mrope_chunk_stream(first, n, p.mrope_section, p.mrope_interleaved) : 0;
+  return p.mrope ? detail::mrope_chunk_stream(first, n, p.mrope_section, p.section_end,
+                                              p.mrope_interleaved)
+                 : 0;
 }
 
 // The position of token (b, s) of a RoPE call in stream j (always 0 unless mrope).

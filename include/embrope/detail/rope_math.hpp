@@ -39,37 +39,42 @@ constexpr int kMaxPositionStreams = 4;
 
 // Multimodal and axial RoPE: the position stream (mrope: 0 temporal, 1 height, 2 width; axial:
 // the axis) that frequency i takes its angle from, given kMaxPositionStreams section sizes
-// (frequencies per stream; unused ones 0).
+// (frequencies per stream; unused ones 0) and their running sums end[j] = section[0] + ... +
+// section[j] (section_ends).
 // - contiguous (Qwen2-VL, HF apply_multimodal_rotary_pos_emb; axial RoPE, diffusers'
-//   FluxPosEmbed): section j holds the next section[j] frequencies;
+//   FluxPosEmbed): section j holds the next section[j] frequencies, below end[j]. The sums
+//   are precomputed: on the GPU the comparisons then read the kernel's parameters, where
+//   adding the sizes in the kernel held the sums in registers and made ptxas spill;
 // - interleaved (Qwen3-VL, HF Qwen3VLTextRotaryEmbedding.recomposition_frequencies): i = 3k + 1
 //   below 3 section[1] takes height, i = 3k + 2 below 3 section[2] takes width, every other i
 //   temporal.
-EMBROPE_HD int mrope_stream(std::int64_t i, const std::int64_t* section, bool interleaved) {
+EMBROPE_HD int mrope_stream(std::int64_t i, const std::int64_t* section, const std::int64_t* end,
+                            bool interleaved) {
   if (interleaved) {
     const std::int64_t r = i % 3;
     if (r == 1 && i < 3 * section[1]) return 1;
     if (r == 2 && i < 3 * section[2]) return 2;
     return 0;
   }
-  std::int64_t end = 0;
-  for (int j = 0; j < kMaxPositionStreams - 1; ++j) {
-    end += section[j];
-    if (i < end) return j;
-  }
-  return kMaxPositionStreams - 1;
+  return i < end[0] ? 0 : i < end[1] ? 1 : i < end[2] ? 2 : 3;
+}
+
+// The running sums of kMaxPositionStreams section sizes (mrope_stream's end).
+EMBROPE_HD void section_ends(const std::int64_t* section, std::int64_t* end) {
+  std::int64_t sum = 0;
+  for (int j = 0; j < kMaxPositionStreams; ++j) end[j] = sum += section[j];
 }
 
 // The stream shared by frequencies [first, first + n), or -1 where they take more than one.
 EMBROPE_HD int mrope_chunk_stream(std::int64_t first, std::int64_t n, const std::int64_t* section,
-                                  bool interleaved) {
-  const int stream = mrope_stream(first, section, interleaved);
+                                  const std::int64_t* end, bool interleaved) {
+  const int stream = mrope_stream(first, section, end, interleaved);
   if (n == 1) return stream;
   if (interleaved) {  // past both interleaved ranges, all temporal
-    const std::int64_t end = 3 * (section[1] > section[2] ? section[1] : section[2]);
-    return first >= end ? 0 : -1;
+    const std::int64_t last = 3 * (section[1] > section[2] ? section[1] : section[2]);
+    return first >= last ? 0 : -1;
   }
-  return stream == mrope_stream(first + n - 1, section, interleaved) ? stream : -1;
+  return stream == mrope_stream(first + n - 1, section, end, interleaved) ? stream : -1;
 }
 
 }  // namespace embrope::detail
