@@ -651,4 +651,30 @@ inline std::string where(const char* name, std::initializer_list<std::int64_t> c
   return os.str();
 }
 
+// Checks token t's rows of a RoPE output against the float64 rotation of the input's: `heads`
+// rows of d elements from element (t * heads) * d of in and out, each rotated by the token's
+// float64 cos_v and sin_v (R/2 each; rope_rotate), within tolerance() of dtype.
+inline void expect_rotated_token(Mismatches& m, const char* name, const Buffer& in,
+                                 const Buffer& out, std::int64_t t, std::int64_t heads,
+                                 std::int64_t d, std::int64_t rotary_dim, bool interleaved,
+                                 bool inverse, const std::vector<double>& cos_v,
+                                 const std::vector<double>& sin_v, DType dtype) {
+  for (std::int64_t h = 0; h < heads; ++h) {
+    const std::int64_t row = (t * heads + h) * d;
+    std::vector<double> x(static_cast<std::size_t>(d)), magnitude;
+    for (std::int64_t e = 0; e < d; ++e) x[static_cast<std::size_t>(e)] = in.get(row + e);
+    const std::vector<double> y =
+        rope_rotate(x, rotary_dim, interleaved, inverse, cos_v, sin_v, &magnitude);
+    const double n = norm(y);
+    for (std::int64_t e = 0; e < d; ++e) {
+      const auto ue = static_cast<std::size_t>(e);
+      m.expect_close(
+          [&] {
+            return where(name, {t, h, e});
+          },
+          out.get(row + e), y[ue], tolerance(dtype, y[ue], n, magnitude[ue]));
+    }
+  }
+}
+
 }  // namespace ref

@@ -112,22 +112,8 @@ void run_mrope(const MropeCase& c) {
         cv[static_cast<std::size_t>(i)] = std::cos(angle);
         sv[static_cast<std::size_t>(i)] = std::sin(angle);
       }
-      for (std::int64_t h = 0; h < heads; ++h) {
-        const std::int64_t row = (t * heads + h) * d;
-        std::vector<double> x(static_cast<std::size_t>(d)), magnitude;
-        for (std::int64_t e = 0; e < d; ++e) x[static_cast<std::size_t>(e)] = in.get(row + e);
-        const std::vector<double> y =
-            ref::rope_rotate(x, c.rotary_dim, c.interleaved, false, cv, sv, &magnitude);
-        const double n = ref::norm(y);
-        for (std::int64_t e = 0; e < d; ++e) {
-          const auto ue = static_cast<std::size_t>(e);
-          m.expect_close(
-              [&] {
-                return ref::where(is_q ? "q" : "k", {t, h, e});
-              },
-              out.get(row + e), y[ue], ref::tolerance(c.dtype, y[ue], n, magnitude[ue]));
-        }
-      }
+      ref::expect_rotated_token(m, is_q ? "q" : "k", in, out, t, heads, d, c.rotary_dim,
+                                c.interleaved, false, cv, sv, c.dtype);
     }
   }
   INFO(m.summary());
