@@ -76,12 +76,15 @@ __device__ __forceinline__ void rope_rows(const internal::RopeParams& p) {
       continue;
     }
     const float scale = kQuantized ? internal::rope_out_scale(p, h) : 1.0f;
+    // With several streams each pair's position is read where it is used, as load_cos_sin's
+    // by_pair does: holding the token's four stream positions across the loop made ptxas
+    // spill. With one, the token's position is read once.
+    const std::int64_t position = internal::rope_position(p, b, s, 0);
     for (std::int64_t i = lane; i < half; i += 32) {
       const std::int64_t ia = internal::rope_pair_first(p, i);
       const std::int64_t ib = internal::rope_pair_second(p, i);
-      // The pair's stream position read where it is used, as load_cos_sin's by_pair does:
-      // holding the token's four stream positions across the loop made ptxas spill.
-      const std::int64_t row = internal::rope_position(p, b, s, internal::rope_stream(p, i));
+      const std::int64_t row =
+          p.mrope ? internal::rope_position(p, b, s, internal::rope_stream(p, i)) : position;
       const float c = to_float(static_cast<const C*>(p.cos)[row * p.cos_stride + i]);
       const float sn = sin_sign * to_float(static_cast<const C*>(p.sin)[row * p.sin_stride + i]);
       float a = to_float(in[ia]);
