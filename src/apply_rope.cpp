@@ -189,6 +189,11 @@ AxialSections axial_sections(const RopeNames& names, const RopeOptions& options,
            "axes trailing zeros",
            text(dims), a, dims[a]);
     }
+    // Past the table's rotary dim the sum can only be wrong (and adding could overflow).
+    if (dims[a] > table.rotary_dim - sum) {
+      fail(names.op, "axes_dim {} sums to more than the rotary dim {} of {}", text(dims),
+           table.rotary_dim, table.name);
+    }
     axial.pairs[a] = dims[a] / 2;
     axial.axes = static_cast<int>(a) + 1;
     sum += dims[a];

@@ -341,6 +341,10 @@ TEST_CASE("axial RoPE rejects axes, positions and caches that do not fit",
   opt.axes_dim = {32, 16, 0, 0};
   expect_error(call(plain, 2, opt), {ErrorCode::invalid_argument},
                {"apply_rope", "sums to 48", "rotary dim of the cache is 64"});
+  // Sizes whose sum overflows int64 are refused before they are added.
+  opt.axes_dim = {INT64_MAX - 1, INT64_MAX - 1, 0, 0};
+  expect_error(call(plain, 2, opt), {ErrorCode::invalid_argument},
+               {"apply_rope", "sums to more than the rotary dim 64"});
   opt.axes_dim = {};
   opt.mrope_section = {16, 8, 8};
   expect_error(call(cache, 3, opt), {ErrorCode::invalid_argument},
