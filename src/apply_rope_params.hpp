@@ -191,7 +191,7 @@ struct TokenPositions {
 EMBROPE_HD TokenPositions token_positions(const RopeParams& p, std::int64_t b, std::int64_t s) {
   const std::int64_t p0 = rope_position(p, b, s, 0);
   if (!p.mrope) return {p0, p0, p0, p0};
-  const std::int64_t p1 = rope_position(p, b, s, 1);
+  const std::int64_t p1 = p.streams > 1 ? rope_position(p, b, s, 1) : p0;  // one axis: [1, T]
   const std::int64_t p2 = p.streams > 2 ? rope_position(p, b, s, 2) : p1;
   return {p0, p1, p2, p.streams > 3 ? rope_position(p, b, s, 3) : p2};
 }

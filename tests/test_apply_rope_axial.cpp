@@ -224,10 +224,14 @@ TEST_CASE("axial RoPE with one axis is plain RoPE, and a caller's table equals t
     const RopeCache plain_cache(RopeConfig{d, 10000.0, 256});
     const RopeCache axial_cache = RopeCache::axial({RopeConfig{d, 10000.0, 256}});
     ref::Buffer plain = q, axial = q;
+    // positions [1, T] in a buffer of exactly T (AddressSanitizer sees a read of a second
+    // stream).
+    ref::Buffer one_axis(DType::int64, t);
+    for (std::int64_t i = 0; i < t; ++i) one_axis.set_index(i, pos.get_index(i));
     embrope::apply_rope(ref::view(plain, 0, {t, h, d}), std::nullopt, ref::view(pos, 0, {t}),
                         plain_cache);
-    embrope::apply_rope(ref::view(axial, 0, {t, h, d}), std::nullopt, ref::view(pos, 0, {1, t}),
-                        axial_cache);
+    embrope::apply_rope(ref::view(axial, 0, {t, h, d}), std::nullopt,
+                        ref::view(one_axis, 0, {1, t}), axial_cache);
     CHECK(axial.snapshot() == plain.snapshot());
   }
   // Two axes from the cache against the cache's own table handed in as cos and sin with
