@@ -9,11 +9,13 @@
   float32) for embrope's float64-exact table of the same RoPE (every ``rope_type`` HF has:
   llama3, YaRN, LongRoPE with HF's per-forward choice of short or long factors, dynamic NTK
   with HF's cache growth, Gemma 3's per-layer-type RoPEs, the multimodal RoPE of the
-  Qwen2-VL / Qwen2.5-VL / Qwen3-VL language models);
+  Qwen2-VL / Qwen2.5-VL / Qwen3-VL language models), and in those VL models the vision
+  tower's rotary module for the axial (row, column) table of the same angles;
 - each attention module's rotation (``apply_rotary_pos_emb``) for :func:`embrope.torch.apply_rope`
   on q and k as the projections wrote them (DeepSeek-V3: q's rope slice and the shared k_pe,
-  returned in HF's order), and, in the families with a per-head RMSNorm of q and k (Qwen3,
-  Gemma 3, Qwen3-VL), the norm and the rotation for one :func:`embrope.torch.apply_qk_norm_rope`;
+  returned in HF's order; a vision tower: both axes in one call), and, in the families with a
+  per-head RMSNorm of q and k (Qwen3, Gemma 3, Qwen3-VL), the norm and the rotation for one
+  :func:`embrope.torch.apply_qk_norm_rope`;
 - the embeddings for :func:`embrope.torch.embed` where it does more than a lookup (Gemma's
   scaled embedding, rounded as HF rounds it; BERT's, RoBERTa's and XLM-R's word + position +
   token type + LayerNorm block in one pass) and the learned position lookups of GPT-2 and OPT.
@@ -28,10 +30,12 @@ dynamic NTK, whose table grows with the sequence as HF's does, which needs a hos
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
 import types
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -62,6 +66,9 @@ class _Family:
     # sqrt(hidden)), "block" (BERT's word + position + token type + LayerNorm module),
     # "positions" (GPT-2's wpe), "opt_positions" (OPT's learned positions, offset 2).
     embedding: Optional[str] = None
+    # The vision tower's attention (a VL model): q and k rotated by the patches' (row,
+    # column) positions, axial RoPE over two halves of the rotary features.
+    vision_attention: Tuple[str, ...] = ()
 
 
 _FAMILIES: Dict[str, _Family] = {
@@ -78,9 +85,12 @@ _FAMILIES: Dict[str, _Family] = {
     "qwen3_moe": _Family(("Qwen3MoeAttention",), qk_norm=True, sliding_window="module"),
     "gemma3_text": _Family(("Gemma3Attention",), qk_norm=True, unit_offset=True,
                            sliding_window="module", embedding="scaled"),
-    "qwen2_vl": _Family(("Qwen2VLAttention",), sliding_window="module", mrope=True),
-    "qwen2_5_vl": _Family(("Qwen2_5_VLAttention",), sliding_window="module", mrope=True),
-    "qwen3_vl": _Family(("Qwen3VLTextAttention",), qk_norm=True, mrope=True),
+    "qwen2_vl": _Family(("Qwen2VLAttention",), sliding_window="module", mrope=True,
+                        vision_attention=("VisionAttention",)),
+    "qwen2_5_vl": _Family(("Qwen2_5_VLAttention",), sliding_window="module", mrope=True,
+                          vision_attention=("Qwen2_5_VLVisionAttention",)),
+    "qwen3_vl": _Family(("Qwen3VLTextAttention",), qk_norm=True, mrope=True,
+                        vision_attention=("Qwen3VLVisionAttention",)),
     "deepseek_v3": _Family(("DeepseekV3Attention",), projection="mla"),
     "bert": _Family(embedding="block"),
     "roberta": _Family(embedding="block"),
@@ -89,7 +99,7 @@ _FAMILIES: Dict[str, _Family] = {
     "opt": _Family(embedding="opt_positions"),
 }
 # The language model of a multimodal model, alone (Qwen2VLTextModel, ...).
-_FAMILIES.update({f"{name}_text": _FAMILIES[name]
+_FAMILIES.update({f"{name}_text": dataclasses.replace(_FAMILIES[name], vision_attention=())
                   for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")})
 
 
@@ -231,6 +241,40 @@ class _EmbropePositions(torch.nn.Module):
         if tables.mrope and position_ids.dim() == 2:
             position_ids = position_ids.expand(3, -1, -1)  # as HF's mrope rotary modules
         return tables.positions_and_table(position_ids)
+
+
+class _VisionTables:
+    """The axial (row, column) table of a vision tower's RoPE: HF's vision rotary module
+    computes, per forward, ``cos`` and ``sin`` of ``row * f_i`` on the first half of the
+    frequencies and ``column * f_i`` on the second (Qwen2-VL's ``VisionRotaryEmbedding``);
+    this is the float64-exact table of the same angles, rows 0 .. max_positions - 1."""
+
+    def __init__(self, cache: RopeCache):
+        self.table = _table_tensor(cache)
+        self.rope = dict(layout=str(cache.layout), axes_dim=tuple(cache.axes_dim))
+
+    def to(self, device: torch.device) -> None:
+        if self.table.device != device:
+            self.table = self.table.to(device)
+
+
+class _EmbropeVisionPositions(_EmbropePositions):
+    """Stands where the vision tower's rotary module stood. HF's tower calls it with
+    ``(hidden_states, position_ids)``, ``position_ids [T, 2]`` the patches' (row, column);
+    it returns the two columns ``([T, 1], [T, 1])`` in place of ``(cos, sin)``: Qwen2.5-VL
+    reorders both by its attention windows as it reorders cos and sin, and the patched
+    vision attention reads the table's rows itself."""
+
+    def forward(self, x: Tensor, position_ids: Tensor, layer_type: Optional[str] = None
+                ) -> Tuple[Tensor, Tensor]:
+        if position_ids.dim() != 2 or position_ids.shape[-1] != 2:
+            raise _C.InvalidArgumentError(
+                f"embrope.transformers: the vision tower passed position ids of shape "
+                f"{tuple(position_ids.shape)}; patch() expects HF's [tokens, 2] (row, column)")
+        tables = self._tables[None]
+        if tables.table.device != position_ids.device:
+            tables.to(position_ids.device)
+        return position_ids[:, 0:1], position_ids[:, 1:2]
 
 
 # ------------------------------------------------------------------------ attention ----
@@ -386,15 +430,53 @@ def _mla_attention_forward(self: torch.nn.Module, hidden_states: Tensor,
     return self.o_proj(attn_output), attn_weights
 
 
+def _vision_attention_forward(self: torch.nn.Module, hidden_states: Tensor, cu_seqlens: Tensor,
+                             position_embeddings: Any = None, max_seqlen: Optional[int] = None,
+                             **kwargs: Any) -> Tensor:
+    """HF's vision attention forward of Qwen2-VL, Qwen2.5-VL and Qwen3-VL (one image or
+    window per ``cu_seqlens`` span, no mask), with q and k rotated by embrope's axial RoPE
+    on the patches' (row, column) positions, as the qkv projection wrote them."""
+    state: _AttentionPatch = self._embrope_attention
+    if (not isinstance(position_embeddings, tuple) or len(position_embeddings) != 2
+            or position_embeddings[0].dtype not in (torch.int32, torch.int64)):
+        raise _C.InvalidArgumentError(
+            f"embrope.transformers: {type(self).__name__} received HF's cos/sin instead of "
+            "embrope's patch positions; the vision tower's rotary module was replaced after "
+            "patch() (call unpatch() and patch() again)")
+    tokens = hidden_states.shape[0]
+    q, k, v = self.qkv(hidden_states).reshape(tokens, 3, self.num_heads, -1).unbind(1)
+    positions = torch.cat(position_embeddings, dim=1).T  # [2, T]: rows, columns
+    q, k = _etorch.apply_rope(q, k, positions, state.vision.table, **state.rope)
+    q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+    modeling = sys.modules[type(self).__module__]
+    attention_interface = modeling.ALL_ATTENTION_FUNCTIONS.get_interface(
+        self.config._attn_implementation, modeling.eager_attention_forward)
+    common = dict(attention_mask=None, scaling=self.scaling, is_causal=False,
+                  dropout=0.0 if not self.training else self.attention_dropout)
+    if modeling.is_flash_attention_requested(self.config):
+        max_seqlen = modeling.get_max_seqlen(cu_seqlens, self.config,
+                                             kwargs={"max_seqlen": max_seqlen})
+        attn_output, _ = attention_interface(
+            self, q, k, v, cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens,
+            max_length_q=max_seqlen, max_length_k=max_seqlen, **common, **kwargs)
+    else:  # HF: each image (window) apart
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        splits = [torch.split(x, lengths, dim=2) for x in (q, k, v)]
+        attn_output = torch.cat([attention_interface(self, *qkv, **common, **kwargs)[0]
+                                 for qkv in zip(*splits)], dim=1)
+    return self.proj(attn_output.reshape(tokens, -1).contiguous())
+
+
 _ATTENTION_FORWARDS = {"neox": _neox_attention_forward, "mla": _mla_attention_forward}
 
 
 @dataclasses.dataclass
 class _AttentionPatch:
     family: _Family
-    rope: Dict[str, Any]  # apply_rope's settings: layout, and mrope's where the family has it
+    rope: Dict[str, Any]  # apply_rope's settings: layout, and mrope's or axes' where used
     fuse_norm: bool
     eps: float
+    vision: Optional[_VisionTables] = None  # a vision tower's attention: its axial table
 
 
 # ------------------------------------------------------------------------ embedding ----
@@ -503,7 +585,8 @@ def _rope_layer_types(config: Any) -> List[Optional[str]]:
 
 
 def patch(model: torch.nn.Module, *, rope: bool = True, qk_norm: bool = True,
-          embeddings: bool = True, max_positions: Optional[int] = None) -> PatchReport:
+          embeddings: bool = True, vision: bool = True,
+          max_positions: Optional[int] = None) -> PatchReport:
     """Make one instantiated ``transformers`` model run embrope's ops (in place).
 
     Parameters
@@ -523,8 +606,13 @@ def patch(model: torch.nn.Module, *, rope: bool = True, qk_norm: bool = True,
         embedding block (with its LayerNorm), GPT-2's and OPT's learned position lookups. In
         the other families HF's ``nn.Embedding`` is a plain gather and is kept (the report
         says so).
+    vision : bool, default True
+        In the VL families (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), replace the vision tower's
+        rotary module and its attention modules' rotation too: the patches' (row, column)
+        axial RoPE from a float64-exact table (rows and columns up to 8191). Needs `rope`.
     max_positions : int, optional
-        Rows of the cos/sin tables; default the config's ``max_position_embeddings``.
+        Rows of the language model's cos/sin tables; default the config's
+        ``max_position_embeddings``.
 
     Returns
     -------
@@ -552,7 +640,7 @@ def patch(model: torch.nn.Module, *, rope: bool = True, qk_norm: bool = True,
     if not family.attention:
         pass  # no RoPE in this architecture
     elif rope:
-        _patch_rope(model, family, config, max_positions, qk_norm, state)
+        _patch_rope(model, family, config, max_positions, qk_norm, vision, state)
     else:
         report.kept["rotary_emb"] = "rope=False"
         if family.qk_norm and qk_norm:
@@ -567,18 +655,14 @@ def patch(model: torch.nn.Module, *, rope: bool = True, qk_norm: bool = True,
 
 
 def _patch_rope(model: torch.nn.Module, family: _Family, config: Any,
-                max_positions: Optional[int], qk_norm: bool, state: _PatchState) -> None:
+                max_positions: Optional[int], qk_norm: bool, vision: bool,
+                state: _PatchState) -> None:
     report = state.report
-    rotary = []
+    rotary, vision_rotary = [], []
     for name, module in model.named_modules():
         kind = type(module).__name__
-        if not kind.endswith("RotaryEmbedding"):
-            continue
-        if "Vision" in kind:
-            report.kept[name] = ("the vision tower's 2-D RoPE (row and column positions of "
-                                 "patches): not patched")
-        else:
-            rotary.append((name, module))
+        if kind.endswith("RotaryEmbedding"):
+            (vision_rotary if "Vision" in kind else rotary).append((name, module))
     if not rotary:
         raise _C.InvalidArgumentError(
             f"embrope.transformers.patch: found no rotary module in this "
@@ -626,6 +710,70 @@ def _patch_rope(model: torch.nn.Module, family: _Family, config: Any,
                                      f"shared k_pe{order}")
         else:
             report.replaced[name] = f"embrope apply_rope ({layout})"
+    if vision_rotary:
+        _patch_vision(model, family, vision_rotary, vision, state)
+
+
+# The rows of a vision tower's table: patch rows and columns up to 8191 (an image 114,674
+# pixels on a side at Qwen2-VL's 14-pixel patches); a larger grid is refused by the op
+# (BadIndexError), never read past the table.
+_VISION_MAX_POSITIONS = 8192
+
+
+def _vision_refusal(model: torch.nn.Module, rotary: torch.nn.Module
+                    ) -> Tuple[Optional[str], Optional[RopeCache]]:
+    """embrope's table of the vision tower's RoPE, or why HF's is kept: the module must take
+    ``(x, position_ids)`` (transformers 5's vision rotary modules; earlier versions compute
+    the angles in the tower's forward) and its frequencies must be the table's."""
+    forward = inspect.signature(rotary.forward)
+    if "position_ids" not in forward.parameters:
+        return ("this transformers version computes the vision angles in the tower's forward "
+                "(no position_ids argument): HF's code kept", None)
+    cache = RopeCache.from_hf_vision_config(model.config, max_positions=_VISION_MAX_POSITIONS)
+    theirs = getattr(rotary, "inv_freq", None)
+    ours = np.asarray(cache.inv_freq, dtype=np.float64)
+    half = len(ours) // 2
+    if (theirs is None or tuple(theirs.shape) != (half,)
+            or not np.allclose(theirs.double().cpu().numpy(), ours[:half], rtol=1e-6, atol=0)
+            or not np.array_equal(ours[:half], ours[half:])):
+        return ("its frequencies are not the config's axial RoPE (row and column halves of "
+                "the head dim): HF's code kept", None)
+    return None, cache
+
+
+def _patch_vision(model: torch.nn.Module, family: _Family,
+                  rotary: List[Tuple[str, torch.nn.Module]], enabled: bool,
+                  state: _PatchState) -> None:
+    report = state.report
+    if not enabled:
+        for name, _ in rotary:
+            report.kept[name] = "vision=False"
+        return
+    why, cache = _vision_refusal(model, rotary[0][1])
+    if cache is None:
+        for name, _ in rotary:
+            report.kept[name] = why
+        return
+    tables = _VisionTables(cache)
+    device = next((b.device for b in rotary[0][1].buffers()), torch.device("cpu"))
+    tables.to(device)
+    axes = list(cache.axes_dim)
+    for name, module in rotary:
+        parent_name, _, attribute = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        parent._modules[attribute] = _EmbropeVisionPositions({None: tables})
+        state.rotary.append((parent, attribute, module))
+        report.replaced[name] = (f"embrope's float64-exact axial table (rows, columns; "
+                                 f"axes_dim {axes}, {cache.max_positions} positions)")
+    for name, module in model.named_modules():
+        if type(module).__name__ not in family.vision_attention:
+            continue
+        object.__setattr__(module, "_embrope_attention",
+                           _AttentionPatch(family, dict(tables.rope), False, 0.0, tables))
+        module.forward = types.MethodType(_vision_attention_forward, module)
+        state.forwards.append(module)
+        report.replaced[name] = (f"embrope apply_rope, axial ({tables.rope['layout']}): the "
+                                 "patches' rows and columns in one call")
 
 
 def _patch_embeddings(model: torch.nn.Module, family: _Family, state: _PatchState) -> None:

@@ -91,9 +91,10 @@ def _config(family: str):
         sections = [4, 2, 2] if family == "qwen3_vl" else [2, 3, 3]  # rotary_dim / 2 = 8
         c["rope_parameters"] = dict(rope_type="default", rope_theta=1e6, mrope_section=sections)
         vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64,
-                      out_hidden_size=64)
+                      out_hidden_size=64, initializer_range=0.2)
         if family == "qwen2_vl":
-            vision = dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2)
+            vision = dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2,
+                          initializer_range=0.2)
         else:
             c["head_dim"] = HEAD
         configs = dict(qwen2_vl=transformers.Qwen2VLConfig,
@@ -424,6 +425,71 @@ def test_vl_prompt_with_an_image_gives_hfs_logits_and_tokens(family):
             == hf.generate(ids, **kwargs, **options).tolist())
 
 
+def _vision_inputs(vision, seed=11):
+    """Pixels of three images (one 2-frame video) whose grids differ, for a tiny vision tower:
+    rows and columns up to 19, and Qwen2.5-VL's 8 x 8-patch attention windows cut in."""
+    grid = torch.tensor([[1, 16, 20], [2, 8, 4], [1, 4, 12]])
+    pixels = torch.randn(int(grid.prod(-1).sum()),
+                         vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2,
+                         generator=torch.Generator().manual_seed(seed))
+    return pixels, grid
+
+
+def _vision_outputs(model, pixels, grid):
+    return model.model.visual(pixels, grid_thw=grid).last_hidden_state
+
+
+@pytest.mark.parametrize("family", MROPE)
+def test_vision_tower_gives_hfs_hidden_states_and_gradients(family):
+    hf, patched, report = _pair(family)
+    assert "axes_dim [8, 8]" in report.replaced["model.visual.rotary_pos_emb"]
+    assert "axial" in report.replaced["model.visual.blocks.0.attn"]
+    pixels, grid = _vision_inputs(hf.config.vision_config)
+    outputs = [_vision_outputs(m, pixels, grid) for m in (hf, patched)]
+    scale = float(outputs[0].detach().abs().max())
+    assert float((outputs[0] - outputs[1]).abs().max()) < 2e-6 * scale
+    # autograd through the rotation: the qkv projection's gradients are HF's
+    g = torch.randn(outputs[0].shape, generator=torch.Generator().manual_seed(12))
+    grads = []
+    for model, out in zip((hf, patched), outputs):
+        out.backward(g)
+        grads.append(model.model.visual.blocks[0].attn.qkv.weight.grad)
+    assert float((grads[0] - grads[1]).abs().max()) < 1e-5 * float(grads[0].abs().max())
+
+
+def test_vision_tower_check_catches_rows_and_columns_swapped():
+    hf, patched, _ = _pair("qwen2_5_vl")
+    positions = patched.model.visual.rotary_pos_emb
+    forward = positions.forward
+    positions.forward = lambda x, position_ids: forward(x, position_ids.flip(-1))
+    pixels, grid = _vision_inputs(hf.config.vision_config)
+    with torch.no_grad():
+        want, got = (_vision_outputs(m, pixels, grid) for m in (hf, patched))
+    assert float((want - got).abs().max()) > 1e-3 * float(want.abs().max())
+
+
+def test_vision_tower_kept_where_embrope_cannot_stand_in():
+    _, _, off = _pair("qwen2_vl", vision=False)
+    assert off.kept["model.visual.rotary_pos_emb"] == "vision=False"
+    assert "model.visual.blocks.0.attn" not in off.replaced
+    assert "model.language_model.rotary_emb" in off.replaced
+    _, _, no_rope = _pair("qwen2_vl", rope=False)
+    assert not any("visual" in path for path in no_rope.replaced)
+    # transformers 4's vision rotary module (called with the grid size, angles made in the
+    # tower's forward), and frequencies that are not the config's: HF's code runs
+    for how in ("signature", "frequencies"):
+        hf = _model("qwen2_vl")
+        rotary = hf.model.visual.rotary_pos_emb
+        if how == "signature":
+            rotary.forward = lambda seqlen: None
+        else:
+            rotary.inv_freq = rotary.inv_freq * 2
+        report = et.patch(hf)
+        why = report.kept["model.visual.rotary_pos_emb"]
+        assert ("position_ids" if how == "signature" else "frequencies") in why
+        assert "model.visual.blocks.0.attn" not in report.replaced
+
+
 def _mla_caches(hf, patched):
     ids, _ = _inputs(hf)
     with torch.no_grad():
@@ -516,7 +582,7 @@ def test_report_names_what_was_replaced_and_what_was_kept():
 def test_report_of_the_multimodal_encoder_and_learned_families():
     _, _, vl = _pair("qwen2_vl")
     assert "mrope [2, 3, 3]" in vl.replaced["model.language_model.rotary_emb"]
-    assert "vision tower" in vl.kept["model.visual.rotary_pos_emb"]
+    assert "axial table" in vl.replaced["model.visual.rotary_pos_emb"]
     _, _, qwen3_vl = _pair("qwen3_vl")
     assert "mrope [4, 2, 2] interleaved" in qwen3_vl.replaced["model.language_model.rotary_emb"]
     _, _, opt = _pair("opt")
@@ -581,7 +647,7 @@ def _sabotaged(family: str, how: str):
             continue
         if how == "layout":
             state.rope["layout"] = "interleaved"
-        elif how == "mrope":  # Qwen2-VL's sections in Qwen3-VL's interleaved order
+        elif how == "mrope" and state.vision is None:  # Qwen2-VL's sections, Qwen3-VL's order
             state.rope["mrope_interleaved"] = not state.rope["mrope_interleaved"]
         elif how == "unit_offset":
             state.family = copy.copy(state.family)
