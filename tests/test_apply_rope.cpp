@@ -293,7 +293,8 @@ TEST_CASE(
   const auto dims =
       GENERATE(std::make_pair(64, 64), std::make_pair(80, 80), std::make_pair(96, 96),
                std::make_pair(112, 112), std::make_pair(128, 128), std::make_pair(128, 64),
-               std::make_pair(96, 32), std::make_pair(80, 16), std::make_pair(64, 2));
+               std::make_pair(96, 32), std::make_pair(80, 16), std::make_pair(64, 2),
+               std::make_pair(72, 72), std::make_pair(88, 88), std::make_pair(40, 40));
   RopeCase c;
   c.dtype = dtype;
   c.interleaved = interleaved;

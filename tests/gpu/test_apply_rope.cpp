@@ -686,3 +686,83 @@ TEST_CASE("GPU RoPE float8 outputs with non-rotary tensors (DeepSeek MLA) equal 
     }
   }
 }
+
+#if __has_include(<simt/simt.h>)
+// The emulated device's memory model (its coalescing profiler, the one scripts/gpu-model-check.sh
+// reads): compiled only against the emulator, which counts the 32-byte sectors each launch
+// touches. On a GPU this case does not exist (Nsight Compute measures the real thing).
+#include <simt/simt.h>
+
+namespace {
+
+struct LaunchSectors {
+  long long load_sectors, store_sectors, load_bytes, store_bytes;
+};
+
+// One in-place bfloat16 RoPE launch of q and k [T, 24, 128] (Flux.1's attention), positions
+// [streams, T] below max_positions, with the sectors the launch moves.
+LaunchSectors flux_shaped_launch(const embrope::RopeCache& cache, std::int64_t streams,
+                                 std::int64_t max_positions) {
+  const std::int64_t tokens = 48, heads = 24, d = 128;
+  const DType dtype = DType::bfloat16;
+  Buffer q(tokens * heads * d * 2), k(tokens * heads * d * 2), pos(streams * tokens * 8);
+  fill_random(q, dtype, tokens * heads * d, 3);
+  fill_random(k, dtype, tokens * heads * d, 4);
+  std::mt19937_64 rng(5);
+  for (std::int64_t i = 0; i < streams * tokens; ++i) {
+    const std::int64_t p = static_cast<std::int64_t>(rng() % max_positions);
+    std::memcpy(pos.host.data() + 8 * i, &p, 8);
+  }
+  q.upload();
+  k.upload();
+  pos.upload();
+  const Device g = Device::cuda(0);
+  const Tensor positions = streams == 1 ? Tensor(pos.device, DType::int64, {tokens}, g)
+                                        : Tensor(pos.device, DType::int64, {streams, tokens}, g);
+  embrope::apply_rope(Tensor(q.device, dtype, {tokens, heads, d}, g),
+                      Tensor(k.device, dtype, {tokens, heads, d}, g), positions, cache);
+  cuda_check(cudaDeviceSynchronize());
+  simt_coalesce_stats loads{}, stores{};
+  REQUIRE(simt_coalesce_last(0, &loads) == 1);
+  REQUIRE(simt_coalesce_last(1, &stores) == 1);
+  return {loads.footprint_sectors, stores.footprint_sectors, loads.footprint_bytes,
+          stores.footprint_bytes};
+}
+
+}  // namespace
+
+TEST_CASE("GPU axial RoPE moves the bytes of the language-model RoPE (emulated memory model)",
+          "[gpu][rope][axial][model]") {
+  // Flux.1's axes [16, 56, 56] against one 128-feature RoPE of the same q and k: the rotation
+  // reads and writes every q and k byte once in both; the axial launch reads one position per
+  // axis and one table row per axis (cos and sin of 8, 28 and 28 pairs), where the
+  // language-model launch reads one position and one row of 64 pairs.
+  simt_coalesce_enable();
+  const std::int64_t max_positions = 64;
+  const embrope::RopeCache flux = embrope::RopeCache::axial(
+      {{16, 10000.0, max_positions}, {56, 10000.0, max_positions}, {56, 10000.0, max_positions}},
+      Device::cuda(0));
+  const embrope::RopeCache language({128, 10000.0, max_positions}, Device::cuda(0));
+  const LaunchSectors axial = flux_shaped_launch(flux, 3, max_positions);
+  const LaunchSectors plain = flux_shaped_launch(language, 1, max_positions);
+  const long long qk_bytes = 2LL * 48 * 24 * 128 * 2;
+  INFO("axial: load sectors " << axial.load_sectors << " (" << axial.load_bytes
+                              << " distinct bytes), store sectors " << axial.store_sectors
+                              << "; language model: load sectors " << plain.load_sectors << " ("
+                              << plain.load_bytes << " bytes), store sectors "
+                              << plain.store_sectors << "; q and k " << qk_bytes << " bytes");
+  // Stores: q and k once, in whole sectors, the same sectors in both (beside them, one
+  // sector of the call's status word).
+  CHECK(axial.store_sectors == plain.store_sectors);
+  CHECK(axial.store_sectors * 32 >= qk_bytes);
+  CHECK(axial.store_sectors * 32 <= qk_bytes + 32);
+  // Loads: q and k once, plus the positions and the table rows. The axial launch reads two
+  // more position streams and rows split at axis boundaries that are not sector-aligned: at
+  // most 1% more sectors than the language-model launch (measured: 0.2%), and its sectors
+  // used to 99% or more of their bytes, so both are bound by the same bytes.
+  CHECK(plain.load_sectors * 32 >= qk_bytes);
+  CHECK(static_cast<double>(axial.load_sectors) <= 1.01 * static_cast<double>(plain.load_sectors));
+  CHECK(static_cast<double>(axial.load_bytes) >=
+        0.99 * 32.0 * static_cast<double>(axial.load_sectors));
+}
+#endif
