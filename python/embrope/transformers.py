@@ -643,6 +643,10 @@ def patch(model: torch.nn.Module, *, rope: bool = True, qk_norm: bool = True,
         _patch_rope(model, family, config, max_positions, qk_norm, vision, state)
     else:
         report.kept["rotary_emb"] = "rope=False"
+        for name, module in model.named_modules():
+            kind = type(module).__name__
+            if kind.endswith("RotaryEmbedding") and "Vision" in kind:
+                report.kept[name] = "rope=False"
         if family.qk_norm and qk_norm:
             report.kept["q_norm/k_norm"] = ("qk_norm fuses the norm with the rotation: needs "
                                             "rope=True")
@@ -663,6 +667,9 @@ def _patch_rope(model: torch.nn.Module, family: _Family, config: Any,
         kind = type(module).__name__
         if kind.endswith("RotaryEmbedding"):
             (vision_rotary if "Vision" in kind else rotary).append((name, module))
+    # The vision tower's plan, made before anything is replaced, so that a tower embrope
+    # cannot stand in for leaves the model whole.
+    vision_plan = _vision_plan(model, family, vision_rotary, vision) if vision_rotary else None
     if not rotary:
         raise _C.InvalidArgumentError(
             f"embrope.transformers.patch: found no rotary module in this "
@@ -710,8 +717,8 @@ def _patch_rope(model: torch.nn.Module, family: _Family, config: Any,
                                      f"shared k_pe{order}")
         else:
             report.replaced[name] = f"embrope apply_rope ({layout})"
-    if vision_rotary:
-        _patch_vision(model, family, vision_rotary, vision, state)
+    if vision_plan is not None:
+        _patch_vision(model, family, vision_rotary, vision_plan, state)
 
 
 # The rows of a vision tower's table: patch rows and columns up to 8191 (an image 114,674
@@ -720,40 +727,66 @@ def _patch_rope(model: torch.nn.Module, family: _Family, config: Any,
 _VISION_MAX_POSITIONS = 8192
 
 
-def _vision_refusal(model: torch.nn.Module, rotary: torch.nn.Module
-                    ) -> Tuple[Optional[str], Optional[RopeCache]]:
-    """embrope's table of the vision tower's RoPE, or why HF's is kept: the module must take
-    ``(x, position_ids)`` (transformers 5's vision rotary modules; earlier versions compute
-    the angles in the tower's forward) and its frequencies must be the table's."""
-    forward = inspect.signature(rotary.forward)
+@dataclasses.dataclass
+class _VisionPlan:
+    cache: Optional[RopeCache]  # None: HF's tower is kept, for `why`
+    why: str
+    attention: List[Tuple[str, torch.nn.Module]]
+
+
+def _vision_plan(model: torch.nn.Module, family: _Family,
+                 rotary: List[Tuple[str, torch.nn.Module]], enabled: bool) -> _VisionPlan:
+    """embrope's table of the vision tower's RoPE and the attention modules that will read it,
+    or why HF's tower is kept: the rotary module must take ``(x, position_ids)``
+    (transformers 5's vision rotary modules; earlier versions compute the angles in the
+    tower's forward), its frequencies must be the config's, and the tower's attention modules
+    must be ones whose forward embrope's replaces (else they would read positions as cos and
+    sin)."""
+    attention = [(name, module) for name, module in model.named_modules()
+                 if type(module).__name__ in family.vision_attention]
+    if not enabled:
+        return _VisionPlan(None, "vision=False", attention)
+    if not attention:
+        return _VisionPlan(None, "no vision attention module of a class embrope's patch knows "
+                                 f"({', '.join(family.vision_attention) or 'none'}): HF's code "
+                                 "kept", attention)
+    forward = inspect.signature(rotary[0][1].forward)
     if "position_ids" not in forward.parameters:
-        return ("this transformers version computes the vision angles in the tower's forward "
-                "(no position_ids argument): HF's code kept", None)
-    cache = RopeCache.from_hf_vision_config(model.config, max_positions=_VISION_MAX_POSITIONS)
-    theirs = getattr(rotary, "inv_freq", None)
+        return _VisionPlan(None, "this transformers version computes the vision angles in the "
+                                 "tower's forward (no position_ids argument): HF's code kept",
+                           attention)
+    try:
+        cache = RopeCache.from_hf_vision_config(model.config,
+                                                max_positions=_VISION_MAX_POSITIONS)
+    except (ValueError, TypeError, KeyError) as error:
+        return _VisionPlan(None, f"its config gives no axial RoPE embrope reads ({error}): HF's "
+                                 "code kept", attention)
+    theirs = getattr(rotary[0][1], "inv_freq", None)
     ours = np.asarray(cache.inv_freq, dtype=np.float64)
     half = len(ours) // 2
-    if (theirs is None or tuple(theirs.shape) != (half,)
-            or not np.allclose(theirs.double().cpu().numpy(), ours[:half], rtol=1e-6, atol=0)
+    if theirs is None or tuple(theirs.shape) != (half,) or theirs.is_meta:
+        return _VisionPlan(None, "its rotary module has no inv_freq of the config's axial RoPE "
+                                 "(row and column halves of the head dim): HF's code kept",
+                           attention)
+    # The buffer in its own precision (a model cast to bfloat16 before patch() holds bfloat16
+    # frequencies; the table is float64-exact either way).
+    rtol = max(1e-6, float(torch.finfo(theirs.dtype).eps))
+    if (not np.allclose(theirs.double().cpu().numpy(), ours[:half], rtol=rtol, atol=0)
             or not np.array_equal(ours[:half], ours[half:])):
-        return ("its frequencies are not the config's axial RoPE (row and column halves of "
-                "the head dim): HF's code kept", None)
-    return None, cache
+        return _VisionPlan(None, "its frequencies are not the config's axial RoPE (row and "
+                                 "column halves of the head dim): HF's code kept", attention)
+    return _VisionPlan(cache, "", attention)
 
 
 def _patch_vision(model: torch.nn.Module, family: _Family,
-                  rotary: List[Tuple[str, torch.nn.Module]], enabled: bool,
+                  rotary: List[Tuple[str, torch.nn.Module]], plan: _VisionPlan,
                   state: _PatchState) -> None:
     report = state.report
-    if not enabled:
+    if plan.cache is None:
         for name, _ in rotary:
-            report.kept[name] = "vision=False"
+            report.kept[name] = plan.why
         return
-    why, cache = _vision_refusal(model, rotary[0][1])
-    if cache is None:
-        for name, _ in rotary:
-            report.kept[name] = why
-        return
+    cache = plan.cache
     tables = _VisionTables(cache)
     device = next((b.device for b in rotary[0][1].buffers()), torch.device("cpu"))
     tables.to(device)
@@ -765,9 +798,7 @@ def _patch_vision(model: torch.nn.Module, family: _Family,
         state.rotary.append((parent, attribute, module))
         report.replaced[name] = (f"embrope's float64-exact axial table (rows, columns; "
                                  f"axes_dim {axes}, {cache.max_positions} positions)")
-    for name, module in model.named_modules():
-        if type(module).__name__ not in family.vision_attention:
-            continue
+    for name, module in plan.attention:
         object.__setattr__(module, "_embrope_attention",
                            _AttentionPatch(family, dict(tables.rope), False, 0.0, tables))
         module.forward = types.MethodType(_vision_attention_forward, module)

@@ -13,6 +13,7 @@ Each check is shown to fail on a deliberately wrong patch (test_checks_catch_a_w
 """
 
 import copy
+import dataclasses
 import math
 
 import numpy as np
@@ -475,6 +476,7 @@ def test_vision_tower_kept_where_embrope_cannot_stand_in():
     assert "model.language_model.rotary_emb" in off.replaced
     _, _, no_rope = _pair("qwen2_vl", rope=False)
     assert not any("visual" in path for path in no_rope.replaced)
+    assert no_rope.kept["model.visual.rotary_pos_emb"] == "rope=False"
     # transformers 4's vision rotary module (called with the grid size, angles made in the
     # tower's forward), and frequencies that are not the config's: HF's code runs
     for how in ("signature", "frequencies"):
@@ -488,6 +490,43 @@ def test_vision_tower_kept_where_embrope_cannot_stand_in():
         why = report.kept["model.visual.rotary_pos_emb"]
         assert ("position_ids" if how == "signature" else "frequencies") in why
         assert "model.visual.blocks.0.attn" not in report.replaced
+
+
+def test_vision_tower_refused_before_anything_is_replaced(monkeypatch):
+    # A vision config embrope cannot read, or attention modules of a class the patch does not
+    # know: HF's tower is kept with the reason, the language model is patched, and the model
+    # stays whole (its vision logits are HF's, unpatch() works).
+    hf = _model("qwen2_vl")
+    pixels, grid = _vision_inputs(hf.config.vision_config)
+    with torch.no_grad():
+        want = _vision_outputs(hf, pixels, grid)
+    unknown = dataclasses.replace(et._FAMILIES["qwen2_vl"], vision_attention=("Renamed",))
+    for how in ("config", "class"):
+        model = copy.deepcopy(hf)
+        with monkeypatch.context() as patched_families:
+            if how == "config":  # the reader's refusal of a config without the head layout
+                def unreadable(*args, **kwargs):
+                    raise embrope.InvalidArgumentError("RopeCache: the vision config has no "
+                                                       "head_dim")
+                patched_families.setattr(et.RopeCache, "from_hf_vision_config", unreadable)
+            else:
+                patched_families.setitem(et._FAMILIES, "qwen2_vl", unknown)
+            report = et.patch(model)
+        why = report.kept["model.visual.rotary_pos_emb"]
+        assert ("no axial RoPE" if how == "config" else "Renamed") in why
+        assert "model.language_model.rotary_emb" in report.replaced
+        if how == "class":
+            with torch.no_grad():
+                assert torch.equal(_vision_outputs(model, pixels, grid), want)
+        et.unpatch(model)
+
+
+def test_vision_tower_of_a_model_cast_to_bfloat16_is_patched():
+    # model.to(bfloat16) rounds HF's inv_freq buffer: the check allows its precision, and the
+    # table stays float64-exact.
+    hf, patched, report = _pair("qwen2_vl", torch.bfloat16)
+    assert hf.model.visual.rotary_pos_emb.inv_freq.dtype == torch.bfloat16
+    assert "axial table" in report.replaced["model.visual.rotary_pos_emb"]
 
 
 def _mla_caches(hf, patched):

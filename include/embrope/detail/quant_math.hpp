@@ -71,7 +71,13 @@ EMBROPE_HD float q4_k_value(const std::uint8_t* block, int e) {
   const int q = (sub & 1) == 0 ? byte & 0x0f : byte >> 4;
   const float d = gguf_half(block) * static_cast<float>(scale);
   const float m = gguf_half(block + 2) * static_cast<float>(min);
+#if defined(__CUDA_ARCH__)
+  // The product and the difference each rounded, whatever -fmad a unit is built with (a fused
+  // multiply-add would round once and differ from gguf's numpy).
+  return __fsub_rn(__fmul_rn(d, static_cast<float>(q)), m);
+#else
   return d * static_cast<float>(q) - m;
+#endif
 }
 
 // Q6_K: each half of 128 values reads 64 bytes of ql and 32 of qh. Within a half, value
