@@ -279,13 +279,18 @@ class _EmbropeVisionPositions(_EmbropePositions):
 
 # ------------------------------------------------------------------------ attention ----
 
-def _positions(position_embeddings: Any, op: str, shape: torch.Size) -> Tuple[Tensor, Tensor]:
+def _check_positions(position_embeddings: Any, op: str, module: str) -> None:
+    """What an attention module received from the rotary module is embrope's pair (integer
+    positions first), not HF's (cos, sin) from a module put back after patch()."""
     if (not isinstance(position_embeddings, tuple) or len(position_embeddings) != 2
             or position_embeddings[0].dtype not in (torch.int32, torch.int64)):
         raise _C.InvalidArgumentError(
             f"embrope.transformers: {op} received HF's cos/sin instead of embrope's positions; "
-            "the model's rotary module was replaced after patch() (call unpatch() and patch() "
-            "again)")
+            f"{module} was replaced after patch() (call unpatch() and patch() again)")
+
+
+def _positions(position_embeddings: Any, op: str, shape: torch.Size) -> Tuple[Tensor, Tensor]:
+    _check_positions(position_embeddings, op, "the model's rotary module")
     positions, table = position_embeddings
     batch, sequence = shape[0], shape[1]
     if positions.dim() == 2 and positions.shape[0] != batch:
@@ -437,12 +442,8 @@ def _vision_attention_forward(self: torch.nn.Module, hidden_states: Tensor, cu_s
     window per ``cu_seqlens`` span, no mask), with q and k rotated by embrope's axial RoPE
     on the patches' (row, column) positions, as the qkv projection wrote them."""
     state: _AttentionPatch = self._embrope_attention
-    if (not isinstance(position_embeddings, tuple) or len(position_embeddings) != 2
-            or position_embeddings[0].dtype not in (torch.int32, torch.int64)):
-        raise _C.InvalidArgumentError(
-            f"embrope.transformers: {type(self).__name__} received HF's cos/sin instead of "
-            "embrope's patch positions; the vision tower's rotary module was replaced after "
-            "patch() (call unpatch() and patch() again)")
+    _check_positions(position_embeddings, type(self).__name__,
+                     "the vision tower's rotary module")
     tokens = hidden_states.shape[0]
     q, k, v = self.qkv(hidden_states).reshape(tokens, 3, self.num_heads, -1).unbind(1)
     positions = torch.cat(position_embeddings, dim=1).T  # [2, T]: rows, columns

@@ -56,6 +56,17 @@ struct Buffer {
   }
 };
 
+// count int64 positions below max_positions, drawn from seed, into b's host copy (not uploaded).
+inline void fill_positions(Buffer& b, std::int64_t count, std::int64_t max_positions,
+                           std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::int64_t p =
+        static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(max_positions));
+    std::memcpy(b.host.data() + 8 * i, &p, 8);
+  }
+}
+
 inline float load_value(const unsigned char* base, DType dtype, std::int64_t i) {
   if (dtype == DType::float32) {
     float v;

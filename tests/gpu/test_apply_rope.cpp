@@ -299,11 +299,7 @@ TEST_CASE("GPU axial RoPE equals the CPU, with axial caches built on both", "[gp
           Buffer q(tokens * hq * d * es), k(tokens * hk * d * es), pos(streams * tokens * 8);
           fill_random(q, dtype, tokens * hq * d, 41 + tokens);
           fill_random(k, dtype, tokens * hk * d, 43 + tokens);
-          std::mt19937_64 rng(tokens + 7);
-          for (std::int64_t i = 0; i < streams * tokens; ++i) {
-            const std::int64_t p = static_cast<std::int64_t>(rng() % max_positions);
-            std::memcpy(pos.host.data() + 8 * i, &p, 8);
-          }
+          fill_positions(pos, streams * tokens, max_positions, tokens + 7);
           q.upload();
           k.upload();
           pos.upload();
@@ -708,11 +704,7 @@ LaunchSectors flux_shaped_launch(const embrope::RopeCache& cache, std::int64_t s
   Buffer q(tokens * heads * d * 2), k(tokens * heads * d * 2), pos(streams * tokens * 8);
   fill_random(q, dtype, tokens * heads * d, 3);
   fill_random(k, dtype, tokens * heads * d, 4);
-  std::mt19937_64 rng(5);
-  for (std::int64_t i = 0; i < streams * tokens; ++i) {
-    const std::int64_t p = static_cast<std::int64_t>(rng() % max_positions);
-    std::memcpy(pos.host.data() + 8 * i, &p, 8);
-  }
+  fill_positions(pos, streams * tokens, max_positions, 5);
   q.upload();
   k.upload();
   pos.upload();
