@@ -399,7 +399,7 @@ void launch_forward(const QkNormRopeParams& p, cudaStream_t stream) {
   const internal::RopeParams& r = p.rope;
   const std::int64_t rows = r.batch * r.seq * (r.q.heads + (r.has_k ? r.k.heads : 0));
   const dim3 block(kLanes, kNormBlockRows);
-  const unsigned grid = grid_for(rows, kNormBlockRows);
+  const unsigned grid = grid_for(rows, kNormBlockRows, kForwardThreads);
   if (fits_vector_path<T>(r.q, true, r.head_dim) && fits_vector_path<T>(r.k, r.has_k, r.head_dim)) {
     qk_norm_rope_kernel<T, C, true><<<grid, block, 0, stream>>>(p);
   } else {
@@ -413,7 +413,7 @@ void launch_append_kv(const internal::RopeAppendKvParams& p, cudaStream_t stream
   const internal::RopeParams& r = p.rope;
   const std::int64_t rows = r.batch * r.seq * (r.q.heads + 2 * r.k.heads);
   const dim3 block(kLanes, kNormBlockRows);
-  const unsigned grid = grid_for(rows, kNormBlockRows);
+  const unsigned grid = grid_for(rows, kNormBlockRows, kForwardThreads);
   if (fits_vector_path<T>(r.q, true, r.head_dim) && fits_vector_path<T>(r.k, true, r.head_dim)) {
     qk_norm_rope_append_kv_kernel<T, C, true><<<grid, block, 0, stream>>>(p);
   } else {
@@ -442,7 +442,7 @@ void launch_backward(const QkNormRopeParams& p, cudaStream_t stream) {
   if (blocks > 0) {
     const bool vector = fits_vector_path<T>(p.saved_q, true, r.head_dim) &&
                         fits_vector_path<T>(p.saved_k, r.has_k, r.head_dim);
-    const unsigned grid = grid_for(blocks, 1);
+    const unsigned grid = grid_for(blocks, 1, kLanes);
     if (vector) {
       qk_norm_rope_backward_kernel<T, C, true>
           <<<grid, kLanes, 0, stream>>>(p, partials.q, partials.k);
@@ -453,7 +453,7 @@ void launch_backward(const QkNormRopeParams& p, cudaStream_t stream) {
     check_launch("qk_norm_rope_backward_kernel");
   }
   if (weight_grads && r.head_dim > 0) {
-    qk_weight_grad_kernel<<<grid_for(2 * r.head_dim, 256), 256, 0, stream>>>(
+    qk_weight_grad_kernel<<<grid_for(2 * r.head_dim, 256, 256), 256, 0, stream>>>(
         p.q_weight_grad, partials.q, partials.q_chunks, p.k_weight_grad, partials.k,
         partials.k_chunks, r.head_dim);
     check_launch("qk_weight_grad_kernel");

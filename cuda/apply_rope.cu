@@ -125,10 +125,11 @@ void launch(const internal::RopeParams& p, cudaStream_t stream) {
       (internal::rope_rotated_heads(p) + (std::is_same_v<O, T> ? 0 : internal::rope_nope_heads(p)));
   const dim3 block(32, kWarpsPerBlock);
   if constexpr (std::is_same_v<O, T>) {
-    rope_kernel<T, C><<<grid_for(rows, kWarpsPerBlock), block, 0, stream>>>(p);
+    rope_kernel<T, C><<<grid_for(rows, kWarpsPerBlock, 32 * kWarpsPerBlock), block, 0, stream>>>(p);
     check_launch("rope_kernel");
   } else {
-    rope_quantized_kernel<T, C, O><<<grid_for(rows, kWarpsPerBlock), block, 0, stream>>>(p);
+    rope_quantized_kernel<T, C, O>
+        <<<grid_for(rows, kWarpsPerBlock, 32 * kWarpsPerBlock), block, 0, stream>>>(p);
     check_launch("rope_quantized_kernel");
   }
 }

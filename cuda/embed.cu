@@ -458,7 +458,7 @@ template <typename T>
 void launch_norm(const internal::EmbedParams& p, const SinusoidTable& sinusoids,
                  const NormFactors& factors, cudaStream_t stream) {
   const dim3 block(detail::kNormLanes, kNormBlockRows);
-  const unsigned grid = grid_for(p.rows, kNormBlockRows);
+  const unsigned grid = grid_for(p.rows, kNormBlockRows, detail::kNormLanes * kNormBlockRows);
   const bool sinusoidal = p.positions == PositionEncoding::sinusoidal;
   // A lane's 8 elements are whole vector accesses only when D is a multiple of 8 (for
   // float32, a multiple of 4 is not enough).
@@ -480,7 +480,7 @@ template <typename T, int W, int G>
 void launch_group(const internal::EmbedParams& p, const SinusoidTable& sinusoids,
                   cudaStream_t stream) {
   const dim3 block(G, kThreadsPerBlock / G);
-  const unsigned grid = grid_for(p.rows, kThreadsPerBlock / G);
+  const unsigned grid = grid_for(p.rows, kThreadsPerBlock / G, kThreadsPerBlock);
   if (p.positions == PositionEncoding::sinusoidal) {
     embed_kernel<T, W, G, true><<<grid, block, 0, stream>>>(p, sinusoids);
   } else {
@@ -528,15 +528,15 @@ CallTables make_call_tables(const internal::EmbedParams& p, std::optional<Worksp
   const TablePieces pieces = take_table_pieces(p, layout);
   if (pieces.freq != nullptr) {
     const std::int64_t half = p.dim / 2;
-    const dim3 grid(grid_for(half, kThreadsPerBlock),
+    const dim3 grid(grid_for(half, kThreadsPerBlock, kThreadsPerBlock),
                     static_cast<unsigned>(detail::kSinusoidBlock));
     sinusoid_table_kernel<<<grid, kThreadsPerBlock, 0, stream>>>(p.dim, p.sinusoid_base,
                                                                  pieces.freq, pieces.offset);
     check_launch("sinusoid_table_kernel");
   }
   if (pieces.weight != nullptr) {
-    norm_factor_kernel<<<grid_for(p.dim, kThreadsPerBlock), kThreadsPerBlock, 0, stream>>>(
-        p, pieces.weight, pieces.bias);
+    norm_factor_kernel<<<grid_for(p.dim, kThreadsPerBlock, kThreadsPerBlock), kThreadsPerBlock, 0,
+                         stream>>>(p, pieces.weight, pieces.bias);
     check_launch("norm_factor_kernel");
   }
   return {{pieces.freq, pieces.offset}, {pieces.weight, pieces.bias}};

@@ -596,12 +596,15 @@ Pieces plan(const KeyLayout& l, std::int64_t dim, char* base, cudaStream_t strea
 template <typename T, int W>
 void launch_reductions(const Params& p, const KeyLayout& l, const Pieces& w, cudaStream_t stream) {
   const dim3 block(32, kWarpsPerBlock);
-  partial_sums_kernel<T, W><<<grid_for(l.max_chunks, kWarpsPerBlock), block, 0, stream>>>(
-      p, w.offsets, w.run_starts, w.run_lengths, w.chunks, w.chunk_starts, w.num_runs, w.partials);
+  partial_sums_kernel<T, W>
+      <<<grid_for(l.max_chunks, kWarpsPerBlock, 32 * kWarpsPerBlock), block, 0, stream>>>(
+          p, w.offsets, w.run_starts, w.run_lengths, w.chunks, w.chunk_starts, w.num_runs,
+          w.partials);
   check_launch("partial_sums_kernel");
-  reduce_runs_kernel<T, W><<<grid_for(l.items, kWarpsPerBlock), block, 0, stream>>>(
-      p, l, w.offsets, w.run_keys, w.run_starts, w.run_lengths, w.chunks, w.chunk_starts,
-      w.num_runs, w.partials);
+  reduce_runs_kernel<T, W>
+      <<<grid_for(l.items, kWarpsPerBlock, 32 * kWarpsPerBlock), block, 0, stream>>>(
+          p, l, w.offsets, w.run_keys, w.run_starts, w.run_lengths, w.chunks, w.chunk_starts,
+          w.num_runs, w.partials);
   check_launch("reduce_runs_kernel");
 }
 
@@ -612,7 +615,7 @@ void deterministic(const Params& p, cudaStream_t stream) {
                             stream, "embed_backward");
   const Pieces w = plan(l, p.rows.dim, workspace.base(), stream);
 
-  keys_kernel<<<grid_for(l.items, 256), 256, 0, stream>>>(p, l, w.keys_in, w.offsets_in);
+  keys_kernel<<<grid_for(l.items, 256, 256), 256, 0, stream>>>(p, l, w.keys_in, w.offsets_in);
   check_launch("keys_kernel");
   std::size_t bytes = w.cub_bytes;
   check(cub::DeviceRadixSort::SortPairs(w.cub, bytes, w.keys_in, w.keys, w.offsets_in, w.offsets,
@@ -628,8 +631,8 @@ void deterministic(const Params& p, cudaStream_t stream) {
   bytes = w.cub_bytes;
   check(cub::DeviceScan::ExclusiveSum(w.cub, bytes, w.run_lengths, w.run_starts, l.items, stream),
         "cub::DeviceScan::ExclusiveSum (runs)");
-  count_chunks_kernel<<<grid_for(l.items, 256), 256, 0, stream>>>(l, w.run_keys, w.run_lengths,
-                                                                  w.num_runs, w.chunks);
+  count_chunks_kernel<<<grid_for(l.items, 256, 256), 256, 0, stream>>>(l, w.run_keys, w.run_lengths,
+                                                                       w.num_runs, w.chunks);
   check_launch("count_chunks_kernel");
   bytes = w.cub_bytes;
   check(cub::DeviceScan::ExclusiveSum(w.cub, bytes, w.chunks, w.chunk_starts, l.items, stream),
@@ -644,7 +647,7 @@ void deterministic(const Params& p, cudaStream_t stream) {
 template <typename T>
 void atomic(const Params& p, cudaStream_t stream) {
   const dim3 block(32, kWarpsPerBlock);
-  const unsigned grid = grid_for(p.rows.rows, kWarpsPerBlock);
+  const unsigned grid = grid_for(p.rows.rows, kWarpsPerBlock, 32 * kWarpsPerBlock);
   if (fits_vector_path<T>(p)) {
     atomic_kernel<T, kVec16<T>><<<grid, block, 0, stream>>>(p);
   } else {
@@ -703,7 +706,7 @@ void run_with_norm(const Params& p, cudaStream_t stream) {
   const std::int64_t dim = p.rows.dim;
   const std::int64_t chunks = detail::weight_grad_chunks(p.rows.rows);
   if (p.rows.rows > 0) {
-    norm_rows_kernel<<<grid_for(p.rows.rows, kNormBlockRows),
+    norm_rows_kernel<<<grid_for(p.rows.rows, kNormBlockRows, detail::kNormLanes * kNormBlockRows),
                        dim3(detail::kNormLanes, kNormBlockRows), 0, stream>>>(p, w.dx, w.stats);
     check_launch("norm_rows_kernel");
     if (w.weight_partials != nullptr || w.bias_partials != nullptr) {
@@ -717,7 +720,7 @@ void run_with_norm(const Params& p, cudaStream_t stream) {
   for (auto [partials, grad] : {std::pair{w.weight_partials, p.grad_norm_weight},
                                 std::pair{w.bias_partials, p.grad_norm_bias}}) {
     if (grad == nullptr) continue;
-    norm_gradients_kernel<<<grid_for(dim, 256), 256, 0, stream>>>(dim, chunks, partials, grad);
+    norm_gradients_kernel<<<grid_for(dim, 256, 256), 256, 0, stream>>>(dim, chunks, partials, grad);
     check_launch("norm_gradients_kernel");
   }
   if (p.rows.rows == 0) return;

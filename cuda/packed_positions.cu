@@ -138,7 +138,8 @@ void packed_positions(const internal::PackedPositionsParams& p, Device device, S
     check(cudaMemsetAsync(w.marks, 0, static_cast<std::size_t>(tokens) * sizeof(int), s),
           "cudaMemsetAsync");
   }
-  check_and_mark<<<grid_for(p.sequences + 1, kThreads), kThreads, 0, s>>>(p, w.marks, w.invalid);
+  check_and_mark<<<grid_for(p.sequences + 1, kThreads, kThreads), kThreads, 0, s>>>(p, w.marks,
+                                                                                    w.invalid);
   check_launch("check_and_mark");
   if (tokens > 0) {
     std::size_t bytes = w.scan_bytes;
@@ -150,7 +151,8 @@ void packed_positions(const internal::PackedPositionsParams& p, Device device, S
   const std::int64_t items =
       p.start_offsets != nullptr && p.sequences > tokens ? p.sequences : tokens;
   if (items > 0) {
-    write_positions<<<grid_for(items, kThreads), kThreads, 0, s>>>(p, w.sequence_of, w.invalid);
+    write_positions<<<grid_for(items, kThreads, kThreads), kThreads, 0, s>>>(p, w.sequence_of,
+                                                                             w.invalid);
     check_launch("write_positions");
   }
 }

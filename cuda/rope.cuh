@@ -165,7 +165,8 @@ __device__ __forceinline__ void store_rotated(std::int64_t first, std::int64_t h
 // most 256 threads: 40 rows of 8 threads make 2 passes of 20, not 32 then 8); one block per
 // token (grid x) when there are enough tokens to give every multiprocessor a few blocks,
 // otherwise each token's rows split over blocks (grid y, rows_per_split each) so that
-// decode-sized calls still spread over the GPU.
+// decode-sized calls still spread over the GPU; a grid of at most kGridWaves times what the
+// device holds at once, the blocks walking the tokens past it.
 struct RowsLaunch {
   dim3 grid, block;
   std::int64_t rows_per_split;
@@ -183,7 +184,10 @@ inline RowsLaunch rows_launch(std::int64_t tokens, std::int64_t rows, std::int64
   }
   RowsLaunch launch;
   launch.block = dim3(static_cast<unsigned>(threads_x), static_cast<unsigned>(rows_per_block));
-  launch.grid = dim3(static_cast<unsigned>(std::min<std::int64_t>(tokens, 1LL << 30)),
+  // Tokens past the grid are walked by its blocks (grid_for says why the grid is capped).
+  const std::int64_t max_blocks =
+      kGridWaves * multiprocessor_count() * blocks_per_multiprocessor(threads_x * rows_per_block);
+  launch.grid = dim3(static_cast<unsigned>(std::min(tokens, max_blocks)),
                      static_cast<unsigned>((rows + rows_per_split - 1) / rows_per_split));
   launch.rows_per_split = rows_per_split;
   return launch;

@@ -36,8 +36,8 @@ void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rot
   check(cudaMemcpyAsync(freqs, inv_freq, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
   constexpr int threads = 256;
   try {
-    build_rope_cache_kernel<<<grid_for(max_positions * (rotary_dim / 2), threads), threads, 0, s>>>(
-        table, max_positions, rotary_dim, freqs, attention_factor);
+    build_rope_cache_kernel<<<grid_for(max_positions * (rotary_dim / 2), threads, threads), threads,
+                              0, s>>>(table, max_positions, rotary_dim, freqs, attention_factor);
     check_launch("build_rope_cache_kernel");
   } catch (...) {
     cudaFreeAsync(freqs, s);

@@ -1,4 +1,5 @@
 // CUDA runtime services of the backend: devices, memory, copies, synchronisation.
+#include <algorithm>
 #include <atomic>
 #include <fmt/format.h>
 
@@ -76,22 +77,38 @@ void synchronize(Stream stream, Device device) {
   check(cudaStreamSynchronize(to_cuda(stream)), "cudaStreamSynchronize");
 }
 
-// The current device's multiprocessor count, queried once per device (decode-sized calls are
-// launch-bound, so their host path stays short).
-int multiprocessor_count() {
+namespace {
+
+// One attribute of the current device, queried once per device.
+template <cudaDeviceAttr kAttribute>
+int cached_attribute(const char* what) {
   constexpr int kCachedDevices = 64;
   static std::atomic<int> cached[kCachedDevices] = {};
-  int device = 0, count = 0;
+  int device = 0, value = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
   if (device >= 0 && device < kCachedDevices) {
-    count = cached[device].load(std::memory_order_relaxed);
-    if (count > 0) return count;
+    value = cached[device].load(std::memory_order_relaxed);
+    if (value > 0) return value;
   }
-  check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
-        "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&value, kAttribute, device), what);
   if (device >= 0 && device < kCachedDevices)
-    cached[device].store(count, std::memory_order_relaxed);
-  return count;
+    cached[device].store(value, std::memory_order_relaxed);
+  return value;
+}
+
+}  // namespace
+
+int multiprocessor_count() {
+  return cached_attribute<cudaDevAttrMultiProcessorCount>(
+      "cudaDeviceGetAttribute (multiprocessor count)");
+}
+
+std::int64_t blocks_per_multiprocessor(std::int64_t threads_per_block) {
+  constexpr std::int64_t kMaxBlocks = 32;  // sm_50 to sm_90
+  const std::int64_t threads = cached_attribute<cudaDevAttrMaxThreadsPerMultiProcessor>(
+      "cudaDeviceGetAttribute (threads per multiprocessor)");
+  const std::int64_t blocks = threads / std::max<std::int64_t>(1, threads_per_block);
+  return std::max<std::int64_t>(1, std::min(kMaxBlocks, blocks));
 }
 
 }  // namespace embrope::gpu
