@@ -117,6 +117,10 @@ class Memory {
   void fill_int64(const std::vector<std::int64_t>& host) {
     upload(host.data());
   }
+  void fill_bytes(unsigned char value) {
+    const std::vector<unsigned char> host(bytes_, value);
+    upload(host.data());
+  }
 
  private:
   void upload(const void* host) {
@@ -736,6 +740,82 @@ void register_all() {
   }
 }
 
+// embed from a quantized table of D 4096 (QuantizedTable; CPU only for now): the quantized
+// rows (and their scales) read, a bfloat16 row written, against a copy of the same bytes. The
+// data bytes are all 0x11 (finite, normal values in every format), the scales and zero points
+// hashed values.
+void embed_quantized_case(benchmark::State& state, embrope::QuantFormat format, std::int64_t dim,
+                          std::int64_t tokens) {
+  const std::int64_t vocab = g_full ? 128256 : 32000;
+  std::int64_t columns = dim, groups = 1;  // data columns (bytes), scales per row
+  DType data_dtype = DType::uint8;
+  bool zero_points = false;
+  switch (format) {
+    case embrope::QuantFormat::int8:
+      data_dtype = DType::int8;
+      break;
+    case embrope::QuantFormat::int4:
+      columns = dim / 2, groups = dim / 32, zero_points = true;
+      break;
+    case embrope::QuantFormat::float8_e4m3fn:
+      data_dtype = DType::float8_e4m3fn;
+      break;
+    case embrope::QuantFormat::gguf_q8_0:
+      columns = dim / 32 * 34, groups = 0;
+      break;
+    case embrope::QuantFormat::gguf_q4_k:
+      columns = dim / 256 * 144, groups = 0;
+      break;
+    default:  // gguf_q6_k
+      columns = dim / 256 * 210, groups = 0;
+      break;
+  }
+  Memory& data = shared(std::string("quant_data/") + std::to_string(columns), vocab * columns,
+                        [](Memory& m) { m.fill_bytes(0x11); });
+  embrope::QuantizedTable table;
+  table.format = format;
+  table.dim = dim;
+  table.data = Tensor(data.data(), data_dtype, {vocab, columns}, device());
+  std::int64_t scale_bytes = 0;
+  if (groups > 0) {
+    Memory& scales = shared_values("quant_scales", vocab * groups * 4, DType::float32);
+    table.scales = Tensor(scales.data(), DType::float32, {vocab, groups}, device());
+    scale_bytes = groups * 4;
+    if (zero_points) {
+      Memory& zp =
+          shared("quant_zero_points", vocab * groups, [](Memory& m) { m.fill_bytes(0x02); });
+      table.zero_points = Tensor(zp.data(), DType::int8, {vocab, groups}, device());
+      scale_bytes += groups;
+    }
+  }
+  Memory& ids = shared_indices("ids", tokens, vocab, false);
+  Memory& out = shared("out", tokens * dim * 2, [](Memory&) {});
+  const Tensor ti(ids.data(), DType::int64, {tokens}, device());
+  const Tensor to(out.data(), DType::bfloat16, {tokens, dim}, device());
+  const std::int64_t bytes = tokens * (columns + scale_bytes) + tokens * dim * 2;
+  run_timed(
+      state, [&, table] { embrope::embed(table, ti, to); }, bytes, Pattern::copy);
+}
+
+void register_embed_quantized() {
+  if (g_gpu) return;  // quantized tables are read on the CPU only for now
+  const std::pair<const char*, embrope::QuantFormat> formats[] = {
+      {"int8", embrope::QuantFormat::int8},
+      {"int4", embrope::QuantFormat::int4},
+      {"fp8e4m3", embrope::QuantFormat::float8_e4m3fn},
+      {"q8_0", embrope::QuantFormat::gguf_q8_0},
+      {"q4_k", embrope::QuantFormat::gguf_q4_k},
+      {"q6_k", embrope::QuantFormat::gguf_q6_k}};
+  for (const auto& [name, format] : formats) {
+    for (std::int64_t t : {std::int64_t{64}, std::int64_t{16384}}) {
+      if (!g_full && t != 16384) continue;
+      const embrope::QuantFormat f = format;
+      register_case(std::string("embed_quantized/") + name + "->bf16/D=4096/T=" + std::to_string(t),
+                    [=](benchmark::State& st) { embed_quantized_case(st, f, 4096, t); });
+    }
+  }
+}
+
 // embed + LayerNorm of [T, D] tokens with learned positions (BERT's embedding, without the
 // pre-norm output): token and position rows read, the normalised row written. Unfused
 // baseline inside embrope: the lookup with positions into a scratch [T, D], then a second
@@ -1350,6 +1430,7 @@ int main(int argc, char** argv) {
   }
   register_all();
   register_embed_norm();
+  register_embed_quantized();
   register_qk_norm_rope();
   register_backward();
   PctReporter<ProgressReporter> progress;

@@ -1,5 +1,5 @@
 // A libFuzzer target for the C API on the CPU: the input bytes are decoded into one call of
-// embrope_embed, embrope_apply_rope (multimodal sections included),
+// embrope_embed (or embrope_embed_quantized), embrope_apply_rope (multimodal sections included),
 // embrope_apply_rope_cos_sin, embrope_apply_rope_backward, embrope_packed_positions,
 // embrope_embed_backward, embrope_apply_qk_norm_rope (and its backward),
 // embrope_apply_rope_append_kv (paged and contiguous caches, float8; with the qk-norm first,
@@ -527,6 +527,36 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (in.u8() >= 128) o.pre_norm_out = call.tensor(ids_rank + 1, true, 0);
     }
     o.deferred = deferred;
+    // A quantized table (embrope_embed_quantized) instead: decided by a byte read after all the
+    // others, 0 (an input that ends before it) meaning the float table, so that older inputs
+    // decode as they did. Its data is a block read with 1-byte elements (a smaller extent),
+    // mostly in its format's dtype; D mostly what the data's columns hold; scales and zero
+    // points of any rank and dtype (zero points now and then int8).
+    if (in.u8() >= 192) {
+      const std::uint8_t f = in.u8();
+      const int format = f >= 250 ? static_cast<int>(in.u64()) : f % 8;
+      DLTensor* data = call.tensor(2, true, 0);
+      if (data != nullptr && in.chance(224)) {
+        data->dtype = format == EMBROPE_QUANT_INT8 ? DLDataType{kDLInt, 8, 1}
+                      : format == EMBROPE_QUANT_FLOAT8_E4M3FN ? DLDataType{10, 8, 1}
+                      : format == EMBROPE_QUANT_FLOAT8_E5M2   ? DLDataType{12, 8, 1}
+                                                              : DLDataType{kDLUInt, 8, 1};
+      }
+      std::int64_t dim = in.chance(32) ? in.extreme() : in.u8() % 12;
+      if (data != nullptr && data->ndim == 2 && data->shape != nullptr && in.chance(160)) {
+        dim = format == EMBROPE_QUANT_INT4 ? 2 * data->shape[1] : data->shape[1];
+      }
+      const DLTensor* scales = in.chance(200) ? call.tensor(in.u8() % 3, true, 0) : nullptr;
+      DLTensor* zero_points = in.chance(96) ? call.tensor(in.u8() % 3, true, 0) : nullptr;
+      if (zero_points != nullptr && in.chance(128)) zero_points->dtype = DLDataType{kDLInt, 8, 1};
+      const std::vector<unsigned char> before = call.snapshot();
+      embrope_quant_format_t q;
+      set_enum(q, format);
+      const embrope_status_t s = embrope_embed_quantized(q, data, dim, scales, zero_points, ids, out,
+                                                         with_options ? &o : nullptr, nullptr);
+      check("embrope_embed_quantized", s, before, call);
+      return 0;
+    }
     const std::vector<unsigned char> before = call.snapshot();
     const embrope_status_t s = embrope_embed(table, ids, out, with_options ? &o : nullptr, nullptr);
     check("embrope_embed", s, before, call);

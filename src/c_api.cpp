@@ -284,6 +284,58 @@ std::pair<embrope::KvCache, embrope::KvSlots> kv_cache_views(const char* fn,
   return {cache, slots};
 }
 
+// embed's options from the C struct (o may be NULL: the defaults).
+embrope::EmbedOptions embed_options_of(const char* fn, const embrope_embed_options_t* o,
+                                       void* stream) {
+  embrope::EmbedOptions options;
+  options.stream.handle = stream;
+  embrope_embed_options_t copy;
+  if (o != nullptr) {
+    copy = read_sized(fn, "options", o, embrope_embed_options_init_size);
+    o = &copy;
+    options.scale = o->scale;
+    options.vocab_start = o->vocab_start;
+    options.vocab_shard = o->vocab_shard != 0;
+    switch (raw_enum(o->positions)) {
+      case EMBROPE_POSITIONS_NONE:
+        options.positions = embrope::PositionEncoding::none;
+        break;
+      case EMBROPE_POSITIONS_LEARNED:
+        options.positions = embrope::PositionEncoding::learned;
+        break;
+      case EMBROPE_POSITIONS_SINUSOIDAL:
+        options.positions = embrope::PositionEncoding::sinusoidal;
+        break;
+      default:
+        fail(fn, fmt::format("positions {} is not an embrope_position_encoding_t",
+                             raw_enum(o->positions)));
+    }
+    const long long sinusoid_layout = raw_enum(o->sinusoid_layout);
+    if (sinusoid_layout != EMBROPE_SINUSOID_INTERLEAVED &&
+        sinusoid_layout != EMBROPE_SINUSOID_SPLIT) {
+      fail(fn,
+           fmt::format("sinusoid_layout {} is not an embrope_sinusoid_layout_t", sinusoid_layout));
+    }
+    options.sinusoid_base = o->sinusoid_base;
+    options.sinusoid_layout = sinusoid_layout == EMBROPE_SINUSOID_SPLIT
+                                  ? embrope::SinusoidLayout::split
+                                  : embrope::SinusoidLayout::interleaved;
+    options.position_table = to_optional(fn, "position_table", o->position_table);
+    options.position_ids = to_optional(fn, "position_ids", o->position_ids);
+    options.position_offsets = to_optional(fn, "position_offsets", o->position_offsets);
+    options.type_table = to_optional(fn, "type_table", o->type_table);
+    options.type_ids = to_optional(fn, "type_ids", o->type_ids);
+    if (o->deferred != nullptr) options.deferred = &o->deferred->status;
+    options.norm = normalization_of(fn, o->norm);
+    options.norm_weight = to_optional(fn, "norm_weight", o->norm_weight);
+    options.norm_bias = to_optional(fn, "norm_bias", o->norm_bias);
+    options.norm_eps = o->norm_eps;
+    options.norm_unit_offset = o->norm_unit_offset != 0;
+    options.pre_norm_out = to_optional(fn, "pre_norm_out", o->pre_norm_out);
+  }
+  return options;
+}
+
 }  // namespace
 
 extern "C" {
@@ -552,54 +604,54 @@ embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const
                                const embrope_embed_options_t* o, void* stream) {
   constexpr const char* fn = "embrope_embed";
   return guarded(fn, "embed", [&] {
-    embrope::EmbedOptions options;
-    options.stream.handle = stream;
-    embrope_embed_options_t copy;
-    if (o != nullptr) {
-      copy = read_sized(fn, "options", o, embrope_embed_options_init_size);
-      o = &copy;
-      options.scale = o->scale;
-      options.vocab_start = o->vocab_start;
-      options.vocab_shard = o->vocab_shard != 0;
-      switch (raw_enum(o->positions)) {
-        case EMBROPE_POSITIONS_NONE:
-          options.positions = embrope::PositionEncoding::none;
-          break;
-        case EMBROPE_POSITIONS_LEARNED:
-          options.positions = embrope::PositionEncoding::learned;
-          break;
-        case EMBROPE_POSITIONS_SINUSOIDAL:
-          options.positions = embrope::PositionEncoding::sinusoidal;
-          break;
-        default:
-          fail(fn, fmt::format("positions {} is not an embrope_position_encoding_t",
-                               raw_enum(o->positions)));
-      }
-      const long long sinusoid_layout = raw_enum(o->sinusoid_layout);
-      if (sinusoid_layout != EMBROPE_SINUSOID_INTERLEAVED &&
-          sinusoid_layout != EMBROPE_SINUSOID_SPLIT) {
-        fail(fn, fmt::format("sinusoid_layout {} is not an embrope_sinusoid_layout_t",
-                             sinusoid_layout));
-      }
-      options.sinusoid_base = o->sinusoid_base;
-      options.sinusoid_layout = sinusoid_layout == EMBROPE_SINUSOID_SPLIT
-                                    ? embrope::SinusoidLayout::split
-                                    : embrope::SinusoidLayout::interleaved;
-      options.position_table = to_optional(fn, "position_table", o->position_table);
-      options.position_ids = to_optional(fn, "position_ids", o->position_ids);
-      options.position_offsets = to_optional(fn, "position_offsets", o->position_offsets);
-      options.type_table = to_optional(fn, "type_table", o->type_table);
-      options.type_ids = to_optional(fn, "type_ids", o->type_ids);
-      if (o->deferred != nullptr) options.deferred = &o->deferred->status;
-      options.norm = normalization_of(fn, o->norm);
-      options.norm_weight = to_optional(fn, "norm_weight", o->norm_weight);
-      options.norm_bias = to_optional(fn, "norm_bias", o->norm_bias);
-      options.norm_eps = o->norm_eps;
-      options.norm_unit_offset = o->norm_unit_offset != 0;
-      options.pre_norm_out = to_optional(fn, "pre_norm_out", o->pre_norm_out);
-    }
+    const embrope::EmbedOptions options = embed_options_of(fn, o, stream);
     embrope::embed(to_tensor(fn, "table", table), to_tensor(fn, "ids", ids),
                    to_tensor(fn, "out", out), options);
+  });
+}
+
+embrope_status_t embrope_embed_quantized(embrope_quant_format_t format, const DLTensor* data,
+                                         int64_t dim, const DLTensor* scales,
+                                         const DLTensor* zero_points, const DLTensor* ids,
+                                         const DLTensor* out, const embrope_embed_options_t* o,
+                                         void* stream) {
+  constexpr const char* fn = "embrope_embed_quantized";
+  return guarded(fn, "embed", [&] {
+    embrope::QuantizedTable table;
+    switch (raw_enum(format)) {
+      case EMBROPE_QUANT_INT8:
+        table.format = embrope::QuantFormat::int8;
+        break;
+      case EMBROPE_QUANT_INT4:
+        table.format = embrope::QuantFormat::int4;
+        break;
+      case EMBROPE_QUANT_FLOAT8_E4M3FN:
+        table.format = embrope::QuantFormat::float8_e4m3fn;
+        break;
+      case EMBROPE_QUANT_FLOAT8_E5M2:
+        table.format = embrope::QuantFormat::float8_e5m2;
+        break;
+      case EMBROPE_QUANT_GGUF_Q8_0:
+        table.format = embrope::QuantFormat::gguf_q8_0;
+        break;
+      case EMBROPE_QUANT_GGUF_Q4_0:
+        table.format = embrope::QuantFormat::gguf_q4_0;
+        break;
+      case EMBROPE_QUANT_GGUF_Q4_K:
+        table.format = embrope::QuantFormat::gguf_q4_k;
+        break;
+      case EMBROPE_QUANT_GGUF_Q6_K:
+        table.format = embrope::QuantFormat::gguf_q6_k;
+        break;
+      default:
+        fail(fn, fmt::format("format {} is not an embrope_quant_format_t", raw_enum(format)));
+    }
+    table.data = to_tensor(fn, "table.data", data);
+    table.dim = dim;
+    table.scales = to_optional(fn, "table.scales", scales);
+    table.zero_points = to_optional(fn, "table.zero_points", zero_points);
+    const embrope::EmbedOptions options = embed_options_of(fn, o, stream);
+    embrope::embed(table, to_tensor(fn, "ids", ids), to_tensor(fn, "out", out), options);
   });
 }
 

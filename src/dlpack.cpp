@@ -100,7 +100,7 @@ const char* accepted_dtypes(std::string_view name) {
              "k_weight"})) {
     return "float32, float16 or bfloat16";
   }
-  return "float32, float16, bfloat16, int32, int64, float8_e4m3fn or float8_e5m2";
+  return "float32, float16, bfloat16, int32, int64, float8_e4m3fn, float8_e5m2, uint8 or int8";
 }
 
 DType to_dtype(const char* op, const char* name, DLDataType t) {
@@ -112,6 +112,8 @@ DType to_dtype(const char* op, const char* name, DLDataType t) {
     if (t.code == kDLInt && t.bits == 64) return DType::int64;
     if (t.code == kCodeFloat8E4M3fn && t.bits == 8) return DType::float8_e4m3fn;
     if (t.code == kCodeFloat8E5M2 && t.bits == 8) return DType::float8_e5m2;
+    if (t.code == kDLUInt && t.bits == 8) return DType::uint8;
+    if (t.code == kDLInt && t.bits == 8) return DType::int8;
   }
   fail(op, fmt::format("{} has dtype {} (DLPack dtype code {}, bits {}, lanes {}); it must be {} "
                        "with one lane",

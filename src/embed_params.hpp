@@ -39,8 +39,24 @@ EMBROPE_HD void row_offsets(const RowIndex& index, std::int64_t row, std::int64_
   }
 }
 
+// A quantized token table (embed with a QuantizedTable): data [V, row_stride bytes], and the
+// scales and zero points of its int8, int4 and float8 formats, one per group of group_size
+// values of a row (scale_stride: elements from a row's scales to the next; 0: one scale for
+// the table).
+struct QuantTable {
+  QuantFormat format = QuantFormat::int8;
+  const std::uint8_t* data = nullptr;
+  std::int64_t row_stride = 0;  // bytes
+  const void* scales = nullptr;
+  DType scale_dtype = DType::float32;
+  std::int64_t scale_stride = 0, group_size = 1;
+  const void* zero_points = nullptr;  // null: 0
+  DType zero_point_dtype = DType::float32;
+  std::int64_t zero_point_stride = 0;
+};
+
 struct EmbedParams {
-  DType dtype = DType::float32;  // of every table and of out
+  DType dtype = DType::float32;  // of out and of every float table
   std::int64_t rows = 0;         // number of ids
   std::int64_t dim = 0;          // D
   RowIndex index;
@@ -48,8 +64,9 @@ struct EmbedParams {
   DType id_dtype = DType::int64;
   void* out = nullptr;
 
-  const void* table = nullptr;
+  const void* table = nullptr;  // null: the token table is `quant`
   std::int64_t vocab_size = 0, table_stride = 0, vocab_start = 0;
+  QuantTable quant;
   bool vocab_shard = false;
   float scale = 1.0f;
 

@@ -24,6 +24,10 @@ const char* dtype_name(DType dtype) {
       return "float8_e4m3fn";
     case DType::float8_e5m2:
       return "float8_e5m2";
+    case DType::uint8:
+      return "uint8";
+    case DType::int8:
+      return "int8";
   }
   return "unknown";
 }

@@ -87,6 +87,12 @@ struct Region {
         std::memcpy(at(i), &c, 1);
         break;
       }
+      case DType::uint8:
+      case DType::int8: {  // the integer's two's-complement byte
+        const auto c = static_cast<std::uint8_t>(static_cast<std::int64_t>(v));
+        std::memcpy(at(i), &c, 1);
+        break;
+      }
     }
   }
   void set_index(std::int64_t i, std::int64_t v) const {

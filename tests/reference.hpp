@@ -268,6 +268,10 @@ class Buffer {
       case DType::int32:
       case DType::int64:
         return static_cast<double>(get_index(i));
+      case DType::uint8:
+        return static_cast<double>(static_cast<std::uint8_t>(bits(i)));
+      case DType::int8:
+        return static_cast<double>(static_cast<std::int8_t>(static_cast<std::uint8_t>(bits(i))));
     }
     return 0.0;
   }
@@ -294,6 +298,10 @@ class Buffer {
       case DType::int32:
       case DType::int64:
         set_index(i, static_cast<std::int64_t>(v));
+        break;
+      case DType::uint8:
+      case DType::int8:  // the integer's two's-complement byte
+        set_bits(i, static_cast<std::uint8_t>(static_cast<std::int64_t>(v)));
         break;
     }
   }

@@ -285,7 +285,7 @@ std::vector<RopeCase> rope_cases() {
         tables);
     for (const DLDataType d :
          {DLDataType{kDLFloat, 32, 2}, DLDataType{kDLFloat, 64, 1}, DLDataType{kDLUInt, 64, 1},
-          DLDataType{kDLInt, 8, 1}, DLDataType{kDLBfloat, 16, 4}, DLDataType{kDLFloat, 0, 1}}) {
+          DLDataType{kDLInt, 16, 1}, DLDataType{kDLBfloat, 16, 4}, DLDataType{kDLFloat, 0, 1}}) {
       add(
           name + " has DLPack dtype code " + std::to_string(d.code) + " bits " +
               std::to_string(d.bits) + " lanes " + std::to_string(d.lanes),

@@ -475,6 +475,45 @@ TEST_CASE("embrope_apply_rope status codes and messages", "[c_api][rope][errors]
 
 // ------------------------------------------------------------------ embed ----------------
 
+TEST_CASE("embrope_embed_quantized reads an int4 table with group scales and zero points",
+          "[c_api][embed][quant]") {
+  // Two rows of D 4 packed as ExecuTorch packs them (q = [-4, -4, -1, -2] -> 0x44, 0x76; row 1
+  // q = [-8, 0, 0, 7]), scales and int8 zero points per group of 2.
+  ref::Buffer data(DType::uint8, 4), scales(DType::float32, 4), zps(DType::int8, 4);
+  const std::uint8_t bytes[] = {0x44, 0x76, 0x08, 0x8f};
+  const double scale[] = {0.5, 0.25, 2.0, 0.125}, zp[] = {1, -2, 0, 3};
+  for (int i = 0; i < 4; ++i) {
+    data.set_bits(i, bytes[i]);
+    scales.set(i, scale[i]);
+    zps.set(i, zp[i]);
+  }
+  ref::Buffer ids(DType::int64, 3), out(DType::float32, 3 * 4);
+  const std::int64_t id[] = {1, 0, 1};
+  for (int i = 0; i < 3; ++i) ids.set_index(i, id[i]);
+  ref::poison(out);
+  DL dd(data, {2, 2}), sd(scales, {2, 2}), zd(zps, {2, 2}), idd(ids, {3}), od(out, {3, 4});
+  embrope_embed_options_t opt;
+  embrope_embed_options_init(&opt);
+  opt.scale = 2.0f;
+  REQUIRE(embrope_embed_quantized(EMBROPE_QUANT_INT4, &dd.t, 4, &sd.t, &zd.t, &idd.t, &od.t, &opt,
+                                  nullptr) == EMBROPE_OK);
+  const double q[2][4] = {{-4, -4, -1, -2}, {-8, 0, 0, 7}};
+  for (int r = 0; r < 3; ++r) {
+    for (int j = 0; j < 4; ++j) {
+      const std::int64_t row = id[r], g = row * 2 + j / 2;
+      INFO("row " << r << " element " << j);
+      CHECK(out.get(r * 4 + j) == 2.0 * (q[row][j] - zp[g]) * scale[g]);
+    }
+  }
+  // A format that is not one, and GGUF with scales: errors naming the function and the rule.
+  CHECK(embrope_embed_quantized(static_cast<embrope_quant_format_t>(9), &dd.t, 4, &sd.t, nullptr,
+                                &idd.t, &od.t, nullptr, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK(ref::mentions(embrope_last_error(), "embrope_embed_quantized"));
+  CHECK(std::string(embrope_last_error()).find("embrope_quant_format_t") != std::string::npos);
+  CHECK(embrope_embed_quantized(EMBROPE_QUANT_GGUF_Q8_0, &dd.t, 4, &sd.t, nullptr, &idd.t, &od.t,
+                                nullptr, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+}
+
 TEST_CASE("embrope_embed on DLTensors matches the float64 reference", "[c_api][embed]") {
   const DType dtype = GENERATE(DType::float32, DType::float16, DType::bfloat16);
   const DType id_dtype = GENERATE(DType::int32, DType::int64);

@@ -315,7 +315,7 @@ std::vector<EmbedCase> embed_cases() {
         {"bits", DLDataType{kDLInt, 7, 1}},           {"bits", DLDataType{kDLBfloat, 32, 1}},
         {"code", DLDataType{kDLUInt, 32, 1}},         {"code", DLDataType{kDLUInt, 64, 1}},
         {"code", DLDataType{kDLOpaqueHandle, 64, 1}}, {"code", DLDataType{kDLComplex, 64, 1}},
-        {"code", DLDataType{kDLUInt, 8, 1}},          {"code", DLDataType{200, 32, 1}},
+        {"code", DLDataType{kDLUInt, 16, 1}},         {"code", DLDataType{200, 32, 1}},
     };
     for (const auto& [what, dt] : dl_wrong) {
       const DLDataType d = dt;

@@ -7,32 +7,17 @@
 
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "embrope/detail/quant_math.hpp"
+#include "gguf_vectors.hpp"
 
 namespace {
 
 using embrope::detail::GgufBlock;
 
-std::vector<std::uint8_t> from_hex(const std::string& hex) {
-  std::vector<std::uint8_t> bytes(hex.size() / 2);
-  for (std::size_t i = 0; i < bytes.size(); ++i) {
-    bytes[i] = static_cast<std::uint8_t>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
-  }
-  return bytes;
-}
-
-const nlohmann::json& gguf_vectors() {
-  static const nlohmann::json vectors = [] {
-    std::ifstream in(std::string(EMBROPE_TEST_DATA_DIR) + "/gguf/blocks.json");
-    REQUIRE(in.good());
-    return nlohmann::json::parse(in);
-  }();
-  return vectors;
-}
+using gguf_vectors::from_hex;
 
 }  // namespace
 
@@ -42,8 +27,8 @@ TEST_CASE("GGUF block values equal the gguf package's dequantize bit for bit", "
                                                        {"Q4_K", GgufBlock::q4_k},
                                                        {"Q6_K", GgufBlock::q6_k}};
   for (const auto& [name, format] : formats) {
-    INFO(name << " (gguf " << gguf_vectors()["gguf_version"].get<std::string>() << ")");
-    const nlohmann::json& case_ = gguf_vectors()[name];
+    INFO(name << " (gguf " << gguf_vectors::all()["gguf_version"].get<std::string>() << ")");
+    const nlohmann::json& case_ = gguf_vectors::all()[name];
     const std::vector<std::uint8_t> blocks = from_hex(case_["blocks"].get<std::string>());
     const std::vector<std::uint32_t> want = case_["values"].get<std::vector<std::uint32_t>>();
     const int values = embrope::detail::gguf_block_values(format);

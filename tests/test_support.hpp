@@ -45,6 +45,10 @@ inline DLDataType dl_dtype(embrope::DType d) {
       return DLDataType{10, 8, 1};  // DLPack 1.1 kDLFloat8_e4m3fn
     case embrope::DType::float8_e5m2:
       return DLDataType{12, 8, 1};  // DLPack 1.1 kDLFloat8_e5m2
+    case embrope::DType::uint8:
+      return DLDataType{kDLUInt, 8, 1};
+    case embrope::DType::int8:
+      return DLDataType{kDLInt, 8, 1};
   }
   return DLDataType{kDLOpaqueHandle, 0, 0};  // not an embrope dtype
 }

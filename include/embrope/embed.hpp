@@ -71,6 +71,37 @@ struct EmbedOptions {
 EMBROPE_EXPORT void embed(const Tensor& table, const Tensor& ids, const Tensor& out,
                           const EmbedOptions& options = {});
 
+// A token table of V rows of D values, stored quantized (QuantFormat says how), read in place:
+// a row's values are dequantized to float32 in the lookup's pass.
+struct QuantizedTable {
+  QuantFormat format = QuantFormat::int8;
+  // [V, C], C the row's elements or bytes, C contiguous (any row stride):
+  //   int8: int8 [V, D]; int4: uint8 [V, D / 2] (D even); float8_*: that float8 dtype [V, D];
+  //   gguf_*: uint8 [V, D / 32 * 34] (Q8_0), [V, D / 32 * 18] (Q4_0), [V, D / 256 * 144] (Q4_K)
+  //   or [V, D / 256 * 210] (Q6_K), D a multiple of the block's values. Blocks need no alignment.
+  Tensor data;
+  std::int64_t dim = 0;  // D
+  // int8, int4 and float8 formats: float32, float16 or bfloat16, shaped
+  //   [V] or [V, 1]:  one scale per row;
+  //   [V, G]:         one per group of D / G consecutive values of a row (G divides D);
+  //   [], [1], [1, 1]: one for the whole table.
+  // GGUF formats keep their scales in their blocks: absent.
+  std::optional<Tensor> scales;
+  // int8 and int4: a zero point per scale, shaped like scales, float32, float16, bfloat16,
+  // int8 or int32 (torchao keeps int8, ExecuTorch the scales' dtype). Absent: 0.
+  std::optional<Tensor> zero_points;
+};
+
+// embed with a quantized token table: every option of the float table's embed (scale,
+// positions, types, norm, vocab shards, deferred bad-index reports) and its order of operations,
+// the token row's value x read as its format dequantizes it (QuantFormat; then scale * x, the
+// positional and type rows added, the norm). out is float32, float16 or bfloat16 and chooses
+// the dtype of position_table, type_table, and of norm_weight / norm_bias / pre_norm_out where
+// they are not float32. There is no backward for quantized tables (embed_backward takes a
+// float gradient table). CPU tensors only in this version.
+EMBROPE_EXPORT void embed(const QuantizedTable& table, const Tensor& ids, const Tensor& out,
+                          const EmbedOptions& options = {});
+
 // ------------------------------------------------------------------ embed_backward ----
 
 struct EmbedBackwardOptions {

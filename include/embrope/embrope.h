@@ -377,6 +377,28 @@ EMBROPE_API embrope_status_t embrope_embed(const DLTensor* table, const DLTensor
                                            const DLTensor* out,
                                            const embrope_embed_options_t* options, void* stream);
 
+/* How a quantized token table stores its rows (embed.hpp, QuantFormat; docs/ops.md). */
+typedef enum embrope_quant_format_t {
+  EMBROPE_QUANT_INT8 = 0,          /* int8 [V, D]: (q - zero_point) * scale */
+  EMBROPE_QUANT_INT4 = 1,          /* uint8 [V, D/2], ExecuTorch's embedding_4bit packing */
+  EMBROPE_QUANT_FLOAT8_E4M3FN = 2, /* float8_e4m3fn [V, D]: q * scale */
+  EMBROPE_QUANT_FLOAT8_E5M2 = 3,   /* float8_e5m2 [V, D]: q * scale */
+  EMBROPE_QUANT_GGUF_Q8_0 = 4,     /* uint8 [V, D/32 * 34], llama.cpp's blocks */
+  EMBROPE_QUANT_GGUF_Q4_0 = 5,     /* uint8 [V, D/32 * 18] */
+  EMBROPE_QUANT_GGUF_Q4_K = 6,     /* uint8 [V, D/256 * 144] */
+  EMBROPE_QUANT_GGUF_Q6_K = 7      /* uint8 [V, D/256 * 210] */
+} embrope_quant_format_t;
+
+/* embrope_embed from a quantized token table: data [V, C] in the format's dtype (DLPack uint8,
+ * int8 or float8), D values per row; scales (int8, int4, float8: one element, [V], [V, 1] or
+ * [V, G]; float32, float16 or bfloat16) and zero points (int8, int4: like scales; float or int8
+ * or int32), NULL where absent. out (float32, float16 or bfloat16) chooses the value dtype of the
+ * call's other tables. CPU tensors only in this version. */
+EMBROPE_API embrope_status_t embrope_embed_quantized(
+    embrope_quant_format_t format, const DLTensor* data, int64_t dim, const DLTensor* scales,
+    const DLTensor* zero_points, const DLTensor* ids, const DLTensor* out,
+    const embrope_embed_options_t* options, void* stream);
+
 /* ------------------------------------------------------------ backward passes ----- */
 
 typedef enum embrope_backward_mode_t {

@@ -10,8 +10,9 @@
 EMBROPE_BEGIN_NAMESPACE
 
 // float8_e4m3fn and float8_e5m2 (OCP 8-bit floating point, as in PyTorch and CUDA's
-// cuda_fp8.h) are storage formats: of KV caches (apply_rope_append_kv.hpp) and of
-// apply_rope's quantized outputs (apply_rope.hpp).
+// cuda_fp8.h) are storage formats: of KV caches (apply_rope_append_kv.hpp), of apply_rope's
+// quantized outputs (apply_rope.hpp) and of quantized embedding tables (embed.hpp). uint8 and
+// int8 hold quantized tables' bytes and values, and zero points (QuantizedTable).
 enum class DType : std::uint8_t {
   float32,
   float16,
@@ -19,15 +20,19 @@ enum class DType : std::uint8_t {
   int32,
   int64,
   float8_e4m3fn,
-  float8_e5m2
+  float8_e5m2,
+  uint8,
+  int8
 };
 
 // Bytes per element of a dtype.
 constexpr int dtype_size(DType dtype) {
-  return dtype == DType::float16 || dtype == DType::bfloat16            ? 2
-         : dtype == DType::int64                                        ? 8
-         : dtype == DType::float8_e4m3fn || dtype == DType::float8_e5m2 ? 1
-                                                                        : 4;
+  return dtype == DType::float16 || dtype == DType::bfloat16 ? 2
+         : dtype == DType::int64                             ? 8
+         : dtype == DType::float8_e4m3fn || dtype == DType::float8_e5m2 || dtype == DType::uint8 ||
+                 dtype == DType::int8
+             ? 1
+             : 4;
 }
 constexpr bool is_value_dtype(DType d) {
   return d == DType::float32 || d == DType::float16 || d == DType::bfloat16;
@@ -104,6 +109,27 @@ enum class RopeScaling : std::uint8_t {
   yarn,      // Peng et al. 2023: ramp between interpolated and original frequencies
   llama3,    // Llama 3.1: low frequencies / factor, high kept, a smooth band between
   longrope,  // Phi-3 (Ding et al. 2024): per-frequency short or long factors
+};
+
+// embed with a QuantizedTable (embed.hpp): how the token table's rows are stored. Each value
+// is dequantized to float32 in the lookup's pass (detail/quant_math.hpp).
+enum class QuantFormat : std::uint8_t {
+  // int8 values, one per byte: x = (q - zero_point) * scale (ExecuTorch's embedding_byte,
+  // torchao's int8 weight-only embedding).
+  int8,
+  // int4 values in [-8, 7], two per byte, ExecuTorch's embedding_4bit packing: the even
+  // element in the high nibble, each stored plus 8. x = (q - zero_point) * scale.
+  int4,
+  // float8 values: x = float(q) * scale (torchao's float8 weight-only tables).
+  float8_e4m3fn,
+  float8_e5m2,
+  // llama.cpp's GGUF blocks, as a .gguf file stores token_embd.weight: their scales are in
+  // the blocks. 32 values in 34 bytes (Q8_0) or 18 (Q4_0); 256 values in 144 (Q4_K) or 210
+  // (Q6_K).
+  gguf_q8_0,
+  gguf_q4_0,
+  gguf_q4_k,
+  gguf_q6_k,
 };
 
 // embed_backward: how a GPU sums the grad_out rows that share a table row (the CPU path is

@@ -32,6 +32,7 @@ from ._embrope import (
     __version__,
 )
 from ._models import model_config_from_hf, model_preset, model_presets
+from ._quant import QuantizedTable
 from ._rope import (
     apply_qk_norm_rope,
     apply_qk_norm_rope_append_kv,
@@ -61,7 +62,7 @@ def cuda_device_count() -> int:
 __all__ = [
     "BadIndexError", "CudaError", "DeferredStatus", "Error", "InternalError",
     "InvalidArgumentError", "ModelConfig", "NotAvailableError", "OutOfMemoryError",
-    "RopeCache", "RopeConfig", "apply_qk_norm_rope", "apply_qk_norm_rope_append_kv", "apply_qk_norm_rope_backward", "apply_rope", "apply_rope_append_kv", "apply_rope_backward",
+    "QuantizedTable", "RopeCache", "RopeConfig", "apply_qk_norm_rope", "apply_qk_norm_rope_append_kv", "apply_qk_norm_rope_backward", "apply_rope", "apply_rope_append_kv", "apply_rope_backward",
     "cpu_isa",
     "cuda_device_count",
     "embed", "embed_backward", "embed_backward_workspace_size", "model_config_from_hf",

@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 from . import _arrays, _native, _status
 from . import _embrope as _C
+from ._quant import QuantizedTable
 
 
 def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_start: int = 0,
@@ -24,8 +25,12 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
 
     Parameters
     ----------
-    table : array [V, D]
-        float32, float16 or bfloat16.
+    table : array [V, D] or QuantizedTable
+        float32, float16 or bfloat16; or a quantized table (:class:`QuantizedTable`: int8,
+        int4, float8 or GGUF blocks), dequantized in the same pass. With a quantized table
+        `out` chooses the value dtype (allocated: :meth:`QuantizedTable.default_dtype`), and
+        the position and type tables, weight, bias and pre-norm output are in it (or float32
+        where the float table's embed allows float32).
     ids : array of int32 / int64, any shape and strides
     out : array [*ids.shape, D], optional
         Written in place; absent, allocated in the table's framework and on its device.
@@ -86,7 +91,9 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
         id outside its table after the other rows are written (its row zero-filled).
     """
     op = "embed"
-    _arrays.check_array(op, "table", table)
+    quantized = isinstance(table, QuantizedTable)
+    if not quantized:
+        _arrays.check_array(op, "table", table)
     _arrays.check_array(op, "ids", ids)
     for name, value in (("position_table", position_table), ("position_ids", position_ids),
                         ("position_offsets", position_offsets), ("type_table", type_table),
@@ -100,30 +107,36 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
         position_table=position_table, sinusoid_base=sinusoid_base,
         sinusoid_layout=sinusoid_layout, norm=norm, norm_eps=norm_eps,
         norm_unit_offset=norm_unit_offset).options(op)
+    # Outputs are allocated after the table (a quantized table's data), in its framework.
+    like = table.data if quantized else table
+    dtype = table.default_dtype() if quantized else None
     allocated = out is None
     if allocated:
-        table_shape = _arrays.shape_of(table)
+        table_shape = table.shape if quantized else _arrays.shape_of(table)
         if len(table_shape) != 2:
             raise _C.InvalidArgumentError(
                 f"{op}: table has shape {list(table_shape)}; it must be [V, D]")
-        out = _arrays.empty_like(op, table, _arrays.shape_of(ids) + (table_shape[1],))
+        out = _arrays.empty_like(op, like, _arrays.shape_of(ids) + (table_shape[1],), dtype)
     _arrays.check_writable(op, "out", out)
     pre_allocated = return_pre_norm and pre_norm_out is None
     if pre_allocated:
-        pre_norm_out = _arrays.empty_like(op, table, _arrays.shape_of(out))
+        pre_norm_out = _arrays.empty_like(op, like, _arrays.shape_of(out), out.dtype)
     if pre_norm_out is not None:
         _arrays.check_writable(op, "pre_norm_out", pre_norm_out)
+    arrays = dict(options=options, position_table=position_table, position_ids=position_ids,
+                  position_offsets=position_offsets, type_table=type_table, type_ids=type_ids,
+                  norm_weight=norm_weight, norm_bias=norm_bias, pre_norm_out=pre_norm_out,
+                  deferred=_status.native(deferred), stream=_arrays.stream_handle(stream, like))
     with _arrays.writes(out, pre_norm_out):
-        _native.call(_C.embed, table, ids, out, options=options,
-                     position_table=position_table, position_ids=position_ids,
-                     position_offsets=position_offsets, type_table=type_table, type_ids=type_ids,
-                     norm_weight=norm_weight, norm_bias=norm_bias, pre_norm_out=pre_norm_out,
-                     deferred=_status.native(deferred),
-                     stream=_arrays.stream_handle(stream, table))
+        if quantized:
+            _native.call(_C.embed_quantized, _C.QuantFormat.__members__[table.format], table.data,
+                         table.dim, table.scales, table.zero_points, ids, out, **arrays)
+        else:
+            _native.call(_C.embed, table, ids, out, **arrays)
     if allocated:
-        out = _arrays.to_framework(table, out)
+        out = _arrays.to_framework(like, out)
     if pre_allocated:
-        pre_norm_out = _arrays.to_framework(table, pre_norm_out)
+        pre_norm_out = _arrays.to_framework(like, pre_norm_out)
     return (out, pre_norm_out) if return_pre_norm else out
 
 

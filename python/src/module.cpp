@@ -167,6 +167,15 @@ void bind_enums(nb::module_& m) {
   nb::enum_<embrope::SinusoidLayout>(m, "SinusoidLayout")
       .value("interleaved", embrope::SinusoidLayout::interleaved)
       .value("split", embrope::SinusoidLayout::split);
+  nb::enum_<embrope::QuantFormat>(m, "QuantFormat")
+      .value("int8", embrope::QuantFormat::int8)
+      .value("int4", embrope::QuantFormat::int4)
+      .value("float8_e4m3fn", embrope::QuantFormat::float8_e4m3fn)
+      .value("float8_e5m2", embrope::QuantFormat::float8_e5m2)
+      .value("gguf_q8_0", embrope::QuantFormat::gguf_q8_0)
+      .value("gguf_q4_0", embrope::QuantFormat::gguf_q4_0)
+      .value("gguf_q4_k", embrope::QuantFormat::gguf_q4_k)
+      .value("gguf_q6_k", embrope::QuantFormat::gguf_q6_k);
   nb::enum_<embrope::BackwardMode>(m, "BackwardMode")
       .value("deterministic", embrope::BackwardMode::deterministic)
       .value("atomic", embrope::BackwardMode::atomic);
@@ -626,7 +635,40 @@ void bind_append_kv_op(nb::module_& m) {
 
 // --------------------------------------------------------------------- embed family ----
 
-void bind_embed(nb::module_& m) {
+// embed's options with the optional arrays of a call (every embed binding takes them).
+embrope::EmbedOptions embed_options(
+    const char* op, const embrope::EmbedOptions& settings, const OptionalArray& position_table,
+    const OptionalArray& position_ids, const OptionalArray& position_offsets,
+    const OptionalArray& type_table, const OptionalArray& type_ids,
+    const OptionalArray& norm_weight, const OptionalArray& norm_bias,
+    const OptionalArray& pre_norm_out, embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+  embrope::EmbedOptions o = settings;
+  o.position_table = view(position_table, op, "position_table");
+  o.position_ids = view(position_ids, op, "position_ids");
+  o.position_offsets = view(position_offsets, op, "position_offsets");
+  o.type_table = view(type_table, op, "type_table");
+  o.type_ids = view(type_ids, op, "type_ids");
+  o.norm_weight = view(norm_weight, op, "norm_weight");
+  o.norm_bias = view(norm_bias, op, "norm_bias");
+  o.pre_norm_out = view(pre_norm_out, op, "pre_norm_out");
+  o.deferred = deferred;
+  o.stream = stream_of(stream);
+  return o;
+}
+
+// The keyword arguments of embed_options, after a binding's own.
+auto embed_option_arguments() {
+  return std::make_tuple(
+      nb::kw_only(), "options"_a = embrope::EmbedOptions{}, "position_table"_a.none() = nb::none(),
+      "position_ids"_a.none() = nb::none(), "position_offsets"_a.none() = nb::none(),
+      "type_table"_a.none() = nb::none(), "type_ids"_a.none() = nb::none(),
+      "norm_weight"_a.none() = nb::none(), "norm_bias"_a.none() = nb::none(),
+      "pre_norm_out"_a.none() = nb::none(), "deferred"_a.none() = nb::none(),
+      "stream"_a = std::uintptr_t{0});
+}
+
+template <typename... Options>
+void bind_embed_ops(nb::module_& m, const Options&... options) {
   m.def(
       "embed",
       [](const Array& table, const Array& ids, const Array& out,
@@ -640,26 +682,45 @@ void bind_embed(nb::module_& m) {
         const Tensor table_view = view(table, op, "table");
         const Tensor ids_view = view(ids, op, "ids");
         const Tensor out_view = view(out, op, "out");
-        embrope::EmbedOptions o = settings;
-        o.position_table = view(position_table, op, "position_table");
-        o.position_ids = view(position_ids, op, "position_ids");
-        o.position_offsets = view(position_offsets, op, "position_offsets");
-        o.type_table = view(type_table, op, "type_table");
-        o.type_ids = view(type_ids, op, "type_ids");
-        o.norm_weight = view(norm_weight, op, "norm_weight");
-        o.norm_bias = view(norm_bias, op, "norm_bias");
-        o.pre_norm_out = view(pre_norm_out, op, "pre_norm_out");
-        o.deferred = deferred;
-        o.stream = stream_of(stream);
+        const embrope::EmbedOptions o =
+            embed_options(op, settings, position_table, position_ids, position_offsets, type_table,
+                          type_ids, norm_weight, norm_bias, pre_norm_out, deferred, stream);
         nb::gil_scoped_release nogil;
         embrope::embed(table_view, ids_view, out_view, o);
       },
-      "table"_a, "ids"_a, "out"_a, nb::kw_only(), "options"_a = embrope::EmbedOptions{},
-      "position_table"_a.none() = nb::none(), "position_ids"_a.none() = nb::none(),
-      "position_offsets"_a.none() = nb::none(), "type_table"_a.none() = nb::none(),
-      "type_ids"_a.none() = nb::none(), "norm_weight"_a.none() = nb::none(),
-      "norm_bias"_a.none() = nb::none(), "pre_norm_out"_a.none() = nb::none(),
-      "deferred"_a.none() = nb::none(), "stream"_a = std::uintptr_t{0});
+      "table"_a, "ids"_a, "out"_a, options...);
+  // embed from a quantized table: its format, D and arrays (QuantizedTable), then embed's.
+  m.def(
+      "embed_quantized",
+      [](embrope::QuantFormat format, const Array& data, std::int64_t dim,
+         const OptionalArray& scales, const OptionalArray& zero_points, const Array& ids,
+         const Array& out, const embrope::EmbedOptions& settings,
+         const OptionalArray& position_table, const OptionalArray& position_ids,
+         const OptionalArray& position_offsets, const OptionalArray& type_table,
+         const OptionalArray& type_ids, const OptionalArray& norm_weight,
+         const OptionalArray& norm_bias, const OptionalArray& pre_norm_out,
+         embrope::DeferredStatus* deferred, std::uintptr_t stream) {
+        const char* op = "embed";
+        embrope::QuantizedTable table;
+        table.format = format;
+        table.data = view(data, op, "table.data");
+        table.dim = dim;
+        table.scales = view(scales, op, "table.scales");
+        table.zero_points = view(zero_points, op, "table.zero_points");
+        const Tensor ids_view = view(ids, op, "ids");
+        const Tensor out_view = view(out, op, "out");
+        const embrope::EmbedOptions o =
+            embed_options(op, settings, position_table, position_ids, position_offsets, type_table,
+                          type_ids, norm_weight, norm_bias, pre_norm_out, deferred, stream);
+        nb::gil_scoped_release nogil;
+        embrope::embed(table, ids_view, out_view, o);
+      },
+      "format"_a, "data"_a, "dim"_a, "scales"_a.none(), "zero_points"_a.none(), "ids"_a, "out"_a,
+      options...);
+}
+
+void bind_embed(nb::module_& m) {
+  std::apply([&](auto&&... options) { bind_embed_ops(m, options...); }, embed_option_arguments());
 }
 
 // embed_backward and its workspace query: the same arguments, the query without the

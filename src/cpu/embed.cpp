@@ -6,6 +6,7 @@
 // the vector body (embed.inc, for AVX2 + F16C or AVX-512, chosen at run time by isa.hpp),
 // with the portable path's bits.
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <optional>
 #include <type_traits>
@@ -14,6 +15,7 @@
 #include "../backend.hpp"
 #include "../dispatch.hpp"
 #include "../embed_row.hpp"
+#include "../quant_row.hpp"
 #include "embrope/detail/norm_math.hpp"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/sinusoid.hpp"
@@ -37,7 +39,9 @@ struct EmbedSources {
 template <typename T>
 EmbedSources<T> embed_sources(const internal::EmbedParams& p, const internal::EmbedRow& r) {
   EmbedSources<T> s;
-  if (r.token_hit) s.token = static_cast<const T*>(p.table) + r.token * p.table_stride;
+  if (r.token_hit && p.table != nullptr) {
+    s.token = static_cast<const T*>(p.table) + r.token * p.table_stride;
+  }
   if (p.position_table != nullptr) {
     s.position = static_cast<const T*>(p.position_table) + r.position * p.position_table_stride;
   }
@@ -46,6 +50,9 @@ EmbedSources<T> embed_sources(const internal::EmbedParams& p, const internal::Em
   }
   return s;
 }
+
+// dequantize_row, portable (the vector bodies compile it again for their instruction sets).
+#include "dequantize_row.inc"
 
 #define EMBROPE_VECTOR_BODY "embed.inc"
 #include "vector_bodies.hpp"
@@ -59,11 +66,12 @@ struct VectorBody {  // embed.inc of one instruction set
   void (*sum_row_f32)(const internal::EmbedParams&, const EmbedSources<T>&, float*,
                       const SinusoidRow*, const EmbedSources<T>&, bool);
   void (*copy_row)(T*, const T*, const T*, std::int64_t, bool);
-  void (*round_row)(T*, const float*, std::int64_t);
+  void (*round_row)(T*, const float*, std::int64_t, bool);
   detail::NormStats (*norm_stats)(const float*, std::int64_t, bool, float);
   void (*norm_row)(T*, const float*, std::int64_t, detail::NormStats, const float*, const float*,
                    bool);
   SinusoidSinCosRow sinusoid_sin_cos_row;
+  void (*dequantize_row)(const internal::QuantTable&, std::int64_t, std::int64_t, float, float*);
 };
 
 // The float32 weight and bias factors of a normalised call (internal::norm_factor), converted
@@ -91,7 +99,7 @@ void normalize_row(const internal::EmbedParams& p, const internal::EmbedRow& r, 
       std::memcpy(static_cast<float*>(p.pre_norm_out) + r.pre_norm_offset, a,
                   static_cast<std::size_t>(dim) * sizeof(float));
     } else if (vector != nullptr) {
-      vector->round_row(static_cast<T*>(p.pre_norm_out) + r.pre_norm_offset, a, dim);
+      vector->round_row(static_cast<T*>(p.pre_norm_out) + r.pre_norm_offset, a, dim, false);
     } else {
       T* pre = static_cast<T*>(p.pre_norm_out) + r.pre_norm_offset;
 #pragma omp simd
@@ -111,7 +119,9 @@ void normalize_row(const internal::EmbedParams& p, const internal::EmbedRow& r, 
   }
 }
 
-// vector: the vector body (embed.inc), or null (the portable loops).
+// vector: the vector body (embed.inc), or null (the portable loops). A quantized table's row is
+// dequantized into the float32 sum by dequantize_row, the positions and types added by the
+// portable loops, and the row normalised or rounded by the vector body.
 template <typename T>
 void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
   // Rows per chunk of the thread team (a sinusoidal block: a chunk of consecutive positions
@@ -120,7 +130,10 @@ void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
   const std::int64_t dim = p.dim;
   const bool sinusoidal = p.positions == PositionEncoding::sinusoidal;
   const bool norm = p.norm != Normalization::none;
-  const bool plain = p.positions == PositionEncoding::none && p.type_table == nullptr && !norm;
+  // A quantized token table (p.table null) is dequantized into the float32 sum.
+  const bool quantized = p.table == nullptr;
+  const bool plain =
+      p.positions == PositionEncoding::none && p.type_table == nullptr && !norm && !quantized;
   std::vector<float> norm_weight, norm_bias;
   if (norm) norm_factors(p, norm_weight, norm_bias);
   std::optional<SinusoidCall> sinusoids;
@@ -193,7 +206,7 @@ void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
         sinusoid_row = sinusoid_rows->row(r.position);
         sinusoid = &sinusoid_row;
       }
-      if (vector != nullptr) {
+      if (vector != nullptr && !quantized) {
         if (norm) {
           float* row = acc.data();
           vector->sum_row_f32(p, src, row, sinusoid, next, false);
@@ -204,7 +217,10 @@ void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
         continue;
       }
       float* a = acc.data();
-      if (token != nullptr) {
+      if (quantized && r.token_hit) {
+        (vector != nullptr ? vector->dequantize_row : dequantize_row)(p.quant, r.token, dim,
+                                                                      p.scale, a);
+      } else if (token != nullptr) {
 #pragma omp simd
         for (std::int64_t j = 0; j < dim; ++j) a[j] = p.scale * to_float(token[j]);
       } else {
@@ -234,6 +250,10 @@ void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
         normalize_row(p, r, a, out, norm_weight.data(), norm_bias.data(), vector, stream);
         continue;
       }
+      if (vector != nullptr) {  // a quantized table's row
+        vector->round_row(out, a, dim, stream);
+        continue;
+      }
 #pragma omp simd
       for (std::int64_t j = 0; j < dim; ++j) out[j] = from_float<T>(a[j]);
     }
@@ -259,16 +279,16 @@ void embed(const internal::EmbedParams& p) {
 #if EMBROPE_CPU_X86
     static const VectorBody<T> avx512_body{
         avx512::sum_row<T>, avx512::sum_row<T, float>, avx512::copy_row<T>, avx512::round_row<T>,
-        avx512::norm_stats, avx512::norm_row<T>,       avx512::sin_cos_row};
+        avx512::norm_stats, avx512::norm_row<T>,       avx512::sin_cos_row, avx512::dequantize_row};
     static const VectorBody<T> avx2_body{
         avx2::sum_row<T>, avx2::sum_row<T, float>, avx2::copy_row<T>, avx2::round_row<T>,
-        avx2::norm_stats, avx2::norm_row<T>,       avx2::sin_cos_row};
+        avx2::norm_stats, avx2::norm_row<T>,       avx2::sin_cos_row, avx2::dequantize_row};
     if (isa >= Isa::avx512) vector = &avx512_body;
     if constexpr (std::is_same_v<T, detail::BFloat16>) {
       static const VectorBody<T> avx512_bf16_body{
           avx512_bf16::sum_row<T>,   avx512_bf16::sum_row<T, float>, avx512_bf16::copy_row<T>,
           avx512_bf16::round_row<T>, avx512_bf16::norm_stats,        avx512_bf16::norm_row<T>,
-          avx512_bf16::sin_cos_row};
+          avx512_bf16::sin_cos_row,  avx512_bf16::dequantize_row};
       if (isa == Isa::avx512_bf16) vector = &avx512_bf16_body;
     }
     if (isa == Isa::avx2) vector = &avx2_body;

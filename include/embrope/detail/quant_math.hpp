@@ -40,14 +40,26 @@ EMBROPE_HD float gguf_half(const std::uint8_t* p) {
   return half_to_float(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));
 }
 
-EMBROPE_HD float q8_0_value(const std::uint8_t* block, int e) {
-  return gguf_half(block) * static_cast<float>(static_cast<std::int8_t>(block[2 + e]));
-}
+// Each format in three parts, so that a row loop can take a block's (or sub-block's) scale
+// once and the quantized integers one by one: the scale factors, the integer q of element e, and
+// the value from both. *_value(block, e) composes them for one element.
 
-EMBROPE_HD float q4_0_value(const std::uint8_t* block, int e) {
+// Q8_0 and Q4_0: x = d * q.
+EMBROPE_HD int q8_0_quant(const std::uint8_t* block, int e) {
+  return static_cast<std::int8_t>(block[2 + e]);
+}
+EMBROPE_HD int q4_0_quant(const std::uint8_t* block, int e) {
   const std::uint8_t byte = block[2 + (e & 15)];
-  const int q = (e < 16 ? byte & 0x0f : byte >> 4) - 8;
-  return gguf_half(block) * static_cast<float>(q);
+  return (e < 16 ? byte & 0x0f : byte >> 4) - 8;
+}
+EMBROPE_HD float scaled_value(float d, int q) {
+  return d * static_cast<float>(q);
+}
+EMBROPE_HD float q8_0_value(const std::uint8_t* block, int e) {
+  return scaled_value(gguf_half(block), q8_0_quant(block, e));
+}
+EMBROPE_HD float q4_0_value(const std::uint8_t* block, int e) {
+  return scaled_value(gguf_half(block), q4_0_quant(block, e));
 }
 
 // Sub-block j's (0 <= j < 8) 6-bit scale and min from Q4_K's 12 packed bytes: j < 4 in the low
@@ -63,36 +75,58 @@ EMBROPE_HD void q4_k_scale_min(const std::uint8_t* scales, int j, int* scale, in
   }
 }
 
-EMBROPE_HD float q4_k_value(const std::uint8_t* block, int e) {
-  const int sub = e / 32;  // sub-block, with its own scale and min
+// Q4_K: sub-block `sub` (32 values) has x = d * q - m.
+struct Q4kFactors {
+  float d, m;
+};
+EMBROPE_HD Q4kFactors q4_k_factors(const std::uint8_t* block, int sub) {
   int scale, min;
   q4_k_scale_min(block + 4, sub, &scale, &min);
-  const std::uint8_t byte = block[16 + 32 * (sub / 2) + (e & 31)];
-  const int q = (sub & 1) == 0 ? byte & 0x0f : byte >> 4;
-  const float d = gguf_half(block) * static_cast<float>(scale);
-  const float m = gguf_half(block + 2) * static_cast<float>(min);
+  return {gguf_half(block) * static_cast<float>(scale),
+          gguf_half(block + 2) * static_cast<float>(min)};
+}
+// Value l (0..31) of sub-block sub, and element e.
+EMBROPE_HD int q4_k_quant(const std::uint8_t* block, int sub, int l) {
+  const std::uint8_t byte = block[16 + 32 * (sub / 2) + l];
+  return (sub & 1) == 0 ? byte & 0x0f : byte >> 4;
+}
+EMBROPE_HD int q4_k_quant(const std::uint8_t* block, int e) {
+  return q4_k_quant(block, e / 32, e & 31);
+}
+EMBROPE_HD float q4_k_apply(Q4kFactors f, int q) {
 #if defined(__CUDA_ARCH__)
   // The product and the difference each rounded, whatever -fmad a unit is built with (a fused
   // multiply-add would round once and differ from gguf's numpy).
-  return __fsub_rn(__fmul_rn(d, static_cast<float>(q)), m);
+  return __fsub_rn(__fmul_rn(f.d, static_cast<float>(q)), f.m);
 #else
-  return d * static_cast<float>(q) - m;
+  return f.d * static_cast<float>(q) - f.m;
 #endif
+}
+EMBROPE_HD float q4_k_value(const std::uint8_t* block, int e) {
+  return q4_k_apply(q4_k_factors(block, e / 32), q4_k_quant(block, e));
 }
 
 // Q6_K: each half of 128 values reads 64 bytes of ql and 32 of qh. Within a half, value
 // 32 k + l (k = 0..3, l = 0..31) is, as ggml's dequantize_row_q6_K writes y[l + 32 k]: the
 // low nibble of ql[l] (k = 0), of ql[l + 32] (k = 1), the high nibble of ql[l] (k = 2), of
-// ql[l + 32] (k = 3), with bits 2 k and 2 k + 1 of qh[l] above them; scale e / 16.
-EMBROPE_HD float q6_k_value(const std::uint8_t* block, int e) {
-  const int half = e / 128, k = (e % 128) / 32, l = e % 32;
+// ql[l + 32] (k = 3), with bits 2 k and 2 k + 1 of qh[l] above them. x = (d * scales[e / 16])
+// * q, the factor shared by 16 values.
+EMBROPE_HD float q6_k_factor(const std::uint8_t* block, int e) {
+  const auto scale = static_cast<std::int8_t>(block[192 + e / 16]);
+  return gguf_half(block + 208) * static_cast<float>(scale);
+}
+// Value 32 k + l of half `half`, and element e.
+EMBROPE_HD int q6_k_quant(const std::uint8_t* block, int half, int k, int l) {
   const std::uint8_t* ql = block + 64 * half;
   const std::uint8_t* qh = block + 128 + 32 * half;
   const std::uint8_t low = ql[l + 32 * (k & 1)];
-  const int q = ((k < 2 ? low & 0x0f : low >> 4) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
-  const auto scale = static_cast<std::int8_t>(block[192 + e / 16]);
-  const float d = gguf_half(block + 208) * static_cast<float>(scale);
-  return d * static_cast<float>(q);
+  return ((k < 2 ? low & 0x0f : low >> 4) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+}
+EMBROPE_HD int q6_k_quant(const std::uint8_t* block, int e) {
+  return q6_k_quant(block, e / 128, (e % 128) / 32, e % 32);
+}
+EMBROPE_HD float q6_k_value(const std::uint8_t* block, int e) {
+  return scaled_value(q6_k_factor(block, e), q6_k_quant(block, e));
 }
 
 // Element e (0 <= e < gguf_block_values(f)) of the block at `block`.
@@ -124,9 +158,15 @@ EMBROPE_HD float affine_value(int q, float zero_point, float scale) {
 // even element in the high nibble and the odd one in the low, each stored plus 8
 // ((q[2k] + 8) << 4 | (q[2k + 1] + 8)); q in [-8, 7]. (GGUF's Q4_0 differs: halves of a block
 // in the low and high nibbles.)
+EMBROPE_HD int int4_high_value(std::uint8_t byte) {  // the even element
+  return (byte >> 4) - 8;
+}
+EMBROPE_HD int int4_low_value(std::uint8_t byte) {  // the odd element
+  return (byte & 0x0f) - 8;
+}
 EMBROPE_HD int int4_packed_value(const std::uint8_t* row, std::int64_t e) {
   const std::uint8_t byte = row[e >> 1];
-  return ((e & 1) == 0 ? byte >> 4 : byte & 0x0f) - 8;
+  return (e & 1) == 0 ? int4_high_value(byte) : int4_low_value(byte);
 }
 
 }  // namespace embrope::detail

@@ -1,0 +1,306 @@
+"""Quantized token tables: :class:`QuantizedTable`, which :func:`embrope.embed` reads in place."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from . import _arrays
+from . import _embrope as _C
+
+# GGUF block sizes (llama.cpp's ggml-common.h): values and bytes per block.
+_GGUF_BLOCKS = {"gguf_q8_0": (32, 34), "gguf_q4_0": (32, 18), "gguf_q4_k": (256, 144),
+                "gguf_q6_k": (256, 210)}
+_FORMATS = ("int8", "int4", "float8_e4m3fn", "float8_e5m2") + tuple(_GGUF_BLOCKS)
+# The gguf package's names of the GGUF formats (GGMLQuantizationType members).
+_GGML_TYPES = {"Q8_0": "gguf_q8_0", "Q4_0": "gguf_q4_0", "Q4_K": "gguf_q4_k",
+               "Q6_K": "gguf_q6_k"}
+
+
+class QuantizedTable:
+    """A token-embedding table stored quantized, which :func:`embrope.embed` reads in place:
+    each row it looks up is dequantized to float32 in the same pass, fused with everything embed
+    does (scale, positions, types, norm, vocab shards).
+
+    Parameters
+    ----------
+    format : str
+        How the rows are stored:
+
+        - ``"int8"``: int8 values, ``x = (q - zero_point) * scale`` (ExecuTorch's
+          ``embedding_byte``; torchao's ``IntxWeightOnlyConfig`` tables, int4 ones included,
+          which keep one value per byte);
+        - ``"int4"``: int4 values two per byte, ExecuTorch's ``embedding_4bit`` packing (the
+          even element in the high nibble, each stored plus 8);
+        - ``"float8_e4m3fn"``, ``"float8_e5m2"``: ``x = float(q) * scale`` (torchao's float8
+          weight-only tables);
+        - ``"gguf_q8_0"``, ``"gguf_q4_0"``, ``"gguf_q4_k"``, ``"gguf_q6_k"``: llama.cpp's
+          blocks, as a ``.gguf`` file stores ``token_embd.weight`` (:meth:`from_gguf`); their
+          scales are in the blocks.
+    data : array [V, C]
+        The rows, kept by reference (no copy): int8 [V, D] (int8), uint8 [V, D / 2] (int4),
+        the float8 dtype [V, D] (float8), uint8 [V, bytes per row] (GGUF). C contiguous; any row
+        stride.
+    dim : int, optional
+        D, the values per row. Default: from C and the format.
+    scales : array, optional
+        int8, int4 and float8: float32, float16 or bfloat16, ``[V]`` or ``[V, 1]`` (one per
+        row), ``[V, G]`` (one per group of D / G values) or one element (the whole table).
+    zero_points : array, optional
+        int8 and int4: shaped like `scales`; float32, float16, bfloat16, int8 or int32.
+        Absent: 0.
+
+    Notes
+    -----
+    There is no backward for quantized tables. CPU arrays only in this version.
+    """
+
+    def __init__(self, format: str, data: Any, *, dim: Optional[int] = None,
+                 scales: Any = None, zero_points: Any = None) -> None:
+        op = "QuantizedTable"
+        if format not in _FORMATS:
+            raise _C.InvalidArgumentError(
+                f"{op}: format {format!r} is not one of {', '.join(_FORMATS)}")
+        _arrays.check_array(op, "data", data, autograd=False)
+        _arrays.check_optional(op, "scales", scales, autograd=False)
+        _arrays.check_optional(op, "zero_points", zero_points, autograd=False)
+        shape = _arrays.shape_of(data)
+        if len(shape) != 2:
+            raise _C.InvalidArgumentError(
+                f"{op}: data has shape {list(shape)}; it must be [V, C]")
+        if dim is None:
+            columns = shape[1]
+            if format == "int4":
+                dim = 2 * columns
+            elif format in _GGUF_BLOCKS:
+                values, nbytes = _GGUF_BLOCKS[format]
+                if columns % nbytes != 0:
+                    raise _C.InvalidArgumentError(
+                        f"{op}: data has {columns} columns, not whole {format} blocks of "
+                        f"{nbytes} bytes")
+                dim = columns // nbytes * values
+            else:
+                dim = columns
+        self.format = format
+        self.data = data
+        self.dim = int(dim)
+        self.scales = scales
+        self.zero_points = zero_points
+
+    @property
+    def vocab_size(self) -> int:
+        """V, the rows."""
+        return int(_arrays.shape_of(self.data)[0])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(V, D): the shape of the table it stands for."""
+        return (self.vocab_size, self.dim)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rows, scales and zero points (what a lookup of every row reads)."""
+        return sum(_nbytes(a) for a in (self.data, self.scales, self.zero_points)
+                   if a is not None)
+
+    def default_dtype(self) -> Any:
+        """The dtype embed writes when it allocates the output: the scales' float dtype, or
+        float32 (GGUF tables, as llama.cpp's get_rows writes them)."""
+        scales = self.scales
+        if scales is not None and str(scales.dtype).split(".")[-1] in (
+                "float32", "float16", "bfloat16"):
+            return scales.dtype
+        return _float32_of(self.data)
+
+    def dequantize(self, dtype: Any = None) -> Any:
+        """The whole table [V, D] as floats (`dtype`, default :meth:`default_dtype`): embed of
+        every row in order."""
+        from ._embed import embed
+
+        ids = np.arange(self.vocab_size, dtype=np.int64)
+        if _arrays.framework(self.data) == "torch":
+            import torch
+
+            ids = torch.from_numpy(ids).to(self.data.device)
+        out = _arrays.empty_like("QuantizedTable.dequantize", self.data, (self.vocab_size, self.dim),
+                                 self.default_dtype() if dtype is None else dtype)
+        return embed(self, ids, out=out)
+
+    def __repr__(self) -> str:
+        return (f"QuantizedTable({self.format!r}, V={self.vocab_size}, D={self.dim}, "
+                f"{self.nbytes} bytes)")
+
+    # ------------------------------------------------------------------- constructors --
+
+    @classmethod
+    def from_gguf(cls, source: Any, name: str = "token_embd.weight") -> Any:
+        """The tensor `name` of a ``.gguf`` file, read with the ``gguf`` package (PyPI) and kept
+        memory-mapped: a QuantizedTable for Q8_0, Q4_0, Q4_K and Q6_K tensors, the float array
+        [V, D] itself for F32, F16 and BF16 ones.
+
+        Parameters
+        ----------
+        source : str, os.PathLike or gguf.GGUFReader
+        name : str, default "token_embd.weight"
+        """
+        op = "QuantizedTable.from_gguf"
+        try:
+            import gguf
+        except ImportError as e:
+            raise _C.NotAvailableError(
+                f"{op}: reading .gguf files needs the gguf package (pip install gguf)") from e
+        reader = source if isinstance(source, gguf.GGUFReader) else gguf.GGUFReader(source)
+        found = [t for t in reader.tensors if t.name == name]
+        if not found:
+            names = ", ".join(t.name for t in reader.tensors[:8])
+            raise _C.InvalidArgumentError(
+                f"{op}: the file has no tensor {name!r} (it has {names}"
+                f"{', ...' if len(reader.tensors) > 8 else ''})")
+        tensor = found[0]
+        kind = tensor.tensor_type.name
+        # GGUF shapes list the fastest dimension first: [D, V].
+        dim, vocab = (int(n) for n in tensor.shape[:2])
+        if kind in ("F32", "F16", "BF16"):
+            return tensor.data.reshape(vocab, dim)
+        if kind not in _GGML_TYPES:
+            raise _C.InvalidArgumentError(
+                f"{op}: {name!r} is stored as {kind}; embrope reads {', '.join(_GGML_TYPES)}, "
+                "F32, F16 and BF16 tables")
+        return cls(_GGML_TYPES[kind], tensor.data.reshape(vocab, -1), dim=dim)
+
+    @classmethod
+    def from_torchao(cls, weight: Any) -> "QuantizedTable":
+        """The table of a torchao-quantized ``nn.Embedding`` weight, by reference: an
+        ``IntxUnpackedToInt8Tensor`` (``IntxWeightOnlyConfig``, int1 to int8 values kept one per
+        byte; per-row or per-group scales and zero points) or a float8 weight with ``qdata`` and
+        ``scale``."""
+        op = "QuantizedTable.from_torchao"
+        qdata = getattr(weight, "qdata", None)
+        scale = getattr(weight, "scale", None)
+        if qdata is None or scale is None:
+            raise _C.InvalidArgumentError(
+                f"{op}: {type(weight).__name__} has no qdata and scale (a torchao "
+                "IntxUnpackedToInt8Tensor or float8 tensor is expected)")
+        kind = str(qdata.dtype).split(".")[-1]
+        if kind == "int8":
+            return cls("int8", qdata, scales=scale,
+                       zero_points=getattr(weight, "zero_point", None))
+        if kind in ("float8_e4m3fn", "float8_e5m2"):
+            return cls(kind, qdata, scales=scale)
+        raise _C.InvalidArgumentError(f"{op}: qdata has dtype {kind}; int8 or float8 expected")
+
+    @classmethod
+    def quantize(cls, table: Any, format: str, *, group_size: Optional[int] = None,
+                 zero_point: bool = False) -> "QuantizedTable":
+        """Quantize a float table [V, D] (NumPy or PyTorch, on the CPU).
+
+        - int8 / int4: a scale per row (`group_size` None) or per group of `group_size`
+          values; symmetric ``scale = max|x| / qmax`` (127 or 7), or with `zero_point` the
+          range [min, max] mapped onto [qmin, qmax] with an int8 zero point. q = round(x / scale
+          + zero_point), clamped. Arrays come back in the table's framework; int4 packed as
+          ExecuTorch packs them.
+        - float8_e4m3fn / float8_e5m2: a scale per row, ``max|x| / (largest finite)``; needs
+          PyTorch for the float8 rounding, and returns PyTorch tensors (NumPy has no float8).
+        - gguf_q8_0 / gguf_q4_0: the gguf package's own quantizer (llama.cpp's reference).
+          gguf_q4_k and gguf_q6_k are read from ``.gguf`` files (:meth:`from_gguf`) and not
+          quantized here.
+        """
+        op = "QuantizedTable.quantize"
+        if format not in _FORMATS:
+            raise _C.InvalidArgumentError(
+                f"{op}: format {format!r} is not one of {', '.join(_FORMATS)}")
+        _arrays.check_array(op, "table", table, autograd=False)
+        torch_in = _arrays.framework(table) == "torch"
+        x = (table.detach().to("cpu").double().numpy() if torch_in
+             else np.asarray(table, dtype=np.float64))
+        if x.ndim != 2:
+            raise _C.InvalidArgumentError(f"{op}: table has shape {list(x.shape)}; it must be [V, D]")
+        if not np.all(np.isfinite(x)):
+            raise _C.InvalidArgumentError(f"{op}: table has NaN or infinite values")
+        vocab, dim = x.shape
+
+        def back(a: np.ndarray) -> Any:
+            if torch_in:
+                import torch
+
+                return torch.from_numpy(np.ascontiguousarray(a))
+            return np.ascontiguousarray(a)
+
+        if format in _GGUF_BLOCKS:
+            if format not in ("gguf_q8_0", "gguf_q4_0"):
+                raise _C.NotAvailableError(
+                    f"{op}: {format} tables are not quantized by embrope (nor by the gguf "
+                    "package); read one from a .gguf file with QuantizedTable.from_gguf")
+            try:
+                import gguf
+            except ImportError as e:
+                raise _C.NotAvailableError(
+                    f"{op}: {format} quantizes with the gguf package (pip install gguf)") from e
+            values, _ = _GGUF_BLOCKS[format]
+            if dim % values != 0:
+                raise _C.InvalidArgumentError(
+                    f"{op}: {format} stores rows in blocks of {values} values: D {dim} must be "
+                    f"a multiple of {values}")
+            kind = gguf.GGMLQuantizationType.Q8_0 if format == "gguf_q8_0" else \
+                gguf.GGMLQuantizationType.Q4_0
+            return cls(format, back(gguf.quants.quantize(x.astype(np.float32), kind)), dim=dim)
+
+        if format.startswith("float8"):
+            if group_size is not None or zero_point:
+                raise _C.InvalidArgumentError(
+                    f"{op}: {format} tables have one scale per row and no zero point")
+            try:
+                import torch
+            except ImportError as e:
+                raise _C.NotAvailableError(
+                    f"{op}: float8 rounding needs PyTorch (torch.{format})") from e
+            largest = 448.0 if format == "float8_e4m3fn" else 57344.0
+            amax = np.abs(x).max(axis=1, keepdims=True)
+            scale = np.where(amax > 0, amax / largest, 1.0).astype(np.float32)
+            q = torch.from_numpy((x / scale).astype(np.float32)).to(getattr(torch, format))
+            s = torch.from_numpy(scale[:, 0].copy())
+            return cls(format, q, scales=s)
+
+        bits = 8 if format == "int8" else 4
+        qmin, qmax = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+        group = dim if group_size is None else int(group_size)
+        if group < 1 or dim % group != 0:
+            raise _C.InvalidArgumentError(
+                f"{op}: group_size {group_size} must divide D {dim}")
+        if format == "int4" and dim % 2 != 0:
+            raise _C.InvalidArgumentError(f"{op}: int4 packs two values per byte: D {dim} must be even")
+        g = x.reshape(vocab, dim // group, group)
+        if zero_point:
+            lo = np.minimum(g.min(axis=2), 0.0)
+            hi = np.maximum(g.max(axis=2), 0.0)
+            scale = np.where(hi > lo, (hi - lo) / (qmax - qmin), 1.0).astype(np.float32)
+            zp = np.clip(np.round(qmin - lo / scale), qmin, qmax).astype(np.int8)
+        else:
+            amax = np.abs(g).max(axis=2)
+            scale = np.where(amax > 0, amax / qmax, 1.0).astype(np.float32)
+            zp = np.zeros(scale.shape, dtype=np.int8)
+        q = np.clip(np.round(g / scale[:, :, None] + zp[:, :, None]), qmin, qmax)
+        q = q.astype(np.int16).reshape(vocab, dim)
+        if format == "int4":
+            q = (((q[:, 0::2] + 8) << 4) | (q[:, 1::2] + 8)).astype(np.uint8)
+        else:
+            q = q.astype(np.int8)
+        return cls(format, back(q), dim=dim, scales=back(scale),
+                   zero_points=back(zp) if zero_point else None)
+
+
+def _nbytes(a: Any) -> int:
+    nbytes = getattr(a, "nbytes", None)
+    if nbytes is None:  # torch
+        nbytes = a.numel() * a.element_size()
+    return int(nbytes)
+
+
+def _float32_of(like: Any) -> Any:
+    """float32 in `like`'s framework."""
+    if _arrays.framework(like) == "torch":
+        import torch
+
+        return torch.float32
+    return np.float32

@@ -1,0 +1,172 @@
+"""embed from quantized tables through the Python package (QuantizedTable): .gguf files written
+and read by the gguf package (PyPI) and dequantized by it, torchao's quantized nn.Embedding,
+ExecuTorch's int4 packing, quantize(), the arrays kept by reference, and the errors."""
+
+import numpy as np
+import pytest
+
+import embrope
+from embrope import QuantizedTable
+
+torch = pytest.importorskip("torch")
+
+
+def _random_k_blocks(rng, kind, count):
+    """Random Q4_K / Q6_K blocks (gguf-py cannot quantize them) with finite float16 scales."""
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    raw = rng.integers(0, 256, (count, size), dtype=np.uint8)
+    if kind == gguf.GGMLQuantizationType.Q4_K:  # half d, half dmin first
+        raw[:, 0:2] = rng.uniform(-2, 2, count).astype(np.float16).view(np.uint8).reshape(count, 2)
+        raw[:, 2:4] = rng.uniform(-.5, .5, count).astype(np.float16).view(np.uint8).reshape(count, 2)
+    else:  # Q6_K: half d last
+        raw[:, -2:] = rng.uniform(-.05, .05, count).astype(np.float16).view(np.uint8).reshape(count, 2)
+    return raw
+
+
+@pytest.mark.parametrize("kind_name", ["Q8_0", "Q4_0", "Q4_K", "Q6_K", "F16"])
+def test_gguf_file_token_embd_as_the_gguf_package_dequantizes_it(tmp_path, kind_name):
+    gguf = pytest.importorskip("gguf")
+    kind = gguf.GGMLQuantizationType[kind_name]
+    rng = np.random.default_rng(7)
+    vocab, dim = 40, 512
+    if kind_name in ("Q8_0", "Q4_0"):
+        rows = rng.standard_normal((vocab, dim)).astype(np.float32)
+        data = gguf.quants.quantize(rows, kind)
+    elif kind_name == "F16":
+        data = rng.standard_normal((vocab, dim)).astype(np.float16)
+    else:
+        block, size = gguf.GGML_QUANT_SIZES[kind]
+        data = _random_k_blocks(rng, kind, vocab * dim // block).reshape(vocab, -1)
+    path = tmp_path / "model.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("token_embd.weight", data, raw_dtype=kind)
+    writer.add_tensor("output_norm.weight", np.ones(dim, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    reader = gguf.GGUFReader(str(path))
+    table = QuantizedTable.from_gguf(reader)
+    ids = rng.integers(0, vocab, (3, 7))
+    if kind_name == "F16":  # float tables come back as the array itself
+        assert isinstance(table, np.ndarray) and table.shape == (vocab, dim)
+        np.testing.assert_array_equal(embrope.embed(table, ids), data[ids])
+        return
+    assert table.format == "gguf_" + kind_name.lower()
+    assert table.shape == (vocab, dim)
+    # Read in place from the file's memory map, not copied.
+    stored = next(t for t in reader.tensors if t.name == "token_embd.weight").data
+    assert np.shares_memory(table.data, stored)
+    out = embrope.embed(table, ids)
+    assert out.dtype == np.float32 and out.shape == (3, 7, dim)
+    want = gguf.quants.dequantize(np.asarray(stored), kind).reshape(vocab, dim)[ids]
+    np.testing.assert_array_equal(out.view(np.uint32), want.astype(np.float32).view(np.uint32))
+    # The same through the path, and the whole table.
+    np.testing.assert_array_equal(
+        QuantizedTable.from_gguf(path).dequantize(),
+        gguf.quants.dequantize(np.asarray(stored), kind).reshape(vocab, dim))
+    with pytest.raises(embrope.InvalidArgumentError, match="no tensor 'token_embd'"):
+        QuantizedTable.from_gguf(reader, "token_embd")
+
+
+@pytest.mark.parametrize("granularity", ["row", "group32", "group64"])
+@pytest.mark.parametrize("weight_dtype", ["int8", "int4"])
+def test_torchao_quantized_embedding_equals_its_own_forward(granularity, weight_dtype):
+    torchao = pytest.importorskip("torchao")
+    from torchao.quantization import IntxWeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerAxis, PerGroup
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(300, 128))
+    gran = PerAxis(0) if granularity == "row" else PerGroup(int(granularity[5:]))
+    quantize_(model, IntxWeightOnlyConfig(weight_dtype=getattr(torch, weight_dtype),
+                                          granularity=gran),
+              filter_fn=lambda m, _: isinstance(m, torch.nn.Embedding))
+    weight = model[0].weight
+    table = QuantizedTable.from_torchao(weight)
+    assert table.format == "int8" and table.data.data_ptr() == weight.qdata.data_ptr()
+    ids = torch.randint(0, 300, (4, 33))
+    with torch.no_grad():
+        want = model[0](ids)
+    got = embrope.embed(table, ids)
+    assert got.dtype == want.dtype == torch.float32
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), torchao.__version__
+    # Fused with a scale: the float32 product of the same value.
+    got = embrope.embed(table, ids, scale=2.0)
+    assert torch.equal(got, want * 2.0)
+
+
+def test_executorch_int4_packing_and_float64_reference():
+    # ExecuTorch's embedding_4bit example: q = [-4, -4, -1, -2] packs to 0x44, 0x76.
+    data = np.array([[0x44, 0x76], [0x08, 0x8f]], dtype=np.uint8)
+    scales = np.array([0.5, 0.25], dtype=np.float32)
+    zero_points = np.array([1, -2], dtype=np.int8)
+    table = QuantizedTable("int4", data, scales=scales, zero_points=zero_points)
+    assert table.shape == (2, 4)
+    out = embrope.embed(table, np.array([0, 1]))
+    q = np.array([[-4, -4, -1, -2], [-8, 0, 0, 7]], dtype=np.float64)
+    want = (q - zero_points[:, None]) * scales[:, None]
+    np.testing.assert_array_equal(out, want.astype(np.float32))
+
+
+@pytest.mark.parametrize("fmt,kw", [("int8", {}), ("int8", {"group_size": 16, "zero_point": True}),
+                                    ("int4", {"group_size": 32}), ("int4", {"zero_point": True}),
+                                    ("gguf_q8_0", {}), ("gguf_q4_0", {}),
+                                    ("float8_e4m3fn", {}), ("float8_e5m2", {})])
+def test_quantize_round_trips_within_the_formats_step(fmt, kw):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((12, 64)).astype(np.float32)
+    table = QuantizedTable.quantize(x, fmt, **kw)
+    back = np.asarray(table.dequantize()).astype(np.float64)
+    # Error at most half a step of the format (float8: its relative precision).
+    if fmt.startswith("float8"):
+        rel = {"float8_e4m3fn": 2.0 ** -4, "float8_e5m2": 2.0 ** -3}[fmt]
+        assert np.all(np.abs(back - x) <= rel * np.abs(x) + 1e-30)
+    else:
+        levels = 255 if fmt in ("int8", "gguf_q8_0") else 15
+        group = kw.get("group_size", 32 if fmt.startswith("gguf") else 64)
+        span = np.abs(x.reshape(12, -1, group)).max(axis=2, keepdims=True) * 2
+        step = np.broadcast_to(span / levels, (12, 64 // group, group)).reshape(12, 64)
+        assert np.all(np.abs(back - x) <= step * 1.01)
+    # A torch table gives torch arrays.
+    t = QuantizedTable.quantize(torch.from_numpy(x), fmt, **kw)
+    assert isinstance(t.data, torch.Tensor)
+    assert torch.equal(t.dequantize().float(), torch.from_numpy(back.astype(np.float32)))
+
+
+def test_quantized_table_is_read_by_reference_and_fuses_with_positions():
+    rng = np.random.default_rng(5)
+    table = QuantizedTable.quantize(rng.standard_normal((20, 32)), "int8", group_size=8)
+    positions = rng.standard_normal((16, 32)).astype(np.float32)
+    ids = np.array([[3, 4, 5]])
+    out = embrope.embed(table, ids, position_table=positions, norm="rms_norm")
+    x = table.dequantize().astype(np.float64)[ids[0]] + positions[:3]
+    want = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(out[0], want, rtol=1e-5, atol=1e-6)
+    table.data[3] = 0  # by reference: the next lookup sees the change
+    assert np.all(embrope.embed(table, np.array([3])) == 0)
+
+
+def test_quantized_table_errors_name_the_argument_and_the_rule():
+    rng = np.random.default_rng(1)
+    good = QuantizedTable.quantize(rng.standard_normal((8, 64)), "int4", group_size=16)
+    ids = np.array([1, 2])
+    with pytest.raises(embrope.InvalidArgumentError, match=r"table.data has 32 columns.*33 bytes"):
+        embrope.embed(QuantizedTable("int4", good.data, dim=66, scales=good.scales), ids)
+    with pytest.raises(embrope.InvalidArgumentError, match=r"table.scales has 3 columns.*divide D 64"):
+        embrope.embed(QuantizedTable("int4", good.data, scales=np.ones((8, 3), np.float32)), ids)
+    with pytest.raises(embrope.InvalidArgumentError, match="format int4 needs table.scales"):
+        embrope.embed(QuantizedTable("int4", good.data), ids)
+    with pytest.raises(embrope.InvalidArgumentError, match="not whole gguf_q4_k blocks"):
+        QuantizedTable("gguf_q4_k", np.zeros((2, 100), np.uint8))
+    with pytest.raises(embrope.InvalidArgumentError, match="format 'q4' is not one of"):
+        QuantizedTable("q4", good.data)
+    with pytest.raises(embrope.InvalidArgumentError, match="group_size 24 must divide D 64"):
+        QuantizedTable.quantize(np.ones((2, 64)), "int8", group_size=24)
+    with pytest.raises(embrope.NotAvailableError, match="from_gguf"):
+        QuantizedTable.quantize(np.ones((2, 256)), "gguf_q4_k")
+    with pytest.raises(embrope.BadIndexError, match="ids"):
+        embrope.embed(good, np.array([8]))
