@@ -44,7 +44,8 @@ ROPE_OPS = ("rope", "axial_rope", "rope_backward", "rope_append_kv", "rope_fp8",
             "mla_rope_append_kv")
 NAME = re.compile(
     r"^(?P<op>" + "|".join(sorted(ROPE_OPS, key=len, reverse=True)) +
-    r"|embed_backward|embed_layer_norm|embed)/(?P<rest>.*?)(?:/real_time|/manual_time)?$")
+    r"|embed_backward|embed_layer_norm|embed_quantized|embed)/(?P<rest>.*?)"
+    r"(?:/real_time|/manual_time)?$")
 
 
 def parse_case(name: str) -> Optional[dict]:
@@ -56,6 +57,11 @@ def parse_case(name: str) -> Optional[dict]:
     case = {"op": op, "variant": ""}
     if op in ROPE_OPS:
         case.update(shape=parts[0], dtype=parts[1], tokens=int(parts[2][2:]))
+        case["variant"] = "/".join(parts[3:])
+    elif op == "embed_quantized":  # embed_quantized/int8->bf16/D=4096/T=16384
+        fmt, out = parts[0].split("->")
+        case.update(op=f"{op} {fmt}", shape=parts[1], dtype=f"{fmt}->{out}",
+                    tokens=int(parts[2][2:]))
         case["variant"] = "/".join(parts[3:])
     elif op in ("embed", "embed_layer_norm"):
         case.update(op=f"{op} {parts[0]}", shape=parts[2], dtype=parts[1],
@@ -176,6 +182,8 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
     positions: F.embedding plus a gathered position table (a sinusoid table precomputed, as a
     torch model would hold it). RoPE with float8 outputs: the same, then each output scaled,
     clamped to the finite range and converted (``.to(torch.float8_e4m3fn)``)."""
+    if case["op"].startswith("embed_quantized "):
+        return quantized_embed_eager_seconds(torch, case, device, vocab)
     quantized = case["op"] in ("rope_fp8", "qk_norm_rope_append_kv_fp8", "mla_rope_fp8")
     base = case["dtype"].split("->")[0] if quantized else case["dtype"]
     if base not in ("f32", "f16", "bf16"):
@@ -294,6 +302,44 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
             lambda: functional.layer_norm(
                 functional.embedding(ids, table) + functional.embedding(positions, position_table),
                 (dim,), weight, bias, 1e-12), sync)
+    return None
+
+
+def quantized_embed_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[float]:
+    """A quantized table's lookup as eager PyTorch code does it (torchao's embedding of a
+    quantized weight): the whole table dequantized to bfloat16, then F.embedding. The tables are
+    bench.cpp's: int8 with a float32 scale per row, int4 packed two per byte with a float32
+    scale and an int8 zero point per group of 32, float8_e4m3fn with a scale per row. GGUF
+    blocks have no PyTorch dequantizer (None)."""
+    fmt = case["op"].split()[1]
+    dim = int(case["shape"].split("=")[1])
+    tokens = case["tokens"]
+    sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
+    ids = tensor(torch, "ids", (tokens,), None, device, integers=vocab)
+    functional = torch.nn.functional
+    if fmt == "int8":
+        q = torch.full((vocab, dim), 17, dtype=torch.int8, device=device)
+        scale = tensor(torch, "quant_row_scales", (vocab, 1), torch.float32, device)
+        return time_median(lambda: functional.embedding(
+            ids, (q.float() * scale).to(torch.bfloat16)), sync)
+    if fmt == "int4":
+        packed = torch.full((vocab, dim // 2), 0x11, dtype=torch.uint8, device=device)
+        scale = tensor(torch, "quant_group_scales", (vocab, dim // 32, 1), torch.float32, device)
+        zero = torch.full((vocab, dim // 32, 1), 2, dtype=torch.int8, device=device)
+
+        def run():
+            q = torch.stack(((packed >> 4).to(torch.int8) - 8, (packed & 15).to(torch.int8) - 8),
+                            -1).view(vocab, dim // 32, 32)
+            table = ((q.float() - zero.float()) * scale).view(vocab, dim).to(torch.bfloat16)
+            return functional.embedding(ids, table)
+
+        return time_median(run, sync)
+    if fmt == "fp8e4m3":
+        q = torch.full((vocab, dim), 0x11, dtype=torch.uint8, device=device).view(
+            torch.float8_e4m3fn)
+        scale = tensor(torch, "quant_row_scales", (vocab, 1), torch.float32, device)
+        return time_median(lambda: functional.embedding(
+            ids, (q.float() * scale).to(torch.bfloat16)), sync)
     return None
 
 

@@ -610,15 +610,26 @@ embrope_status_t embrope_embed(const DLTensor* table, const DLTensor* ids, const
   });
 }
 
-embrope_status_t embrope_embed_quantized(embrope_quant_format_t format, const DLTensor* data,
-                                         int64_t dim, const DLTensor* scales,
-                                         const DLTensor* zero_points, const DLTensor* ids,
+void embrope_quantized_table_init_size(embrope_quantized_table_t* out, size_t struct_size) {
+  embrope_quantized_table_t defaults{};
+  defaults.format = EMBROPE_QUANT_INT8;
+  defaults.data = nullptr;
+  defaults.dim = 0;
+  defaults.scales = nullptr;
+  defaults.zero_points = nullptr;
+  write_defaults(out, struct_size, defaults);
+}
+
+embrope_status_t embrope_embed_quantized(const embrope_quantized_table_t* t, const DLTensor* ids,
                                          const DLTensor* out, const embrope_embed_options_t* o,
                                          void* stream) {
   constexpr const char* fn = "embrope_embed_quantized";
   return guarded(fn, "embed", [&] {
+    if (t == nullptr) fail(fn, "table is null");
+    const embrope_quantized_table_t c =
+        read_sized(fn, "table", t, embrope_quantized_table_init_size);
     embrope::QuantizedTable table;
-    switch (raw_enum(format)) {
+    switch (raw_enum(c.format)) {
       case EMBROPE_QUANT_INT8:
         table.format = embrope::QuantFormat::int8;
         break;
@@ -644,12 +655,13 @@ embrope_status_t embrope_embed_quantized(embrope_quant_format_t format, const DL
         table.format = embrope::QuantFormat::gguf_q6_k;
         break;
       default:
-        fail(fn, fmt::format("format {} is not an embrope_quant_format_t", raw_enum(format)));
+        fail(fn,
+             fmt::format("table->format {} is not an embrope_quant_format_t", raw_enum(c.format)));
     }
-    table.data = to_tensor(fn, "table.data", data);
-    table.dim = dim;
-    table.scales = to_optional(fn, "table.scales", scales);
-    table.zero_points = to_optional(fn, "table.zero_points", zero_points);
+    table.data = to_tensor(fn, "table.data", c.data);
+    table.dim = c.dim;
+    table.scales = to_optional(fn, "table.scales", c.scales);
+    table.zero_points = to_optional(fn, "table.zero_points", c.zero_points);
     const embrope::EmbedOptions options = embed_options_of(fn, o, stream);
     embrope::embed(table, to_tensor(fn, "ids", ids), to_tensor(fn, "out", out), options);
   });

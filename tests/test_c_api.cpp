@@ -495,8 +495,16 @@ TEST_CASE("embrope_embed_quantized reads an int4 table with group scales and zer
   embrope_embed_options_t opt;
   embrope_embed_options_init(&opt);
   opt.scale = 2.0f;
-  REQUIRE(embrope_embed_quantized(EMBROPE_QUANT_INT4, &dd.t, 4, &sd.t, &zd.t, &idd.t, &od.t, &opt,
-                                  nullptr) == EMBROPE_OK);
+  embrope_quantized_table_t table;
+  embrope_quantized_table_init(&table);
+  CHECK(table.format == EMBROPE_QUANT_INT8);
+  CHECK(table.data == nullptr);
+  table.format = EMBROPE_QUANT_INT4;
+  table.data = &dd.t;
+  table.dim = 4;
+  table.scales = &sd.t;
+  table.zero_points = &zd.t;
+  REQUIRE(embrope_embed_quantized(&table, &idd.t, &od.t, &opt, nullptr) == EMBROPE_OK);
   const double q[2][4] = {{-4, -4, -1, -2}, {-8, 0, 0, 7}};
   for (int r = 0; r < 3; ++r) {
     for (int j = 0; j < 4; ++j) {
@@ -505,13 +513,22 @@ TEST_CASE("embrope_embed_quantized reads an int4 table with group scales and zer
       CHECK(out.get(r * 4 + j) == 2.0 * (q[row][j] - zp[g]) * scale[g]);
     }
   }
-  // A format that is not one, and GGUF with scales: errors naming the function and the rule.
-  CHECK(embrope_embed_quantized(static_cast<embrope_quant_format_t>(9), &dd.t, 4, &sd.t, nullptr,
-                                &idd.t, &od.t, nullptr, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+  // A format that is not one (its bits written as a C caller may), GGUF with scales, no table:
+  // errors naming the function and the rule.
+  embrope_quantized_table_t bad = table;
+  const int not_a_format = 9;
+  std::memcpy(&bad.format, &not_a_format, sizeof not_a_format);
+  CHECK(embrope_embed_quantized(&bad, &idd.t, &od.t, nullptr, nullptr) ==
+        EMBROPE_ERROR_INVALID_ARGUMENT);
   CHECK(ref::mentions(embrope_last_error(), "embrope_embed_quantized"));
   CHECK(std::string(embrope_last_error()).find("embrope_quant_format_t") != std::string::npos);
-  CHECK(embrope_embed_quantized(EMBROPE_QUANT_GGUF_Q8_0, &dd.t, 4, &sd.t, nullptr, &idd.t, &od.t,
-                                nullptr, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+  bad = table;
+  bad.format = EMBROPE_QUANT_GGUF_Q8_0;
+  CHECK(embrope_embed_quantized(&bad, &idd.t, &od.t, nullptr, nullptr) ==
+        EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK(embrope_embed_quantized(nullptr, &idd.t, &od.t, nullptr, nullptr) ==
+        EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(embrope_last_error()).find("table is null") != std::string::npos);
 }
 
 TEST_CASE("embrope_embed on DLTensors matches the float64 reference", "[c_api][embed]") {

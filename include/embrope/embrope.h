@@ -389,15 +389,32 @@ typedef enum embrope_quant_format_t {
   EMBROPE_QUANT_GGUF_Q6_K = 7      /* uint8 [V, D/256 * 210] */
 } embrope_quant_format_t;
 
-/* embrope_embed from a quantized token table: data [V, C] in the format's dtype (DLPack uint8,
- * int8 or float8), D values per row; scales (int8, int4, float8: one element, [V], [V, 1] or
- * [V, G]; float32, float16 or bfloat16) and zero points (int8, int4: like scales; float or int8
- * or int32), NULL where absent. out (float32, float16 or bfloat16) chooses the value dtype of the
- * call's other tables. CPU tensors only in this version. */
-EMBROPE_API embrope_status_t embrope_embed_quantized(
-    embrope_quant_format_t format, const DLTensor* data, int64_t dim, const DLTensor* scales,
-    const DLTensor* zero_points, const DLTensor* ids, const DLTensor* out,
-    const embrope_embed_options_t* options, void* stream);
+/* A quantized token table (embed.hpp, QuantizedTable): data [V, C] in the format's dtype
+ * (DLPack uint8, int8 or float8), dim values per row; scales (int8, int4, float8: one element,
+ * [V], [V, 1] or [V, G]; float32, float16 or bfloat16) and zero points (int8, int4: like scales;
+ * float32, float16, bfloat16, int8 or int32), NULL where absent. */
+typedef struct embrope_quantized_table_t {
+  size_t struct_size; /* sizeof the struct the caller was compiled with: set by the init */
+  embrope_quant_format_t format; /* default INT8 */
+  const DLTensor* data;          /* the rows; NULL by default (required) */
+  int64_t dim;                   /* D; default 0 */
+  const DLTensor* scales;        /* NULL by default */
+  const DLTensor* zero_points;   /* NULL by default (zero) */
+} embrope_quantized_table_t;
+
+EMBROPE_API void embrope_quantized_table_init_size(embrope_quantized_table_t* table,
+                                                   size_t struct_size);
+static inline void embrope_quantized_table_init(embrope_quantized_table_t* table) {
+  embrope_quantized_table_init_size(table, sizeof(*table));
+}
+
+/* embrope_embed from a quantized token table, each looked-up row dequantized in the same pass;
+ * out (float32, float16 or bfloat16) chooses the value dtype of the call's other tables. CPU
+ * tensors only in this version. */
+EMBROPE_API embrope_status_t embrope_embed_quantized(const embrope_quantized_table_t* table,
+                                                     const DLTensor* ids, const DLTensor* out,
+                                                     const embrope_embed_options_t* options,
+                                                     void* stream);
 
 /* ------------------------------------------------------------ backward passes ----- */
 
