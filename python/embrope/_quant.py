@@ -203,8 +203,12 @@ class QuantizedTable:
         - float8_e4m3fn / float8_e5m2: a scale per row, ``max|x| / (largest finite)``; needs
           PyTorch for the float8 rounding, and returns PyTorch tensors (NumPy has no float8).
         - gguf_q8_0 / gguf_q4_0: the gguf package's own quantizer (llama.cpp's reference).
-          gguf_q4_k and gguf_q6_k are read from ``.gguf`` files (:meth:`from_gguf`) and not
-          quantized here.
+        - gguf_q4_k / gguf_q6_k (which the gguf package cannot quantize): a direct quantizer of
+          the blocks' layout, min/max per sub-block of 32 (Q4_K) and max|x| per group of 16
+          (Q6_K), the sub-block factors quantized to 6 and 8 bits against a float16 super-block
+          scale, the values then rounded against the quantized factors. Every value lies within
+          about one step of its sub-block; llama.cpp's ``llama-quantize`` searches the factors
+          further (``make_qkx2_quants``) and gives other, slightly closer, blocks.
         """
         op = "QuantizedTable.quantize"
         if format not in _FORMATS:
@@ -228,23 +232,28 @@ class QuantizedTable:
             return np.ascontiguousarray(a)
 
         if format in _GGUF_BLOCKS:
-            if format not in ("gguf_q8_0", "gguf_q4_0"):
-                raise _C.NotAvailableError(
-                    f"{op}: {format} tables are not quantized by embrope (nor by the gguf "
-                    "package); read one from a .gguf file with QuantizedTable.from_gguf")
-            try:
-                import gguf
-            except ImportError as e:
-                raise _C.NotAvailableError(
-                    f"{op}: {format} quantizes with the gguf package (pip install gguf)") from e
+            if group_size is not None or zero_point:
+                raise _C.InvalidArgumentError(
+                    f"{op}: {format} blocks fix their own groups and offsets: group_size and "
+                    "zero_point do not apply")
             values, _ = _GGUF_BLOCKS[format]
             if dim % values != 0:
                 raise _C.InvalidArgumentError(
                     f"{op}: {format} stores rows in blocks of {values} values: D {dim} must be "
                     f"a multiple of {values}")
+            rows = x.astype(np.float32)
+            if format == "gguf_q4_k":
+                return cls(format, back(_quantize_q4_k(rows)), dim=dim)
+            if format == "gguf_q6_k":
+                return cls(format, back(_quantize_q6_k(rows)), dim=dim)
+            try:
+                import gguf
+            except ImportError as e:
+                raise _C.NotAvailableError(
+                    f"{op}: {format} quantizes with the gguf package (pip install gguf)") from e
             kind = gguf.GGMLQuantizationType.Q8_0 if format == "gguf_q8_0" else \
                 gguf.GGMLQuantizationType.Q4_0
-            return cls(format, back(gguf.quants.quantize(x.astype(np.float32), kind)), dim=dim)
+            return cls(format, back(gguf.quants.quantize(rows, kind)), dim=dim)
 
         if format.startswith("float8"):
             if group_size is not None or zero_point:
@@ -288,6 +297,70 @@ class QuantizedTable:
             q = q.astype(np.int8)
         return cls(format, back(q), dim=dim, scales=back(scale),
                    zero_points=back(zp) if zero_point else None)
+
+
+def _f16(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to float16 and back (the blocks' scale fields)."""
+    return a.astype(np.float16).astype(np.float32)
+
+
+def _quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    """float32 rows [V, D] (D a multiple of 256) as Q4_K blocks, uint8 [V, D / 256 * 144]:
+    x = d * sc * q - dmin * m per sub-block of 32, q in [0, 15], sc and m 6-bit (ggml-common.h's
+    block_q4_K; the scale packing is get_scale_min_k4's inverse)."""
+    vocab, dim = x.shape
+    blocks = x.reshape(-1, 8, 32)  # every block of every row, as 8 sub-blocks of 32
+    lo = np.minimum(blocks.min(axis=2), 0.0)
+    hi = np.maximum(blocks.max(axis=2), 0.0)
+    scale = (hi - lo) / 15.0  # of each sub-block
+    offset = -lo              # its min, >= 0
+    d = _f16(scale.max(axis=1) / 63.0)
+    dmin = _f16(offset.max(axis=1) / 63.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(d[:, None] > 0, np.rint(scale / d[:, None]), 0).clip(0, 63).astype(np.uint8)
+        mq = np.where(dmin[:, None] > 0, np.rint(offset / dmin[:, None]), 0).clip(0, 63)
+        mq = mq.astype(np.uint8)
+        step = (d[:, None] * sc).astype(np.float32)
+        shift = (dmin[:, None] * mq).astype(np.float32)
+        q = np.where(step[:, :, None] > 0,
+                     np.rint((blocks + shift[:, :, None]) / step[:, :, None]), 0)
+    q = q.clip(0, 15).astype(np.uint8)
+    out = np.zeros((blocks.shape[0], 144), dtype=np.uint8)
+    out[:, 0:2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    out[:, 2:4] = dmin.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    packed = out[:, 4:16]
+    packed[:, 0:4] = (sc[:, 0:4] & 63) | ((sc[:, 4:8] >> 4) << 6)
+    packed[:, 4:8] = (mq[:, 0:4] & 63) | ((mq[:, 4:8] >> 4) << 6)
+    packed[:, 8:12] = (sc[:, 4:8] & 15) | ((mq[:, 4:8] & 15) << 4)
+    # Sub-blocks 2i and 2i + 1 share 32 bytes: low nibbles, then high nibbles.
+    out[:, 16:] = (q[:, 0::2, :] | (q[:, 1::2, :] << 4)).reshape(-1, 128)
+    return out.reshape(vocab, dim // 256 * 144)
+
+
+def _quantize_q6_k(x: np.ndarray) -> np.ndarray:
+    """float32 rows [V, D] (D a multiple of 256) as Q6_K blocks, uint8 [V, D / 256 * 210]:
+    x = d * sc * q per group of 16, q in [-32, 31], sc int8 (ggml-common.h's block_q6_K, laid
+    out as dequantize_row_q6_K reads it)."""
+    vocab, dim = x.shape
+    groups = x.reshape(-1, 16, 16)  # every block as 16 groups of 16
+    scale = np.abs(groups).max(axis=2) / 31.0
+    d = _f16(scale.max(axis=1) / 127.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(d[:, None] > 0, np.rint(scale / d[:, None]), 0).clip(0, 127).astype(np.int8)
+        step = (d[:, None] * sc).astype(np.float32)
+        q = np.where(step[:, :, None] > 0, np.rint(groups / step[:, :, None]), 0)
+    q = (q.clip(-32, 31) + 32).astype(np.uint8).reshape(-1, 2, 4, 32)  # [block, half, k, l]
+    out = np.zeros((q.shape[0], 210), dtype=np.uint8)
+    for half in range(2):
+        ql = out[:, 64 * half:64 * half + 64]
+        ql[:, 0:32] = (q[:, half, 0] & 15) | ((q[:, half, 2] & 15) << 4)
+        ql[:, 32:64] = (q[:, half, 1] & 15) | ((q[:, half, 3] & 15) << 4)
+        out[:, 128 + 32 * half:160 + 32 * half] = (
+            (q[:, half, 0] >> 4) | ((q[:, half, 1] >> 4) << 2) | ((q[:, half, 2] >> 4) << 4) |
+            ((q[:, half, 3] >> 4) << 6))
+    out[:, 192:208] = sc.view(np.uint8)
+    out[:, 208:210] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return out.reshape(vocab, dim // 256 * 210)
 
 
 def _nbytes(a: Any) -> int:

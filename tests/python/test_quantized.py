@@ -137,6 +137,33 @@ def test_quantize_round_trips_within_the_formats_step(fmt, kw):
     assert torch.equal(t.dequantize().float(), torch.from_numpy(back.astype(np.float32)))
 
 
+@pytest.mark.parametrize("fmt", ["gguf_q4_k", "gguf_q6_k"])
+def test_quantize_k_quants_the_gguf_package_reads_back(fmt):
+    gguf = pytest.importorskip("gguf")
+    kind = gguf.GGMLQuantizationType[fmt[5:].upper()]
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((6, 512)) * rng.uniform(0.01, 3.0, (6, 1))).astype(np.float32)
+    x[2, :256] += 1.5  # a block of positive values (Q4_K's min is then 0)
+    x[3, 256:] = 0.0   # an all-zero block (zero scales)
+    table = QuantizedTable.quantize(x, fmt)
+    # The blocks are llama.cpp's layout: the gguf package decodes them to embrope's values.
+    theirs = gguf.quants.dequantize(np.asarray(table.data).reshape(-1), kind).reshape(6, 512)
+    ours = table.dequantize()
+    np.testing.assert_array_equal(ours.view(np.uint32), theirs.astype(np.float32).view(np.uint32))
+    # Each value within one step of its sub-block: Q4_K 15 steps over [min(x, 0), max(x, 0)]
+    # per 32 values, Q6_K 31 steps per max|x| of 16 values (the factors' own 6- and 8-bit
+    # rounding included).
+    group, steps = (32, 15.0) if fmt == "gguf_q4_k" else (16, 31.0)
+    xs = x.reshape(-1, group).astype(np.float64)
+    if fmt == "gguf_q4_k":
+        span = np.maximum(xs.max(axis=1), 0) - np.minimum(xs.min(axis=1), 0)
+    else:
+        span = np.abs(xs).max(axis=1)
+    error = np.abs(ours.reshape(-1, group) - xs).max(axis=1)
+    assert np.all(error <= span / steps + 1e-7)
+    assert np.all(ours.reshape(-1, group)[span == 0] == 0)
+
+
 def test_quantized_table_is_read_by_reference_and_fuses_with_positions():
     rng = np.random.default_rng(5)
     table = QuantizedTable.quantize(rng.standard_normal((20, 32)), "int8", group_size=8)
@@ -166,7 +193,7 @@ def test_quantized_table_errors_name_the_argument_and_the_rule():
         QuantizedTable("q4", good.data)
     with pytest.raises(embrope.InvalidArgumentError, match="group_size 24 must divide D 64"):
         QuantizedTable.quantize(np.ones((2, 64)), "int8", group_size=24)
-    with pytest.raises(embrope.NotAvailableError, match="from_gguf"):
-        QuantizedTable.quantize(np.ones((2, 256)), "gguf_q4_k")
+    with pytest.raises(embrope.InvalidArgumentError, match="D 100 must be a multiple of 256"):
+        QuantizedTable.quantize(np.ones((2, 100)), "gguf_q4_k")
     with pytest.raises(embrope.BadIndexError, match="ids"):
         embrope.embed(good, np.array([8]))
