@@ -740,7 +740,7 @@ void register_all() {
   }
 }
 
-// embed from a quantized table of D 4096 (QuantizedTable; CPU only for now): the quantized
+// embed from a quantized table of D 4096 (QuantizedTable): the quantized
 // rows (and their scales) read, a bfloat16 row written, against a copy of the same bytes. The
 // data bytes are all 0x11 (finite, normal values in every format), the scales and zero points
 // hashed values.
@@ -798,7 +798,6 @@ void embed_quantized_case(benchmark::State& state, embrope::QuantFormat format, 
 }
 
 void register_embed_quantized() {
-  if (g_gpu) return;  // quantized tables are read on the CPU only for now
   const std::pair<const char*, embrope::QuantFormat> formats[] = {
       {"int8", embrope::QuantFormat::int8},
       {"int4", embrope::QuantFormat::int4},

@@ -11,6 +11,7 @@
 #include "../src/backend.hpp"
 #include "../src/dispatch.hpp"
 #include "../src/embed_row.hpp"
+#include "../src/quant_row.hpp"
 #include "bad_index.cuh"
 #include "block_shared.cuh"
 #include "common.cuh"
@@ -36,7 +37,8 @@ struct RowTables {
   const T* position;
   const T* type;
   __device__ RowTables(const internal::EmbedParams& p, const internal::EmbedRow& r)
-      : token(static_cast<const T*>(p.table) + r.token * p.table_stride),
+      : token(p.table == nullptr ? nullptr  // a quantized table: read by quant_table_value
+                                 : static_cast<const T*>(p.table) + r.token * p.table_stride),
         position(p.position_table == nullptr ? nullptr
                                              : static_cast<const T*>(p.position_table) +
                                                    r.position * p.position_table_stride),
@@ -133,15 +135,21 @@ __device__ __forceinline__ void sinusoid_pairs(const internal::EmbedParams& p,
 
 // v = the float32 sum of the W elements j .. j + W - 1 of row r (aligned to a W chunk):
 // scale * token (zero for a shard miss) + position (learned or sinusoidal) + type, in that
-// order, as on the CPU.
-template <typename T, int W, bool kSinusoidal>
+// order, as on the CPU. kQuantized: the token table is p.quant, its values dequantized one by
+// one (internal::quant_table_value, the CPU's element formula).
+template <typename T, int W, bool kSinusoidal, bool kQuantized = false>
 __device__ __forceinline__ void sum_chunk(const internal::EmbedParams& p,
                                           const SinusoidTable& sinusoids,
                                           const internal::EmbedRow& r, const RowTables<T>& rows,
                                           std::int64_t j, float* v) {
   float add[W];
   if (r.token_hit) {
-    load_chunk<T, W>(rows.token + j, v);
+    if constexpr (kQuantized) {
+#pragma unroll
+      for (int w = 0; w < W; ++w) v[w] = internal::quant_table_value(p.quant, r.token, j + w);
+    } else {
+      load_chunk<T, W>(rows.token + j, v);
+    }
 #pragma unroll
     for (int w = 0; w < W; ++w) v[w] *= p.scale;
   } else {
@@ -209,7 +217,8 @@ __device__ __forceinline__ void sum_chunk(const internal::EmbedParams& p,
 // 32 for the scalar float16 path and spilled. The sinusoidal paths hold W float64 sin/cos in
 // flight and get 3 blocks, 80 registers (the 16-bit ones took 102 at 2 blocks; at 4 they
 // spill).
-template <typename T, int W, int G, bool kSinusoidal>
+// kQuantized: the token table is p.quant (W 1, sum_chunk's quantized path).
+template <typename T, int W, int G, bool kSinusoidal, bool kQuantized = false>
 __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 3 : 4)
     embed_kernel(const __grid_constant__ internal::EmbedParams p, const SinusoidTable sinusoids) {
   constexpr int kRowsPerBlock = kThreadsPerBlock / G;
@@ -218,7 +227,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 3 : 4)
   const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * kRowsPerBlock;
   // A plain lookup (scale 1, no positions or types) copies the token row's bits, as the CPU
   // does: no conversion to float32 and back (which would also turn a signalling NaN quiet).
-  const bool copy_rows = !kSinusoidal && p.positions == PositionEncoding::none &&
+  const bool copy_rows = !kSinusoidal && !kQuantized && p.positions == PositionEncoding::none &&
                          p.type_table == nullptr && p.scale == 1.0f;
   for (std::int64_t n = blockIdx.x * static_cast<std::int64_t>(kRowsPerBlock) + threadIdx.y;
        n < p.rows; n += row_stride) {
@@ -243,7 +252,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 3 : 4)
       continue;
     }
     const RowTables<T> rows(p, r);
-    if constexpr (!kSinusoidal) {
+    if constexpr (!kSinusoidal && !kQuantized) {
       // Two chunks of the row per step, every token, position and type load of both issued
       // before the first sum uses one: with sum_chunk's order (the token's product, then
       // each add after its own load) a lane kept one 16-byte load in flight, and the model
@@ -281,7 +290,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 3 : 4)
     } else {
       for (std::int64_t j = lane * W; j < dim; j += G * W) {
         float v[W];
-        sum_chunk<T, W, true>(p, sinusoids, r, rows, j, v);
+        sum_chunk<T, W, kSinusoidal, kQuantized>(p, sinusoids, r, rows, j, v);
 #pragma unroll
         for (int w = 0; w < W; ++w) result.v[w] = from_float<T>(v[w]);
         *reinterpret_cast<Chunk<T, W>*>(out + j) = result;
@@ -309,7 +318,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 3 : 4)
 // slots (past the last row, or bad rows) contributing zero partials. At most 64 registers
 // (16 blocks per multiprocessor); the sinusoidal paths 128.
 constexpr int kNormThreadsPerBlock = kNormBlockRows * detail::kNormLanes;
-template <typename T, bool kVector, bool kSinusoidal>
+// kQuantized: the token table is p.quant (kVector false).
+template <typename T, bool kVector, bool kSinusoidal, bool kQuantized = false>
 __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
     embed_norm_kernel(const __grid_constant__ internal::EmbedParams p,
                       const SinusoidTable sinusoids, const NormFactors factors) {
@@ -345,12 +355,14 @@ __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
       if constexpr (kVector) {
 #pragma unroll
         for (int c = 0; c < kWidth; c += kLoad)
-          sum_chunk<T, kLoad, kSinusoidal>(p, sinusoids, r, rows, j0 + c, v + c);
+          sum_chunk<T, kLoad, kSinusoidal, kQuantized>(p, sinusoids, r, rows, j0 + c, v + c);
       } else {
 #pragma unroll
         for (int w = 0; w < kWidth; ++w) {
           v[w] = 0.0f;
-          if (j0 + w < dim) sum_chunk<T, 1, kSinusoidal>(p, sinusoids, r, rows, j0 + w, v + w);
+          if (j0 + w < dim) {
+            sum_chunk<T, 1, kSinusoidal, kQuantized>(p, sinusoids, r, rows, j0 + w, v + w);
+          }
         }
       }
     };
@@ -454,37 +466,39 @@ bool fits_vector_path(const internal::EmbedParams& p) {
   return true;
 }
 
-template <typename T>
+template <typename T, bool kQuantized = false>
 void launch_norm(const internal::EmbedParams& p, const SinusoidTable& sinusoids,
                  const NormFactors& factors, cudaStream_t stream) {
   const dim3 block(detail::kNormLanes, kNormBlockRows);
   const unsigned grid = grid_for(p.rows, kNormBlockRows, detail::kNormLanes * kNormBlockRows);
   const bool sinusoidal = p.positions == PositionEncoding::sinusoidal;
   // A lane's 8 elements are whole vector accesses only when D is a multiple of 8 (for
-  // float32, a multiple of 4 is not enough).
-  if (fits_vector_path<T>(p) && p.dim % detail::kNormLaneWidth == 0) {
+  // float32, a multiple of 4 is not enough). A quantized table: the scalar path.
+  if (!kQuantized && fits_vector_path<T>(p) && p.dim % detail::kNormLaneWidth == 0) {
     if (sinusoidal) {
       embed_norm_kernel<T, true, true><<<grid, block, 0, stream>>>(p, sinusoids, factors);
     } else {
       embed_norm_kernel<T, true, false><<<grid, block, 0, stream>>>(p, sinusoids, factors);
     }
   } else if (sinusoidal) {
-    embed_norm_kernel<T, false, true><<<grid, block, 0, stream>>>(p, sinusoids, factors);
+    embed_norm_kernel<T, false, true, kQuantized>
+        <<<grid, block, 0, stream>>>(p, sinusoids, factors);
   } else {
-    embed_norm_kernel<T, false, false><<<grid, block, 0, stream>>>(p, sinusoids, factors);
+    embed_norm_kernel<T, false, false, kQuantized>
+        <<<grid, block, 0, stream>>>(p, sinusoids, factors);
   }
   check_launch("embed_norm_kernel");
 }
 
-template <typename T, int W, int G>
+template <typename T, int W, int G, bool kQuantized = false>
 void launch_group(const internal::EmbedParams& p, const SinusoidTable& sinusoids,
                   cudaStream_t stream) {
   const dim3 block(G, kThreadsPerBlock / G);
   const unsigned grid = grid_for(p.rows, kThreadsPerBlock / G, kThreadsPerBlock);
   if (p.positions == PositionEncoding::sinusoidal) {
-    embed_kernel<T, W, G, true><<<grid, block, 0, stream>>>(p, sinusoids);
+    embed_kernel<T, W, G, true, kQuantized><<<grid, block, 0, stream>>>(p, sinusoids);
   } else {
-    embed_kernel<T, W, G, false><<<grid, block, 0, stream>>>(p, sinusoids);
+    embed_kernel<T, W, G, false, kQuantized><<<grid, block, 0, stream>>>(p, sinusoids);
   }
 }
 
@@ -547,11 +561,20 @@ void launch(const internal::EmbedParams& p, cudaStream_t stream) {
   std::optional<Workspace> workspace;
   const CallTables tables = make_call_tables(p, workspace, stream);
   const SinusoidTable& sinusoids = tables.sinusoids;
+  // A quantized token table (p.table null): the scalar paths, each value dequantized by the
+  // element formula (a first version: no vector loads of the quantized bytes yet).
+  const bool quantized = p.table == nullptr;
   if (p.norm != Normalization::none) {
-    launch_norm<T>(p, sinusoids, tables.norm, stream);
+    if (quantized) {
+      launch_norm<T, true>(p, sinusoids, tables.norm, stream);
+    } else {
+      launch_norm<T>(p, sinusoids, tables.norm, stream);
+    }
     return;
   }
-  if (fits_vector_path<T>(p)) {
+  if (quantized) {
+    launch_group<T, 1, 32, true>(p, sinusoids, stream);
+  } else if (fits_vector_path<T>(p)) {
     constexpr int w = kVec16<T>;
     // The smallest group whose lanes cover a row in one 16-byte step each (at least 4 lanes).
     const std::int64_t chunks = p.dim / w;

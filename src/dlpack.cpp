@@ -73,6 +73,8 @@ const char* accepted_dtypes(std::string_view name) {
   if (among({"k_cache", "v_cache", "kv_cache"})) {
     return "float32, float16, bfloat16, float8_e4m3fn or float8_e5m2";
   }
+  if (among({"table.data"})) return "int8, uint8, float8_e4m3fn or float8_e5m2 (by its format)";
+  if (among({"table.zero_points"})) return "float32, float16, bfloat16, int8 or int32";
   if (among({"q_weight_grad", "k_weight_grad", "grads.q_weight", "grads.k_weight"})) {
     return "float32";
   }
@@ -96,6 +98,7 @@ const char* accepted_dtypes(std::string_view name) {
              "grad_type_table",
              "norm_weight",
              "norm_bias",
+             "table.scales",
              "q_weight",
              "k_weight"})) {
     return "float32, float16 or bfloat16";

@@ -264,7 +264,14 @@ void set_quant_table(const QuantizedTable& t, internal::EmbedParams& p) {
       fail(kOp, "format {} stores rows in blocks of {} values: D {} must be a multiple of {}",
            format, values, dim, values);
     }
-    columns = dim / values * detail::gguf_block_bytes(block);
+    // Compared by blocks: dim / values * bytes could overflow for a huge dim.
+    const std::int64_t bytes = detail::gguf_block_bytes(block);
+    if (data.shape(1) % bytes != 0 || data.shape(1) / bytes != dim / values) {
+      fail(kOp,
+           "table.data has {} columns; format {} stores a row of D {} in {} blocks of {} bytes",
+           data.shape(1), format, dim, dim / values, bytes);
+    }
+    columns = data.shape(1);
   }
   if (data.dtype() != want) {
     fail(kOp, "table.data has dtype {}; format {} is stored as {}", dtype_name(data.dtype()),
@@ -350,11 +357,6 @@ void embed(const QuantizedTable& table, const Tensor& ids, const Tensor& out,
   if (table.zero_points) inputs.emplace_back("table.zero_points", &*table.zero_points);
   internal::EmbedParams p = prepare(call, table.data.shape(0), ids, out, o, inputs);
   p.quant = quant.quant;
-  if (call.device.kind == DeviceKind::cuda) {
-    throw Error(ErrorCode::not_implemented,
-                "embed: table.data is on a CUDA device; quantized tables are read on the CPU only "
-                "in this version");
-  }
   if (p.rows == 0 || p.dim == 0) return;
   run_kernel(kOp, call.device, o.stream, o.deferred, p, p.bad, cpu::embed, gpu::embed);
 }

@@ -522,10 +522,20 @@ TEST_CASE("embrope_embed_quantized reads an int4 table with group scales and zer
         EMBROPE_ERROR_INVALID_ARGUMENT);
   CHECK(ref::mentions(embrope_last_error(), "embrope_embed_quantized"));
   CHECK(std::string(embrope_last_error()).find("embrope_quant_format_t") != std::string::npos);
+  // A Q8_0 table of D 32 (one 34-byte block per row) given scales: refused by that rule.
+  ref::Buffer q8(DType::uint8, 2 * 34);
+  DL q8d(q8, {2, 34});
   bad = table;
   bad.format = EMBROPE_QUANT_GGUF_Q8_0;
-  CHECK(embrope_embed_quantized(&bad, &idd.t, &od.t, nullptr, nullptr) ==
+  bad.data = &q8d.t;
+  bad.dim = 32;
+  bad.zero_points = nullptr;
+  ref::Buffer out32(DType::float32, 3 * 32);
+  DL od32(out32, {3, 32});
+  CHECK(embrope_embed_quantized(&bad, &idd.t, &od32.t, nullptr, nullptr) ==
         EMBROPE_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(embrope_last_error()).find("keeps its scales in its blocks") !=
+        std::string::npos);
   CHECK(embrope_embed_quantized(nullptr, &idd.t, &od.t, nullptr, nullptr) ==
         EMBROPE_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(embrope_last_error()).find("table is null") != std::string::npos);

@@ -582,3 +582,49 @@ TEST_CASE("embed from a quantized table refuses what does not match its format",
     }
   }
 }
+
+TEST_CASE("embed from a quantized table reads strided scales and zero points by their strides",
+          "[embed][quant]") {
+  // int8, V 5, D 8, groups of 4: scales [V, 2] at row stride 5 (padding between rows), int8
+  // zero points [V, 2] at row stride 7; then scales [V, 1] whose column stride is 9 (one per
+  // row, the column never stepped); a [V, 2] view with column stride 2 is refused.
+  const std::int64_t V = 5, D = 8, G = 2;
+  Buffer data(DType::int8, V * D), scales(DType::float32, V * 5), zps(DType::int8, V * 7);
+  std::mt19937_64 rng(3);
+  for (std::int64_t i = 0; i < V * D; ++i) data.set(i, static_cast<int>(rng() % 255) - 127);
+  for (std::int64_t i = 0; i < V * 5; ++i) scales.set(i, 0.125 * static_cast<double>(1 + i % 7));
+  for (std::int64_t i = 0; i < V * 7; ++i) zps.set(i, static_cast<int>(rng() % 9) - 4);
+  Buffer id = id_buffer({4, 0, 3, 1, 2});
+  Buffer out(DType::float32, V * D);
+  QuantizedTable t;
+  t.format = QuantFormat::int8;
+  t.dim = D;
+  t.data = ref::view(data, 0, {V, D});
+  t.scales = ref::view(scales, 0, {V, G}, {5, 1});
+  t.zero_points = ref::view(zps, 0, {V, G}, {7, 1});
+  embrope::embed(t, ref::view(id, 0, {V}), ref::view(out, 0, {V, D}));
+  for (std::int64_t n = 0; n < V; ++n) {
+    const std::int64_t r = id.get_index(n);
+    for (std::int64_t j = 0; j < D; ++j) {
+      const auto q = static_cast<float>(data.get(r * D + j));
+      const auto z = static_cast<float>(zps.get(r * 7 + j / 4));
+      const auto s = static_cast<float>(scales.get(r * 5 + j / 4));
+      INFO("row " << n << " element " << j);
+      CHECK(out.bits(n * D + j) == bits_of((q - z) * s));
+    }
+  }
+  t.scales = ref::view(scales, 0, {V, 1}, {5, 9});
+  t.zero_points.reset();
+  embrope::embed(t, ref::view(id, 0, {V}), ref::view(out, 0, {V, D}));
+  for (std::int64_t n = 0; n < V; ++n) {
+    const std::int64_t r = id.get_index(n);
+    for (std::int64_t j = 0; j < D; ++j) {
+      INFO("row " << n << " element " << j);
+      CHECK(out.bits(n * D + j) == bits_of(static_cast<float>(data.get(r * D + j)) *
+                                           static_cast<float>(scales.get(r * 5))));
+    }
+  }
+  t.scales = ref::view(scales, 0, {V, G}, {5, 2});
+  CHECK_THROWS_WITH(embrope::embed(t, ref::view(id, 0, {V}), ref::view(out, 0, {V, D})),
+                    Catch::Contains("table.scales"));
+}

@@ -409,8 +409,8 @@ static inline void embrope_quantized_table_init(embrope_quantized_table_t* table
 }
 
 /* embrope_embed from a quantized token table, each looked-up row dequantized in the same pass;
- * out (float32, float16 or bfloat16) chooses the value dtype of the call's other tables. CPU
- * tensors only in this version. */
+ * out (float32, float16 or bfloat16) chooses the value dtype of the call's other tables. CPU or
+ * CUDA tensors. */
 EMBROPE_API embrope_status_t embrope_embed_quantized(const embrope_quantized_table_t* table,
                                                      const DLTensor* ids, const DLTensor* out,
                                                      const embrope_embed_options_t* options,

@@ -92,7 +92,10 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
     """
     op = "embed"
     quantized = isinstance(table, QuantizedTable)
-    if not quantized:
+    if quantized:  # a scale that requires grad would silently get none
+        _arrays.check_optional(op, "table.scales", table.scales)
+        _arrays.check_optional(op, "table.zero_points", table.zero_points)
+    else:
         _arrays.check_array(op, "table", table)
     _arrays.check_array(op, "ids", ids)
     for name, value in (("position_table", position_table), ("position_ids", position_ids),

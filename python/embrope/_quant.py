@@ -53,7 +53,9 @@ class QuantizedTable:
 
     Notes
     -----
-    There is no backward for quantized tables. CPU arrays only in this version.
+    There is no backward for quantized tables. CPU arrays and CUDA arrays (PyTorch, CuPy) both
+    work; :meth:`from_gguf` and :meth:`quantize` give host arrays (move them with the
+    framework, e.g. ``torch.from_numpy(...).cuda()``).
     """
 
     def __init__(self, format: str, data: Any, *, dim: Optional[int] = None,
@@ -159,10 +161,22 @@ class QuantizedTable:
                 f"{', ...' if len(reader.tensors) > 8 else ''})")
         tensor = found[0]
         kind = tensor.tensor_type.name
+        if len(tensor.shape) != 2:
+            raise _C.InvalidArgumentError(
+                f"{op}: {name!r} has shape {list(tensor.shape)} (fastest first); a token table "
+                "has two dimensions, [D, V]")
         # GGUF shapes list the fastest dimension first: [D, V].
-        dim, vocab = (int(n) for n in tensor.shape[:2])
-        if kind in ("F32", "F16", "BF16"):
+        dim, vocab = (int(n) for n in tensor.shape)
+        if kind in ("F32", "F16"):
             return tensor.data.reshape(vocab, dim)
+        if kind == "BF16":  # gguf-py hands BF16 out as raw bytes [V, 2 D]
+            try:
+                import ml_dtypes
+            except ImportError as e:
+                raise _C.NotAvailableError(
+                    f"{op}: {name!r} is BF16; NumPy holds bfloat16 through ml_dtypes "
+                    "(pip install ml_dtypes)") from e
+            return tensor.data.view(ml_dtypes.bfloat16).reshape(vocab, dim)
         if kind not in _GGML_TYPES:
             raise _C.InvalidArgumentError(
                 f"{op}: {name!r} is stored as {kind}; embrope reads {', '.join(_GGML_TYPES)}, "
@@ -193,7 +207,8 @@ class QuantizedTable:
     @classmethod
     def quantize(cls, table: Any, format: str, *, group_size: Optional[int] = None,
                  zero_point: bool = False) -> "QuantizedTable":
-        """Quantize a float table [V, D] (NumPy or PyTorch, on the CPU).
+        """Quantize a float table [V, D] (NumPy, or PyTorch on any device: the arrays are made
+        on the host and returned on the table's device).
 
         - int8 / int4: a scale per row (`group_size` None) or per group of `group_size`
           values; symmetric ``scale = max|x| / qmax`` (127 or 7), or with `zero_point` the
@@ -216,6 +231,7 @@ class QuantizedTable:
                 f"{op}: format {format!r} is not one of {', '.join(_FORMATS)}")
         _arrays.check_array(op, "table", table, autograd=False)
         torch_in = _arrays.framework(table) == "torch"
+        device = table.device if torch_in else None
         x = (table.detach().to("cpu").double().numpy() if torch_in
              else np.asarray(table, dtype=np.float64))
         if x.ndim != 2:
@@ -228,7 +244,7 @@ class QuantizedTable:
             if torch_in:
                 import torch
 
-                return torch.from_numpy(np.ascontiguousarray(a))
+                return torch.from_numpy(np.ascontiguousarray(a)).to(device)
             return np.ascontiguousarray(a)
 
         if format in _GGUF_BLOCKS:
@@ -269,6 +285,8 @@ class QuantizedTable:
             scale = np.where(amax > 0, amax / largest, 1.0).astype(np.float32)
             q = torch.from_numpy((x / scale).astype(np.float32)).to(getattr(torch, format))
             s = torch.from_numpy(scale[:, 0].copy())
+            if torch_in:
+                q, s = q.to(device), s.to(device)
             return cls(format, q, scales=s)
 
         bits = 8 if format == "int8" else 4
@@ -304,6 +322,15 @@ def _f16(a: np.ndarray) -> np.ndarray:
     return a.astype(np.float16).astype(np.float32)
 
 
+def _check_block_scales(format: str, x: np.ndarray, *scales: np.ndarray) -> None:
+    """Refuses a table whose float16 super-block scales overflow (|x| past about 4e6 for Q4_K's
+    minima, 2.5e8 for Q6_K)."""
+    if not all(np.all(np.isfinite(s)) for s in scales):
+        raise _C.InvalidArgumentError(
+            f"QuantizedTable.quantize: {format} keeps float16 super-block scales, which overflow "
+            f"for this table (max |x| {np.abs(x).max():.3g})")
+
+
 def _quantize_q4_k(x: np.ndarray) -> np.ndarray:
     """float32 rows [V, D] (D a multiple of 256) as Q4_K blocks, uint8 [V, D / 256 * 144]:
     x = d * sc * q - dmin * m per sub-block of 32, q in [0, 15], sc and m 6-bit (ggml-common.h's
@@ -316,6 +343,7 @@ def _quantize_q4_k(x: np.ndarray) -> np.ndarray:
     offset = -lo              # its min, >= 0
     d = _f16(scale.max(axis=1) / 63.0)
     dmin = _f16(offset.max(axis=1) / 63.0)
+    _check_block_scales("gguf_q4_k", x, d, dmin)
     with np.errstate(divide="ignore", invalid="ignore"):
         sc = np.where(d[:, None] > 0, np.rint(scale / d[:, None]), 0).clip(0, 63).astype(np.uint8)
         mq = np.where(dmin[:, None] > 0, np.rint(offset / dmin[:, None]), 0).clip(0, 63)
@@ -345,6 +373,7 @@ def _quantize_q6_k(x: np.ndarray) -> np.ndarray:
     groups = x.reshape(-1, 16, 16)  # every block as 16 groups of 16
     scale = np.abs(groups).max(axis=2) / 31.0
     d = _f16(scale.max(axis=1) / 127.0)
+    _check_block_scales("gguf_q6_k", x, d)
     with np.errstate(divide="ignore", invalid="ignore"):
         sc = np.where(d[:, None] > 0, np.rint(scale / d[:, None]), 0).clip(0, 127).astype(np.int8)
         step = (d[:, None] * sc).astype(np.float32)

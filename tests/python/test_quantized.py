@@ -25,7 +25,7 @@ def _random_k_blocks(rng, kind, count):
     return raw
 
 
-@pytest.mark.parametrize("kind_name", ["Q8_0", "Q4_0", "Q4_K", "Q6_K", "F16"])
+@pytest.mark.parametrize("kind_name", ["Q8_0", "Q4_0", "Q4_K", "Q6_K", "F16", "BF16"])
 def test_gguf_file_token_embd_as_the_gguf_package_dequantizes_it(tmp_path, kind_name):
     gguf = pytest.importorskip("gguf")
     kind = gguf.GGMLQuantizationType[kind_name]
@@ -36,6 +36,10 @@ def test_gguf_file_token_embd_as_the_gguf_package_dequantizes_it(tmp_path, kind_
         data = gguf.quants.quantize(rows, kind)
     elif kind_name == "F16":
         data = rng.standard_normal((vocab, dim)).astype(np.float16)
+    elif kind_name == "BF16":  # the bytes of bfloat16 values, as gguf-py writes them
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        values = rng.standard_normal((vocab, dim)).astype(ml_dtypes.bfloat16)
+        data = values.view(np.uint8)
     else:
         block, size = gguf.GGML_QUANT_SIZES[kind]
         data = _random_k_blocks(rng, kind, vocab * dim // block).reshape(vocab, -1)
@@ -51,9 +55,12 @@ def test_gguf_file_token_embd_as_the_gguf_package_dequantizes_it(tmp_path, kind_
     reader = gguf.GGUFReader(str(path))
     table = QuantizedTable.from_gguf(reader)
     ids = rng.integers(0, vocab, (3, 7))
-    if kind_name == "F16":  # float tables come back as the array itself
+    if kind_name in ("F16", "BF16"):  # float tables come back as the array itself
         assert isinstance(table, np.ndarray) and table.shape == (vocab, dim)
-        np.testing.assert_array_equal(embrope.embed(table, ids), data[ids])
+        want = data if kind_name == "F16" else values
+        assert table.dtype == want.dtype
+        np.testing.assert_array_equal(embrope.embed(table, ids).view(np.uint16),
+                                      want[ids].view(np.uint16))
         return
     assert table.format == "gguf_" + kind_name.lower()
     assert table.shape == (vocab, dim)
