@@ -218,7 +218,7 @@ __device__ __forceinline__ void sum_chunk(const internal::EmbedParams& p,
 // flight and get 3 blocks, 80 registers (the 16-bit ones took 102 at 2 blocks; at 4 they
 // spill).
 // kQuantized: the token table is p.quant (W 1, sum_chunk's quantized path).
-template <typename T, int W, int G, bool kSinusoidal, bool kQuantized = false>
+template <typename T, int W, int G, bool kSinusoidal, bool kQuantized>
 __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 3 : 4)
     embed_kernel(const __grid_constant__ internal::EmbedParams p, const SinusoidTable sinusoids) {
   constexpr int kRowsPerBlock = kThreadsPerBlock / G;
@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 3 : 4)
 // (16 blocks per multiprocessor); the sinusoidal paths 128.
 constexpr int kNormThreadsPerBlock = kNormBlockRows * detail::kNormLanes;
 // kQuantized: the token table is p.quant (kVector false).
-template <typename T, bool kVector, bool kSinusoidal, bool kQuantized = false>
+template <typename T, bool kVector, bool kSinusoidal, bool kQuantized>
 __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
     embed_norm_kernel(const __grid_constant__ internal::EmbedParams p,
                       const SinusoidTable sinusoids, const NormFactors factors) {
@@ -476,9 +476,9 @@ void launch_norm(const internal::EmbedParams& p, const SinusoidTable& sinusoids,
   // float32, a multiple of 4 is not enough). A quantized table: the scalar path.
   if (!kQuantized && fits_vector_path<T>(p) && p.dim % detail::kNormLaneWidth == 0) {
     if (sinusoidal) {
-      embed_norm_kernel<T, true, true><<<grid, block, 0, stream>>>(p, sinusoids, factors);
+      embed_norm_kernel<T, true, true, false><<<grid, block, 0, stream>>>(p, sinusoids, factors);
     } else {
-      embed_norm_kernel<T, true, false><<<grid, block, 0, stream>>>(p, sinusoids, factors);
+      embed_norm_kernel<T, true, false, false><<<grid, block, 0, stream>>>(p, sinusoids, factors);
     }
   } else if (sinusoidal) {
     embed_norm_kernel<T, false, true, kQuantized>

@@ -548,7 +548,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       q.data = data;
       q.dim = in.chance(32) ? in.extreme() : in.u8() % 12;
       if (data != nullptr && data->ndim == 2 && data->shape != nullptr && in.chance(160)) {
-        q.dim = format == EMBROPE_QUANT_INT4 ? 2 * data->shape[1] : data->shape[1];
+        const std::int64_t columns = data->shape[1];  // any value: doubled only where it fits
+        const bool doubles =
+            columns > -(std::int64_t{1} << 61) && columns < (std::int64_t{1} << 61);
+        q.dim = format == EMBROPE_QUANT_INT4 && doubles ? 2 * columns : columns;
       }
       q.scales = in.chance(200) ? call.tensor(in.u8() % 3, true, 0) : nullptr;
       DLTensor* zero_points = in.chance(96) ? call.tensor(in.u8() % 3, true, 0) : nullptr;

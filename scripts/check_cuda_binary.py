@@ -96,7 +96,8 @@ for name in sorted(pretty, key=lambda n: pretty[n]):
     kind = None
     if "rope_vector_kernel" in title:
         kind = "rope_vector_kernel"
-    m = re.search(r"embed_kernel<[^,]+, (\d+), (\d+), (true|false)>", title)
+    # embed_kernel<T, W, G, kSinusoidal[, kQuantized]>: W > 1 is the 16-byte path.
+    m = re.search(r"embed_kernel<[^,]+, (\d+), (\d+), (true|false)(, (true|false))?>", title)
     if m and int(m.group(1)) > 1:
         kind = "embed_kernel (vectorised)"
     if kind:
