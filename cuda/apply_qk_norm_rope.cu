@@ -12,6 +12,8 @@
 // barriers).
 // - qk_norm_rope_kernel: blocks of kNormBlockRows rows walked in lockstep (the barriers need
 //   every thread), inactive slots passing zero partials.
+// - qk_norm_rope_neox_kernel, qk_norm_rope_append_kv_neox_kernel: the fast path of neox rows
+//   rotated whole with D 64, 128 or 256 (below, before the first of them).
 // - qk_norm_rope_backward_kernel: one block per chunk of detail::kWeightGradRows rows of q (or
 //   of k), rows in ascending order, so that a lane adding g_j * xhat_j of its elements into the
 //   chunk's workspace row sums each chunk in the CPU's order; qk_weight_grad_kernel then sums
@@ -20,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 
 #include "../src/backend.hpp"
 #include "../src/dispatch.hpp"
@@ -30,6 +33,7 @@
 #include "embrope/detail/rope_math.hpp"
 #include "kv_cache.cuh"
 #include "norm_reduce.cuh"
+#include "rope.cuh"
 #include "vector.cuh"
 #include "workspace.cuh"
 
@@ -158,6 +162,168 @@ __global__ void __launch_bounds__(kForwardThreads)
   if (last_block_done(r.bad)) describe_bad_rope_position(r);
 }
 
+// The fast path, for neox rows rotated whole with D = 64, 128 or 256 (Qwen3, Gemma 3) and a
+// float32 table (qk_norm_rope_neox_kernel, qk_norm_rope_append_kv_neox_kernel): one warp per
+// head row, lane l holding elements l + 32 k, k < D / 32. Those are the canonical partials
+// l + 32 k, so the lane computes its node of the sum's tree itself (sum_norm_nodes: one barrier
+// per row), and a pair (i, i + D / 2) lies within one lane, so the row is read once and rotated
+// in registers. After rope_vector_kernel (apply_rope.cu): a block walks whole tokens (or a
+// split of a token's rows, for decode-sized calls), the token's cos and sin of the lane's pairs
+// loaded once for all its rows and the norm weights of the lane's elements once per block;
+// rows in rounds of blockDim.y (at most kNeoxRows), every warp taking part in each round's
+// barrier. The elementwise arithmetic is normalize_rotate_row's, so both paths, and the CPU,
+// give the same bits. Measured on an H200: 2.1x the general kernel, which was bound by
+// instruction issue (benchmarks/results/gpu-2026-11-27-h200-0f74b65).
+constexpr int kNeoxRows = 8;
+constexpr int kNeoxThreads = kNeoxRows * kLanes;
+static_assert(2 * kNeoxRows * kLanes <= kNormBlockRows * (detail::kNormPartials + kLanes),
+              "two buffers of nodes per row fit in the norm scratch");
+
+// What a lane of the fast path holds: the norm weights of its elements and the token's cos and
+// sin of its pairs (arrays indexed by constants only, so that they stay in registers).
+template <int kHeadDim>
+struct NeoxLane {
+  static constexpr int kElements = kHeadDim / kLanes;  // l + 32 k
+  static constexpr int kPairs = kElements / 2;         // pairs l + 32 k, partners + D / 2
+  static_assert(kElements <= kLeavesPerNode && kElements % 2 == 0, "64 <= D <= 256, D % 64 == 0");
+  int lane;
+  float q_weight[kElements], k_weight[kElements];
+  float c[kPairs], sn[kPairs];
+
+  __device__ __forceinline__ explicit NeoxLane(int lane_index) : lane(lane_index) {}
+
+  __device__ __forceinline__ void load_weights(const internal::QkNormWeights& norm, bool has_k) {
+#pragma unroll
+    for (int k = 0; k < kElements; ++k) {
+      q_weight[k] = internal::qk_norm_weight(norm, true, lane + kLanes * k);
+      k_weight[k] = has_k ? internal::qk_norm_weight(norm, false, lane + kLanes * k) : 1.0f;
+    }
+  }
+
+  __device__ __forceinline__ void load_cos_sin(const internal::RopeParams& r, std::int64_t b,
+                                               std::int64_t s) {
+    const internal::TokenPositions pos = internal::token_positions(r, b, s);
+    const float sin_sign = r.inverse ? -1.0f : 1.0f;
+#pragma unroll
+    for (int k = 0; k < kPairs; ++k) {
+      internal::rope_pair_cos_sin<float>(r, pos, lane + kLanes * k, sin_sign, c[k], sn[k]);
+    }
+  }
+
+  // Row `in` (a q row when is_q) normalised and rotated, each element handed in float32 to
+  // store(j, value); `in` null: a slot without a row, which still takes part in the barrier.
+  // nodes: the slot's buffer for sum_norm_nodes, the other one in the next round.
+  template <typename T, typename Store>
+  __device__ __forceinline__ void normalize_rotate(const T* in, bool is_q, float* nodes, float eps,
+                                                   Store&& store) const {
+    float x[kElements];
+    float part[kLeavesPerNode];  // partials lane + 32 k; zero past D and in an empty slot
+#pragma unroll
+    for (int k = 0; k < kLeavesPerNode; ++k) part[k] = 0.0f;
+    if (in != nullptr) {
+#pragma unroll
+      for (int k = 0; k < kElements; ++k) {
+        x[k] = to_float(in[lane + kLanes * k]);
+        part[k] += detail::norm_square_term(x[k], 0.0f);
+      }
+    }
+    const float sum = sum_norm_nodes(subtree_sum<kLeavesPerNode / 2>(part), nodes, lane);
+    if (in == nullptr) return;
+    const float rstd = detail::norm_rstd(sum, kHeadDim, eps);
+    // (A pointer to either weight array would put both in local memory.)
+    auto weight = [&](int k) { return is_q ? q_weight[k] : k_weight[k]; };
+#pragma unroll
+    for (int k = 0; k < kPairs; ++k) {
+      float a = detail::norm_product(detail::rms_normalized(x[k], rstd), weight(k));
+      float v =
+          detail::norm_product(detail::rms_normalized(x[k + kPairs], rstd), weight(k + kPairs));
+      detail::rotate_pair(a, v, c[k], sn[k]);
+      store(lane + kLanes * k, a);
+      store(lane + kLanes * (k + kPairs), v);
+    }
+  }
+};
+
+// The slot's buffer of nodes for this round (two per slot, alternating round by round).
+__device__ __forceinline__ float* neox_nodes(int& buffer, int slot) {
+  float* const nodes =
+      block_shared().norm_scratch + (buffer * kNeoxRows + slot) * static_cast<int>(kLanes);
+  buffer ^= 1;
+  return nodes;
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kNeoxThreads)
+    qk_norm_rope_neox_kernel(const __grid_constant__ QkNormRopeParams p,
+                             std::int64_t rows_per_split) {
+  const internal::RopeParams& r = p.rope;
+  const int slot = threadIdx.y;
+  const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
+  const std::int64_t tokens = r.batch * r.seq;
+  const std::int64_t head_begin = blockIdx.y * rows_per_split;
+  const std::int64_t head_end = min(heads, head_begin + rows_per_split);
+  NeoxLane<kHeadDim> lane(static_cast<int>(threadIdx.x));
+  lane.load_weights(p.norm, r.has_k);
+  int buffer = 0;
+  for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const std::int64_t b = t / r.seq;
+    const std::int64_t s = t - b * r.seq;
+    if (internal::rope_bad_stream(r, b, s) >= 0) {  // the same for the whole block: no barrier
+      for (std::int64_t h = head_begin + slot; h < head_end; h += blockDim.y) {
+        zero_row(internal::rope_row<T>(r, b, s, h).out, kHeadDim, lane.lane);
+      }
+      if (lane.lane == 0 && slot == 0 && blockIdx.y == 0) {
+        report_bad_row(r.bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
+      }
+      continue;
+    }
+    lane.load_cos_sin(r, b, s);
+    for (std::int64_t round = head_begin; round < head_end; round += blockDim.y) {
+      const std::int64_t h = round + slot;
+      const internal::RopeRow<T> row =
+          h < head_end ? internal::rope_row<T>(r, b, s, h) : internal::RopeRow<T>{nullptr, nullptr};
+      lane.normalize_rotate(row.in, h < r.q.heads, neox_nodes(buffer, slot), p.norm.eps,
+                            [&](std::int64_t j, float y) { row.out[j] = from_float<T>(y); });
+    }
+  }
+  if (last_block_done(r.bad)) describe_bad_rope_position(r);
+}
+
+// Where a q or k row of qk-norm + RoPE + KV append puts its elements (y: the normalised,
+// rotated value in float32): a float8 q's codes into q8; otherwise the value rounded to T into
+// out (q's output, or k_out) and, for a k row, into the k cache at element `at`.
+template <typename T>
+struct AppendRowStores {
+  const internal::RopeAppendKvParams& p;
+  T* out;
+  std::uint8_t* q8;
+  float q8_scale;
+  bool to_cache;
+  std::int64_t at;
+  __device__ __forceinline__ void operator()(std::int64_t j, float y) const {
+    if (q8 != nullptr) {
+      q8[j] = internal::rope_float8_code(y, q8_scale, p.rope.out_dtype);
+      return;
+    }
+    const T value = from_float<T>(y);
+    if (out != nullptr) out[j] = value;
+    if (to_cache) store_to_cache<false>(p.k_cache, at + j, Chunk<T, 1>{{value}});
+  }
+};
+
+// v head vh of token (b, s) into the v cache at the token's slot, lanes strided by 32.
+template <typename T>
+__device__ __forceinline__ void copy_v_row(const internal::RopeAppendKvParams& p, std::int64_t b,
+                                           std::int64_t s, std::int64_t vh,
+                                           const internal::KvSlot& cache_slot, int lane) {
+  const T* in =
+      static_cast<const T*>(p.v) + b * p.v_stride_b + s * p.v_stride_s + vh * p.v_stride_h;
+  const std::int64_t at = cache_row(p.v_cache, cache_slot.page, cache_slot.offset, vh);
+  for (std::int64_t j = lane; j < p.v_cache.head_dim; j += kLanes) {
+    store_to_cache<false>(p.v_cache, at + j, Chunk<T, 1>{{in[j]}});
+  }
+}
+
 // qk-norm + RoPE + KV-cache append (Qwen3 serving), one launch: the rows of a token are its q
 // heads, its k heads and its v heads, kNormBlockRows rows per block as qk_norm_rope_kernel
 // walks them (a v row takes part in the barriers with zero partials). A q row is normalised
@@ -189,16 +355,7 @@ __global__ void __launch_bounds__(kForwardThreads, 8)
     const internal::KvSlot cache_slot =
         active ? internal::kv_slot(p, b, s) : internal::KvSlot{internal::KvSlot::skip, 0, 0, {}};
     const bool write = !bad_position && cache_slot.state == internal::KvSlot::write;
-    if (active && h == 0 && lane == 0) {
-      if (bad_position) {
-        report_bad_row(r.bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
-      } else if (cache_slot.state == internal::KvSlot::bad) {
-        report_bad_row(r.bad,
-                       internal::bad_index_key(t, p.slot_mapping != nullptr
-                                                      ? internal::BadIndexArg::slot_mapping
-                                                      : internal::BadIndexArg::cache_offsets));
-      }
-    }
+    if (active && h == 0 && lane == 0) report_bad_token(p, t, bad_position, cache_slot);
     const bool is_q = h < r.q.heads;
     const internal::RopeRow<T> row =
         is_v ? internal::RopeRow<T>{nullptr, nullptr} : internal::rope_row<T>(r, b, s, h);
@@ -215,32 +372,85 @@ __global__ void __launch_bounds__(kForwardThreads, 8)
     float part[kWidth];
     square_partials<T, kVector>(row.in, dim, lane, good, part);
     const float rstd = detail::norm_rstd(reduce_norm_partials(part, slot, lane), dim, p.norm.eps);
-    if (active && is_v && write) {
-      const std::int64_t vh = h - qk_heads;
-      const T* in =
-          static_cast<const T*>(p.v) + b * p.v_stride_b + s * p.v_stride_s + vh * p.v_stride_h;
-      const std::int64_t at = cache_row(p.v_cache, cache_slot.page, cache_slot.offset, vh);
-      for (std::int64_t j = lane; j < p.v_cache.head_dim; j += kLanes) {
-        store_to_cache<false>(p.v_cache, at + j, Chunk<T, 1>{{in[j]}});
-      }
-    }
+    if (active && is_v && write) copy_v_row<T>(p, b, s, h - qk_heads, cache_slot, lane);
     const bool to_cache = !is_q && write;
     if (!good || (out == nullptr && q8 == nullptr && !to_cache)) continue;
     const std::int64_t at =
         to_cache ? cache_row(p.k_cache, cache_slot.page, cache_slot.offset, h - r.q.heads) : 0;
     const float q8_scale = q8 != nullptr ? internal::rope_out_scale(r, h) : 1.0f;
     normalize_rotate_row<T, C>(r, p.norm, is_q, row.in, rstd, b, s, lane,
-                               [&](std::int64_t j, float y) {
-                                 if (q8 != nullptr) {
-                                   q8[j] = internal::rope_float8_code(y, q8_scale, r.out_dtype);
-                                   return;
-                                 }
-                                 const T value = from_float<T>(y);
-                                 if (out != nullptr) out[j] = value;
-                                 if (to_cache) {
-                                   store_to_cache<false>(p.k_cache, at + j, Chunk<T, 1>{{value}});
-                                 }
-                               });
+                               AppendRowStores<T>{p, out, q8, q8_scale, to_cache, at});
+  }
+  if (last_block_done(r.bad)) describe_bad_token(p);
+}
+
+// qk_norm_rope_append_kv_kernel's fast path (the conditions and the lanes of
+// qk_norm_rope_neox_kernel): a token's rows are its q heads, k heads and v heads, in rounds of
+// blockDim.y; a v row takes part in the round's barrier without a row to normalise and is
+// copied into the v cache; the token's position and cache slot are read once for all its rows.
+// The stores are qk_norm_rope_append_kv_kernel's, element for element.
+// (No minimum of blocks in the bound: ptxas takes 98-118 registers, two blocks of 256 threads per
+// multiprocessor, as many warps as qk_norm_rope_append_kv_kernel's eight blocks of 64; asked
+// for three, it spilled up to 332 bytes in the D 256 instantiations.)
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kNeoxThreads)
+    qk_norm_rope_append_kv_neox_kernel(const __grid_constant__ internal::RopeAppendKvParams p,
+                                       std::int64_t rows_per_split) {
+  const internal::RopeParams& r = p.rope;
+  const int slot = threadIdx.y;
+  const std::int64_t qk_heads = r.q.heads + r.k.heads;
+  const std::int64_t heads = qk_heads + r.k.heads;
+  const std::int64_t tokens = r.batch * r.seq;
+  const std::int64_t head_begin = blockIdx.y * rows_per_split;
+  const std::int64_t head_end = min(heads, head_begin + rows_per_split);
+  const bool q_float8 = internal::rope_quantized(r);
+  NeoxLane<kHeadDim> lane(static_cast<int>(threadIdx.x));
+  lane.load_weights(p.norm, true);
+  int buffer = 0;
+  for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const std::int64_t b = t / r.seq;
+    const std::int64_t s = t - b * r.seq;
+    const bool bad_position = internal::rope_bad_stream(r, b, s) >= 0;
+    const internal::KvSlot cache_slot = internal::kv_slot(p, b, s);
+    const bool write = !bad_position && cache_slot.state == internal::KvSlot::write;
+    if (lane.lane == 0 && slot == 0 && blockIdx.y == 0) {
+      report_bad_token(p, t, bad_position, cache_slot);
+    }
+    // Row h's outputs: q's always (float8: q8, its codes), k's only into k_out.
+    auto out_row = [&](std::int64_t h) {
+      const bool is_q = h < r.q.heads;
+      return (is_q && !q_float8) || (!is_q && p.write_k_out) ? internal::rope_row<T>(r, b, s, h).out
+                                                             : nullptr;
+    };
+    auto q8_row = [&](std::int64_t h) {
+      return q_float8 && h < r.q.heads ? internal::heads_row<T, std::uint8_t>(r.q, b, s, h).out
+                                       : nullptr;
+    };
+    if (bad_position) {  // the same for the whole block: no barrier
+      for (std::int64_t h = head_begin + slot; h < min(head_end, qk_heads); h += blockDim.y) {
+        if (T* const out = out_row(h)) zero_row(out, kHeadDim, lane.lane);
+        if (std::uint8_t* const q8 = q8_row(h)) zero_row(q8, kHeadDim, lane.lane);
+      }
+      continue;
+    }
+    lane.load_cos_sin(r, b, s);
+    for (std::int64_t round = head_begin; round < head_end; round += blockDim.y) {
+      const std::int64_t h = round + slot;
+      const bool active = h < head_end;
+      const bool is_q = h < r.q.heads;
+      const bool is_v = h >= qk_heads;
+      T* const out = active && !is_v ? out_row(h) : nullptr;
+      std::uint8_t* const q8 = active ? q8_row(h) : nullptr;
+      const bool to_cache = active && !is_q && !is_v && write;
+      const bool rotate = out != nullptr || q8 != nullptr || to_cache;
+      const std::int64_t at =
+          to_cache ? cache_row(p.k_cache, cache_slot.page, cache_slot.offset, h - r.q.heads) : 0;
+      const float q8_scale = q8 != nullptr ? internal::rope_out_scale(r, h) : 1.0f;
+      lane.normalize_rotate(rotate ? internal::rope_row<T>(r, b, s, h).in : nullptr, is_q,
+                            neox_nodes(buffer, slot), p.norm.eps,
+                            AppendRowStores<T>{p, out, q8, q8_scale, to_cache, at});
+      if (active && is_v && write) copy_v_row<T>(p, b, s, h - qk_heads, cache_slot, lane.lane);
+    }
   }
   if (last_block_done(r.bad)) describe_bad_token(p);
 }
@@ -394,10 +604,47 @@ bool fits_vector_path(const internal::RopeHeads& x, bool present, std::int64_t d
          x.in_stride_s % vec == 0 && x.in_stride_h % vec == 0;
 }
 
+// The fast path, where it applies (neox, the whole row rotated, D 64, 128 or 256, a float32
+// table): run(std::integral_constant<int, D>) and true; otherwise false.
+template <typename C, typename Run>
+bool launch_neox_path(const internal::RopeParams& r, std::int64_t rows, Run&& run) {
+  if (!std::is_same_v<C, float> || r.layout != RopeLayout::neox || r.rotary_dim != r.head_dim ||
+      rows == 0) {
+    return false;
+  }
+  switch (r.head_dim) {
+    case 64:
+      run(std::integral_constant<int, 64>{});
+      return true;
+    case 128:
+      run(std::integral_constant<int, 128>{});
+      return true;
+    case 256:
+      run(std::integral_constant<int, 256>{});
+      return true;
+    default:
+      return false;
+  }
+}
+
+template <typename T, int kHeadDim>
+void launch_neox(const QkNormRopeParams& p, cudaStream_t stream) {
+  const internal::RopeParams& r = p.rope;
+  const RowsLaunch shape =
+      rows_launch(r.batch * r.seq, r.q.heads + (r.has_k ? r.k.heads : 0), kLanes);
+  qk_norm_rope_neox_kernel<T, kHeadDim>
+      <<<shape.grid, shape.block, 0, stream>>>(p, shape.rows_per_split);
+  check_launch("qk_norm_rope_neox_kernel");
+}
+
 template <typename T, typename C>
 void launch_forward(const QkNormRopeParams& p, cudaStream_t stream) {
   const internal::RopeParams& r = p.rope;
   const std::int64_t rows = r.batch * r.seq * (r.q.heads + (r.has_k ? r.k.heads : 0));
+  if (launch_neox_path<C>(r, rows,
+                          [&](auto dim) { launch_neox<T, decltype(dim)::value>(p, stream); })) {
+    return;
+  }
   const dim3 block(kLanes, kNormBlockRows);
   const unsigned grid = grid_for(rows, kNormBlockRows, kForwardThreads);
   if (fits_vector_path<T>(r.q, true, r.head_dim) && fits_vector_path<T>(r.k, r.has_k, r.head_dim)) {
@@ -408,10 +655,23 @@ void launch_forward(const QkNormRopeParams& p, cudaStream_t stream) {
   check_launch("qk_norm_rope_kernel");
 }
 
+template <typename T, int kHeadDim>
+void launch_append_kv_neox(const internal::RopeAppendKvParams& p, cudaStream_t stream) {
+  const internal::RopeParams& r = p.rope;
+  const RowsLaunch shape = rows_launch(r.batch * r.seq, r.q.heads + 2 * r.k.heads, kLanes);
+  qk_norm_rope_append_kv_neox_kernel<T, kHeadDim>
+      <<<shape.grid, shape.block, 0, stream>>>(p, shape.rows_per_split);
+  check_launch("qk_norm_rope_append_kv_neox_kernel");
+}
+
 template <typename T, typename C>
 void launch_append_kv(const internal::RopeAppendKvParams& p, cudaStream_t stream) {
   const internal::RopeParams& r = p.rope;
   const std::int64_t rows = r.batch * r.seq * (r.q.heads + 2 * r.k.heads);
+  if (launch_neox_path<C>(
+          r, rows, [&](auto dim) { launch_append_kv_neox<T, decltype(dim)::value>(p, stream); })) {
+    return;
+  }
   const dim3 block(kLanes, kNormBlockRows);
   const unsigned grid = grid_for(rows, kNormBlockRows, kForwardThreads);
   if (fits_vector_path<T>(r.q, true, r.head_dim) && fits_vector_path<T>(r.k, true, r.head_dim)) {

@@ -64,14 +64,7 @@ __global__ void __launch_bounds__(256, 1)
     const internal::KvSlot slot = internal::kv_slot(p, b, s);
     const bool write = !bad_position && slot.state == internal::KvSlot::write;
     if (threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.y == 0) {
-      if (bad_position) {
-        report_bad_row(r.bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
-      } else if (slot.state == internal::KvSlot::bad) {
-        report_bad_row(r.bad,
-                       internal::bad_index_key(t, p.slot_mapping != nullptr
-                                                      ? internal::BadIndexArg::slot_mapping
-                                                      : internal::BadIndexArg::cache_offsets));
-      }
+      report_bad_token(p, t, bad_position, slot);
     }
     // The vector path's thread owns rotary chunk threadIdx.x: its cos/sin, once per token.
     float c[kPairs] = {}, sn[kPairs] = {};

@@ -1,7 +1,7 @@
 // The statically allocated shared memory of a block, in one place: one __shared__ object
 // whose fields are the pieces each kernel family uses, so that the device code declares
 // shared memory exactly once. Every kernel that touches it (through last_block_done, which
-// nearly all do) is given its full size, about 2 KB: below what limits the occupancy of
+// nearly all do) is given its full size, about 2.3 KB: below what limits the occupancy of
 // any kernel here.
 #pragma once
 
@@ -15,8 +15,11 @@ namespace embrope::gpu {
 constexpr int kNormBlockRows = 2;
 
 struct BlockShared {
-  float norm_partials[kNormBlockRows * detail::kNormPartials];  // embed's norm reductions
-  bool describe;                                                // last_block_done's verdict
+  // The norm reductions' scratch (norm_reduce.cuh): the leaves, then the nodes, of
+  // kNormBlockRows rows; or two buffers of nodes for up to 8 rows (qk_norm_rope_neox_kernel).
+  // 16-byte aligned: the nodes are read as vectors.
+  alignas(16) float norm_scratch[kNormBlockRows * (detail::kNormPartials + detail::kNormLanes)];
+  bool describe;  // last_block_done's verdict
 };
 
 __device__ __forceinline__ BlockShared& block_shared() {

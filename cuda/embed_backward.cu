@@ -303,7 +303,9 @@ __device__ __forceinline__ float norm_weight_at(const Params& p, std::int64_t j)
 constexpr int kNormRowThreads = kNormBlockRows * detail::kNormLanes;
 
 // N1. dx of each good row into dx [rows, D], and every row's statistics into `stats`.
-__global__ void __launch_bounds__(kNormRowThreads)
+// (kNormRowThreads, 8): with the bound alone ptxas kept to 64 registers and spilled around the
+// reductions; 8 blocks (16 warps) per multiprocessor leave it 128.
+__global__ void __launch_bounds__(kNormRowThreads, 8)
     norm_rows_kernel(const __grid_constant__ Params p, float* dx, RowStats* stats) {
   constexpr int kLanes = detail::kNormLanes;
   constexpr int kWidth = detail::kNormLaneWidth;

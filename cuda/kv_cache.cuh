@@ -14,6 +14,20 @@
 
 namespace embrope::gpu {
 
+// Run by one thread per token t: reports its bad position, or else its bad cache slot.
+__device__ __forceinline__ void report_bad_token(const internal::RopeAppendKvParams& p,
+                                                 std::int64_t t, bool bad_position,
+                                                 const internal::KvSlot& slot) {
+  if (bad_position) {
+    report_bad_row(p.rope.bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
+  } else if (slot.state == internal::KvSlot::bad) {
+    report_bad_row(p.rope.bad,
+                   internal::bad_index_key(t, p.slot_mapping != nullptr
+                                                  ? internal::BadIndexArg::slot_mapping
+                                                  : internal::BadIndexArg::cache_offsets));
+  }
+}
+
 // Run by one thread of the last block: describes the record's key if it names a token of
 // this call (a bad position, or a bad slot).
 __device__ inline void describe_bad_token(const internal::RopeAppendKvParams& p) {

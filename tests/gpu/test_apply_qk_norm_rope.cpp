@@ -55,6 +55,11 @@ TEST_CASE("GPU apply_qk_norm_rope and its backward equal the CPU bit for bit",
       {DType::float32, 5, 1, 1, 300, 300, RopeLayout::neox, false, false, false},
       {DType::bfloat16, 37, 4, 2, 128, 128, RopeLayout::interleaved, false, false, true},
       {DType::float16, 11, 2, 2, 80, 64, RopeLayout::neox, false, false, true},
+      // The neox fast path (D 64, 128 or 256 rotated whole, a float32 table) beside case 1:
+      // enough tokens for a block per token (its rounds of 4 rows), and D 256 with mrope
+      // (rounds of 5 rows, the second with an empty slot).
+      {DType::float16, 600, 3, 1, 64, 64, RopeLayout::neox, true, false, false},
+      {DType::float32, 19, 6, 3, 256, 256, RopeLayout::neox, false, true, false},
   };
   for (const QkCase& c : cases) {
     INFO("dtype " << embrope::dtype_name(c.dtype) << " D " << c.dim << " R " << c.rotary
