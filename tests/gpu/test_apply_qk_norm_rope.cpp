@@ -177,3 +177,47 @@ TEST_CASE(
     CHECK(v == 0.0f);
   }
 }
+
+TEST_CASE("GPU apply_qk_norm_rope of q alone, with and without weights, equals the CPU",
+          "[gpu][qk_norm_rope]") {
+  // k absent (the fast path's rows are q's alone; the general path's too), and weights absent
+  // (every factor 1) or only q's: D 128 neox (the fast path; 300 tokens, a block per token, and
+  // 7, split over blocks) and D 96 interleaved (the general path).
+  struct Case {
+    std::int64_t tokens, heads, dim;
+    embrope::RopeLayout layout;
+    bool weight;
+  };
+  const Case cases[] = {{300, 5, 128, embrope::RopeLayout::neox, true},
+                        {7, 12, 128, embrope::RopeLayout::neox, false},
+                        {9, 3, 96, embrope::RopeLayout::interleaved, true}};
+  const DType dtype = DType::bfloat16;
+  for (const Case& c : cases) {
+    INFO("T " << c.tokens << " heads " << c.heads << " D " << c.dim << " weight " << c.weight);
+    const std::int64_t n = c.tokens * c.heads * c.dim;
+    Buffer q(n * 2), pos(c.tokens * 8), w(c.dim * 4);
+    fill_random(q, dtype, n, 301);
+    fill_random(w, DType::float32, c.dim, 302);
+    for (std::int64_t t = 0; t < c.tokens; ++t) {
+      const std::int64_t p = (t * 53) % 512;
+      std::memcpy(pos.host.data() + 8 * t, &p, 8);
+    }
+    for (Buffer* b : {&q, &pos, &w}) b->upload();
+    const embrope::RopeConfig config{c.dim, 10000.0, 512};
+    embrope::RopeCache cpu_cache(config);
+    embrope::RopeCache gpu_cache(config, Device::cuda(0));
+    embrope::RopeOptions o;
+    o.layout = c.layout;
+    for (bool gpu : {false, true}) {
+      auto v = gpu ? device_view : host_view;
+      embrope::QkNorm norm;
+      if (c.weight) norm.q_weight = v(w, DType::float32, {c.dim});
+      norm.eps = 1e-6f;
+      embrope::apply_qk_norm_rope(v(q, dtype, {c.tokens, c.heads, c.dim}), std::nullopt,
+                                  v(pos, DType::int64, {c.tokens}), gpu ? gpu_cache : cpu_cache,
+                                  norm, o);
+    }
+    cuda_check(cudaDeviceSynchronize());
+    CHECK(first_difference(q.download(), q.host) == -1);
+  }
+}
