@@ -37,8 +37,8 @@ struct RowTables {
   const T* position;
   const T* type;
   __device__ RowTables(const internal::EmbedParams& p, const internal::EmbedRow& r)
-      : token(p.table == nullptr ? nullptr  // a quantized table: read by quant_table_value
-                                 : static_cast<const T*>(p.table) + r.token * p.table_stride),
+      : token(p.quantized ? nullptr  // a quantized table: read by quant_table_chunk
+                          : static_cast<const T*>(p.table) + r.token * p.table_stride),
         position(p.position_table == nullptr ? nullptr
                                              : static_cast<const T*>(p.position_table) +
                                                    r.position * p.position_table_stride),
@@ -135,8 +135,8 @@ __device__ __forceinline__ void sinusoid_pairs(const internal::EmbedParams& p,
 
 // v = the float32 sum of the W elements j .. j + W - 1 of row r (aligned to a W chunk):
 // scale * token (zero for a shard miss) + position (learned or sinusoidal) + type, in that
-// order, as on the CPU. kQuantized: the token table is p.quant, its values dequantized one by
-// one (internal::quant_table_value, the CPU's element formula).
+// order, as on the CPU. kQuantized: the token table is p.quant, its values dequantized by the
+// CPU's element formula (internal::quant_table_chunk: the chunk's group or block found once).
 template <typename T, int W, bool kSinusoidal, bool kQuantized = false>
 __device__ __forceinline__ void sum_chunk(const internal::EmbedParams& p,
                                           const SinusoidTable& sinusoids,
@@ -145,8 +145,7 @@ __device__ __forceinline__ void sum_chunk(const internal::EmbedParams& p,
   float add[W];
   if (r.token_hit) {
     if constexpr (kQuantized) {
-#pragma unroll
-      for (int w = 0; w < W; ++w) v[w] = internal::quant_table_value(p.quant, r.token, j + w);
+      internal::quant_table_chunk<W>(p.quant, r.token, j, v);
     } else {
       load_chunk<T, W>(rows.token + j, v);
     }
@@ -217,7 +216,8 @@ __device__ __forceinline__ void sum_chunk(const internal::EmbedParams& p,
 // 32 for the scalar float16 path and spilled. The sinusoidal paths hold W float64 sin/cos in
 // flight and get 3 blocks, 80 registers (the 16-bit ones took 102 at 2 blocks; at 4 they
 // spill).
-// kQuantized: the token table is p.quant (W 1, sum_chunk's quantized path).
+// kQuantized: the token table is p.quant (sum_chunk's quantized path; W > 1 where each chunk
+// lies in one of its groups or block runs, internal::quant_chunks_fit).
 template <typename T, int W, int G, bool kSinusoidal, bool kQuantized>
 __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 3 : 4)
     embed_kernel(const __grid_constant__ internal::EmbedParams p, const SinusoidTable sinusoids) {
@@ -473,7 +473,8 @@ void launch_norm(const internal::EmbedParams& p, const SinusoidTable& sinusoids,
   const unsigned grid = grid_for(p.rows, kNormBlockRows, detail::kNormLanes * kNormBlockRows);
   const bool sinusoidal = p.positions == PositionEncoding::sinusoidal;
   // A lane's 8 elements are whole vector accesses only when D is a multiple of 8 (for
-  // float32, a multiple of 4 is not enough). A quantized table: the scalar path.
+  // float32, a multiple of 4 is not enough). A quantized table: the scalar path (chunks of 8
+  // of its values in the vector path spilled under this kernel's 64 registers).
   if (!kQuantized && fits_vector_path<T>(p) && p.dim % detail::kNormLaneWidth == 0) {
     if (sinusoidal) {
       embed_norm_kernel<T, true, true, false><<<grid, block, 0, stream>>>(p, sinusoids, factors);
@@ -499,6 +500,24 @@ void launch_group(const internal::EmbedParams& p, const SinusoidTable& sinusoids
     embed_kernel<T, W, G, true, kQuantized><<<grid, block, 0, stream>>>(p, sinusoids);
   } else {
     embed_kernel<T, W, G, false, kQuantized><<<grid, block, 0, stream>>>(p, sinusoids);
+  }
+}
+
+// The vector path: chunks of kVec16 values, the smallest group whose lanes cover a row in one
+// 16-byte step each (at least 4 lanes).
+template <typename T, bool kQuantized>
+void launch_vector_groups(const internal::EmbedParams& p, const SinusoidTable& sinusoids,
+                          cudaStream_t stream) {
+  constexpr int w = kVec16<T>;
+  const std::int64_t chunks = p.dim / w;
+  if (chunks <= 4) {
+    launch_group<T, w, 4, kQuantized>(p, sinusoids, stream);
+  } else if (chunks <= 8) {
+    launch_group<T, w, 8, kQuantized>(p, sinusoids, stream);
+  } else if (chunks <= 16) {
+    launch_group<T, w, 16, kQuantized>(p, sinusoids, stream);
+  } else {
+    launch_group<T, w, 32, kQuantized>(p, sinusoids, stream);
   }
 }
 
@@ -561,32 +580,24 @@ void launch(const internal::EmbedParams& p, cudaStream_t stream) {
   std::optional<Workspace> workspace;
   const CallTables tables = make_call_tables(p, workspace, stream);
   const SinusoidTable& sinusoids = tables.sinusoids;
-  // A quantized token table (p.table null): the scalar paths, each value dequantized by the
-  // element formula (a first version: no vector loads of the quantized bytes yet).
-  const bool quantized = p.table == nullptr;
   if (p.norm != Normalization::none) {
-    if (quantized) {
+    if (p.quantized) {
       launch_norm<T, true>(p, sinusoids, tables.norm, stream);
     } else {
       launch_norm<T>(p, sinusoids, tables.norm, stream);
     }
     return;
   }
-  if (quantized) {
-    launch_group<T, 1, 32, true>(p, sinusoids, stream);
-  } else if (fits_vector_path<T>(p)) {
-    constexpr int w = kVec16<T>;
-    // The smallest group whose lanes cover a row in one 16-byte step each (at least 4 lanes).
-    const std::int64_t chunks = p.dim / w;
-    if (chunks <= 4) {
-      launch_group<T, w, 4>(p, sinusoids, stream);
-    } else if (chunks <= 8) {
-      launch_group<T, w, 8>(p, sinusoids, stream);
-    } else if (chunks <= 16) {
-      launch_group<T, w, 16>(p, sinusoids, stream);
+  if (p.quantized) {
+    // A quantized token table: chunks of kVec16 values (16-byte stores) where each lies in one
+    // of its groups or block runs, else one value per lane.
+    if (fits_vector_path<T>(p) && internal::quant_chunks_fit(p.quant, kVec16<T>)) {
+      launch_vector_groups<T, true>(p, sinusoids, stream);
     } else {
-      launch_group<T, w, 32>(p, sinusoids, stream);
+      launch_group<T, 1, 32, true>(p, sinusoids, stream);
     }
+  } else if (fits_vector_path<T>(p)) {
+    launch_vector_groups<T, false>(p, sinusoids, stream);
   } else {
     launch_group<T, 1, 32>(p, sinusoids, stream);
   }

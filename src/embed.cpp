@@ -286,6 +286,7 @@ void set_quant_table(const QuantizedTable& t, internal::EmbedParams& p) {
   q.format = t.format;
   q.data = static_cast<const std::uint8_t*>(data.data());
   q.row_stride = data.stride(0);
+  q.row_bytes = data.shape(1);
   if (gguf) {
     if (t.scales || t.zero_points) {
       fail(kOp,
@@ -356,6 +357,7 @@ void embed(const QuantizedTable& table, const Tensor& ids, const Tensor& out,
   if (table.scales) inputs.emplace_back("table.scales", &*table.scales);
   if (table.zero_points) inputs.emplace_back("table.zero_points", &*table.zero_points);
   internal::EmbedParams p = prepare(call, table.data.shape(0), ids, out, o, inputs);
+  p.quantized = true;
   p.quant = quant.quant;
   if (p.rows == 0 || p.dim == 0) return;
   run_kernel(kOp, call.device, o.stream, o.deferred, p, p.bad, cpu::embed, gpu::embed);

@@ -47,6 +47,7 @@ struct QuantTable {
   QuantFormat format = QuantFormat::int8;
   const std::uint8_t* data = nullptr;
   std::int64_t row_stride = 0;  // bytes
+  std::int64_t row_bytes = 0;   // bytes a row occupies
   const void* scales = nullptr;
   DType scale_dtype = DType::float32;
   std::int64_t scale_stride = 0, group_size = 1;
@@ -64,8 +65,9 @@ struct EmbedParams {
   DType id_dtype = DType::int64;
   void* out = nullptr;
 
-  const void* table = nullptr;  // null: the token table is `quant`
+  const void* table = nullptr;  // the float token table (unused when quantized)
   std::int64_t vocab_size = 0, table_stride = 0, vocab_start = 0;
+  bool quantized = false;  // the token table is `quant`
   QuantTable quant;
   bool vocab_shard = false;
   float scale = 1.0f;

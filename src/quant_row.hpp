@@ -33,31 +33,64 @@ EMBROPE_HD float load_zero_point(const void* base, DType dtype, std::int64_t at)
   return load_vector_value(base, dtype, at);
 }
 
-// Element j of table row `row`, dequantized.
-EMBROPE_HD float quant_table_value(const QuantTable& q, std::int64_t row, std::int64_t j) {
+// Whether chunks of W consecutive values (starting at multiples of W) each lie in one group of
+// a scale, or one run of a GGUF block that shares its factors (16 values: Q6_K's scales; the
+// other formats' runs are longer): quant_table_chunk<W>'s precondition.
+EMBROPE_HD bool quant_chunks_fit(const QuantTable& q, int w) {
+  return is_gguf_format(q.format) ? 16 % w == 0 : q.group_size % w == 0;
+}
+
+// Values j .. j + W - 1 of table row `row`, dequantized into v: the group's (or block's)
+// position, scale and zero point found once per chunk, then each value by the element formula
+// (W 1: any j; W > 1: j a multiple of W and quant_chunks_fit).
+template <int W>
+EMBROPE_HD void quant_table_chunk(const QuantTable& q, std::int64_t row, std::int64_t j, float* v) {
   const std::uint8_t* r = q.data + row * q.row_stride;
   if (is_gguf_format(q.format)) {
-    const detail::GgufBlock block = gguf_block_of(q.format);
-    const std::int64_t values = detail::gguf_block_values(block);
+    const detail::GgufBlock kind = gguf_block_of(q.format);
+    const std::int64_t values = detail::gguf_block_values(kind);
     const std::int64_t b = j / values;
-    return detail::gguf_value(block, r + b * detail::gguf_block_bytes(block),
-                              static_cast<int>(j - b * values));
+    const int e0 = static_cast<int>(j - b * values);
+    const std::uint8_t* block = r + b * detail::gguf_block_bytes(kind);
+    if (kind == detail::GgufBlock::q8_0 || kind == detail::GgufBlock::q4_0) {
+      const float d = detail::gguf_half(block);
+      const bool q8 = kind == detail::GgufBlock::q8_0;
+      for (int w = 0; w < W; ++w) {
+        const int e = e0 + w;
+        v[w] = detail::scaled_value(
+            d, q8 ? detail::q8_0_quant(block, e) : detail::q4_0_quant(block, e));
+      }
+    } else if (kind == detail::GgufBlock::q4_k) {
+      const detail::Q4kFactors f = detail::q4_k_factors(block, e0 / 32);
+      for (int w = 0; w < W; ++w) v[w] = detail::q4_k_apply(f, detail::q4_k_quant(block, e0 + w));
+    } else {
+      const float d = detail::q6_k_factor(block, e0);
+      for (int w = 0; w < W; ++w) v[w] = detail::scaled_value(d, detail::q6_k_quant(block, e0 + w));
+    }
+    return;
   }
   const std::int64_t group = j / q.group_size;
   const float scale = load_vector_value(q.scales, q.scale_dtype, row * q.scale_stride + group);
-  if (q.format == QuantFormat::float8_e4m3fn) {
-    return detail::to_float(detail::Float8E4M3{r[j]}) * scale;
+  if (q.format == QuantFormat::float8_e4m3fn || q.format == QuantFormat::float8_e5m2) {
+    const bool e4 = q.format == QuantFormat::float8_e4m3fn;
+    for (int w = 0; w < W; ++w) {
+      const std::uint8_t c = r[j + w];
+      v[w] =
+          (e4 ? detail::to_float(detail::Float8E4M3{c}) : detail::to_float(detail::Float8E5M2{c})) *
+          scale;
+    }
+    return;
   }
-  if (q.format == QuantFormat::float8_e5m2) {
-    return detail::to_float(detail::Float8E5M2{r[j]}) * scale;
-  }
-  const int value = q.format == QuantFormat::int8 ? static_cast<int>(static_cast<std::int8_t>(r[j]))
-                                                  : detail::int4_packed_value(r, j);
   const float zero_point =
       q.zero_points == nullptr
           ? 0.0f
           : load_zero_point(q.zero_points, q.zero_point_dtype, row * q.zero_point_stride + group);
-  return detail::affine_value(value, zero_point, scale);
+  const bool int8 = q.format == QuantFormat::int8;
+  for (int w = 0; w < W; ++w) {
+    const int value = int8 ? static_cast<int>(static_cast<std::int8_t>(r[j + w]))
+                           : detail::int4_packed_value(r, j + w);
+    v[w] = detail::affine_value(value, zero_point, scale);
+  }
 }
 
 }  // namespace embrope::internal

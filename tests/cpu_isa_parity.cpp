@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "embrope/detail/norm_math.hpp"
+#include "embrope/detail/quant_math.hpp"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
 #include "embrope/detail/sinusoid.hpp"
@@ -285,6 +286,133 @@ void embed_case(float scale, Positions positions_kind, bool types, std::int64_t 
           out, want);
 }
 
+// embed from a quantized table (nothing else added, so rows are decoded a part at a time; or
+// with learned positions, a whole row into the sum): the vector bodies' decoding of every byte
+// pattern (each int8, nibble pair and float8 code, NaN and subnormals included; GGUF blocks of
+// varied bytes) against the element formulas of detail/quant_math.hpp. Groups that end
+// mid-vector, odd int4 groups, rows past one part, zero points of each kind, streamed outputs.
+struct QuantCase {
+  embrope::QuantFormat format;
+  std::int64_t dim, groups;  // groups: scales per row (0: one for the table)
+  DType zero_point_dtype;    // DType::uint8: none
+  std::int64_t rows = 700;
+  bool learned = false;
+};
+
+template <typename T>
+void embed_quantized_case(const QuantCase& c) {
+  using embrope::QuantFormat;
+  namespace d = embrope::detail;
+  const std::int64_t vocab = 257, dim = c.dim, rows = c.rows, max_positions = 30;
+  const bool gguf = c.format == QuantFormat::gguf_q8_0 || c.format == QuantFormat::gguf_q4_0 ||
+                    c.format == QuantFormat::gguf_q4_k || c.format == QuantFormat::gguf_q6_k;
+  d::GgufBlock block = d::GgufBlock::q8_0;
+  if (c.format == QuantFormat::gguf_q4_0) block = d::GgufBlock::q4_0;
+  if (c.format == QuantFormat::gguf_q4_k) block = d::GgufBlock::q4_k;
+  if (c.format == QuantFormat::gguf_q6_k) block = d::GgufBlock::q6_k;
+  const std::int64_t block_values = d::gguf_block_values(block);
+  const std::int64_t columns = gguf ? dim / block_values * d::gguf_block_bytes(block)
+                               : c.format == QuantFormat::int4 ? dim / 2
+                                                               : dim;
+  // Byte i of the table: (i * 167 + 13) mod 256, every pattern in every run of 256 bytes.
+  std::vector<std::uint8_t> data(static_cast<std::size_t>(vocab * columns));
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::uint8_t>(i * 167 + 13);
+  if (gguf) {  // finite float16 scales (d; and dmin for Q4_K) in [0.25, 2)
+    const std::int64_t bytes = d::gguf_block_bytes(block);
+    for (std::int64_t b = 0; b < vocab * columns / bytes; ++b) {
+      std::uint8_t* p = data.data() + b * bytes + (block == d::GgufBlock::q6_k ? 208 : 0);
+      for (int k = 0; k < (block == d::GgufBlock::q4_k ? 2 : 1); ++k) {
+        const std::uint16_t h = static_cast<std::uint16_t>(0x3400 + (b * 97 + k * 31) % 0x0800);
+        p[2 * k] = static_cast<std::uint8_t>(h & 0xff);
+        p[2 * k + 1] = static_cast<std::uint8_t>(h >> 8);
+      }
+    }
+  }
+  const std::int64_t groups = c.groups == 0 ? 1 : c.groups, group = dim / groups;
+  std::vector<float> scales =
+      make_values<float>(static_cast<std::size_t>(vocab * groups), true, 21);
+  std::vector<std::int8_t> zero_i8(scales.size());
+  std::vector<float> zero_f32(scales.size());
+  for (std::size_t i = 0; i < scales.size(); ++i) {
+    zero_i8[i] = static_cast<std::int8_t>(static_cast<int>(i * 5 % 17) - 8);
+    zero_f32[i] = static_cast<float>(static_cast<int>(i * 3 % 13) - 6);
+  }
+  std::vector<T> position_table =
+      make_values<T>(static_cast<std::size_t>(max_positions * dim), true, 22);
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(rows)),
+      position_ids(static_cast<std::size_t>(rows));
+  for (std::int64_t n = 0; n < rows; ++n) {
+    ids[n] = (n * 7 + 3) % (vocab + 20);  // ids past the shard: zero token rows
+    position_ids[n] = (n * 13) % max_positions;
+  }
+  const float scale = 0.75f;
+  std::vector<T> want(static_cast<std::size_t>(rows * dim));
+  for (std::int64_t n = 0; n < rows; ++n) {
+    const std::uint8_t* row = data.data() + ids[n] * columns;
+    for (std::int64_t j = 0; j < dim; ++j) {
+      float x = 0.0f;
+      if (ids[n] < vocab && gguf) {
+        const std::int64_t b = j / block_values;
+        x = d::gguf_value(block, row + b * d::gguf_block_bytes(block),
+                          static_cast<int>(j - b * block_values));
+      } else if (ids[n] < vocab) {
+        const std::size_t g =
+            static_cast<std::size_t>(c.groups == 0 ? 0 : ids[n] * groups + j / group);
+        const float s = scales[g];
+        const float z = c.zero_point_dtype == DType::int8      ? zero_i8[g]
+                        : c.zero_point_dtype == DType::float32 ? zero_f32[g]
+                                                               : 0.0f;
+        if (c.format == QuantFormat::int8) {
+          x = d::affine_value(static_cast<std::int8_t>(row[j]), z, s);
+        } else if (c.format == QuantFormat::int4) {
+          x = d::affine_value(d::int4_packed_value(row, j), z, s);
+        } else if (c.format == QuantFormat::float8_e4m3fn) {
+          x = to_float(d::Float8E4M3{row[j]}) * s;
+        } else {
+          x = to_float(d::Float8E5M2{row[j]}) * s;
+        }
+      }
+      float a = ids[n] < vocab ? scale * x : 0.0f;
+      if (c.learned) a += to_float(position_table[position_ids[n] * dim + j]);
+      want[n * dim + j] = from_float<T>(a);
+    }
+  }
+  DType data_dtype = DType::uint8;
+  if (c.format == QuantFormat::int8) data_dtype = DType::int8;
+  if (c.format == QuantFormat::float8_e4m3fn) data_dtype = DType::float8_e4m3fn;
+  if (c.format == QuantFormat::float8_e5m2) data_dtype = DType::float8_e5m2;
+  embrope::QuantizedTable table;
+  table.format = c.format;
+  table.data = Tensor(data.data(), data_dtype, {vocab, columns});
+  table.dim = dim;
+  if (!gguf) {
+    const auto shaped = [&](void* p, DType dtype) {
+      return c.groups == 0 ? Tensor(p, dtype, {1}) : Tensor(p, dtype, {vocab, groups});
+    };
+    table.scales = shaped(scales.data(), DType::float32);
+    if (c.zero_point_dtype == DType::int8) table.zero_points = shaped(zero_i8.data(), DType::int8);
+    if (c.zero_point_dtype == DType::float32) {
+      table.zero_points = shaped(zero_f32.data(), DType::float32);
+    }
+  }
+  embrope::EmbedOptions options;
+  options.scale = scale;
+  options.vocab_shard = true;
+  if (c.learned) {
+    options.positions = embrope::PositionEncoding::learned;
+    options.position_table = Tensor(position_table.data(), dtype_of<T>(), {max_positions, dim});
+    options.position_ids = Tensor(position_ids.data(), DType::int64, {rows});
+  }
+  std::vector<T> out(want.size());
+  embrope::embed(table, Tensor(ids.data(), DType::int64, {rows}),
+                 Tensor(out.data(), dtype_of<T>(), {rows, dim}), options);
+  compare(std::string("embed quantized format ") + std::to_string(static_cast<int>(c.format)) +
+              " -> " + name_of<T>() + " D " + std::to_string(dim) + " groups " +
+              std::to_string(c.groups) + " rows " + std::to_string(rows) +
+              (c.learned ? " learned" : ""),
+          out, want);
+}
+
 // embed with a norm (learned positions and types, a scale, a weight in float32 or T, a bias,
 // a pre-norm output in T): the vector bodies' sums, statistics and outputs.
 template <typename T, typename W>
@@ -490,6 +618,33 @@ void all_cases_of() {
   // Outputs past 16 MiB: streaming stores, on the rows aligned for them.
   embed_case<T>(1.0f, Positions::none, false, 120000);
   embed_case<T>(0.75f, Positions::learned, true, 120000);
+  {
+    using embrope::QuantFormat;
+    const DType none = DType::uint8, i8 = DType::int8, f32 = DType::float32;
+    for (bool learned : {false, true}) {
+      for (const QuantCase& c : std::vector<QuantCase>{
+               {QuantFormat::int8, 1000, 0, none},  // one scale; parts of 512, tails of 8
+               {QuantFormat::int8, 1536, 16, i8},   // groups of 96 across the parts
+               {QuantFormat::int4, 1536, 48, f32},  // groups of 32
+               {QuantFormat::int4, 600, 25, i8},    // groups of 24: a tail of 8 per group
+               {QuantFormat::int4, 630, 14, f32},   // groups of 45: groups share bytes
+               {QuantFormat::int4, 1030, 1, none},  // a scale per row across three parts
+               {QuantFormat::float8_e4m3fn, 1000, 1, none},
+               {QuantFormat::float8_e5m2, 776, 8, none},
+               {QuantFormat::gguf_q8_0, 1056, 0, none},
+               {QuantFormat::gguf_q4_0, 544, 0, none},
+               {QuantFormat::gguf_q4_k, 768, 0, none},
+               {QuantFormat::gguf_q6_k, 768, 0, none},
+           }) {
+        QuantCase with = c;
+        with.learned = learned;
+        embed_quantized_case<T>(with);
+      }
+    }
+    // An output past 16 MiB: the parts' rows with streaming stores.
+    embed_quantized_case<T>({QuantFormat::gguf_q6_k, 1024, 0, none, 4400});
+    embed_quantized_case<T>({QuantFormat::int4, 1024, 32, i8, 4400});
+  }
   for (std::int64_t dim : {76, 384, 1000}) {
     embed_norm_case<T, float>(embrope::Normalization::layer_norm, false, dim);
     embed_norm_case<T, T>(embrope::Normalization::layer_norm, true, dim);

@@ -98,8 +98,9 @@ struct QuantizedTable {
 // positional and type rows added, the norm). out is float32, float16 or bfloat16 and chooses
 // the dtype of position_table, type_table, and of norm_weight / norm_bias / pre_norm_out where
 // they are not float32. There is no backward for quantized tables (embed_backward takes a
-// float gradient table). On CUDA devices each value is dequantized by the element formula, a
-// scalar path (no vector loads of the quantized bytes yet).
+// float gradient table). On CUDA devices the values are dequantized by the element formula, a
+// chunk of 16 output bytes per lane where the scale groups allow (the quantized bytes are read
+// byte by byte: rows and GGUF blocks need no alignment).
 EMBROPE_EXPORT void embed(const QuantizedTable& table, const Tensor& ids, const Tensor& out,
                           const EmbedOptions& options = {});
 

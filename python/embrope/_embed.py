@@ -93,8 +93,8 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
     op = "embed"
     quantized = isinstance(table, QuantizedTable)
     if quantized:  # a scale that requires grad would silently get none
-        _arrays.check_optional(op, "table.scales", table.scales)
-        _arrays.check_optional(op, "table.zero_points", table.zero_points)
+        for name in ("scales", "zero_points"):
+            _check_quantized_constant(op, f"table.{name}", getattr(table, name))
     else:
         _arrays.check_array(op, "table", table)
     _arrays.check_array(op, "ids", ids)
@@ -141,6 +141,21 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
     if pre_allocated:
         pre_norm_out = _arrays.to_framework(like, pre_norm_out)
     return (out, pre_norm_out) if return_pre_norm else out
+
+
+def _check_quantized_constant(op: str, name: str, x: Any) -> None:
+    """A quantized table's scales and zero points are constants to embed (there is no
+    backward for quantized tables): refuse one that requires grad while grad mode is on, which
+    would otherwise be left silently without a gradient."""
+    if x is not None and _arrays.framework(x) == "torch" and x.requires_grad:
+        import torch
+
+        if torch.is_grad_enabled():
+            raise _C.InvalidArgumentError(
+                f"{op}: {name} requires grad, and embed has no backward for quantized tables "
+                f"(their scales and zero points are constants); pass {name}.detach(), or call "
+                f"it under torch.no_grad()")
+    _arrays.check_optional(op, name, x, autograd=False)
 
 
 # The arrays embed_backward reads and those it writes, by keyword (besides grad_out, ids and

@@ -38,6 +38,8 @@ from torch import Tensor
 
 from . import _arrays, _native
 from . import _embrope as _C
+from ._embed import embed as _embed_arrays
+from ._quant import QuantizedTable
 from ._rope_cache import RopeCache
 from ._status import DeferredStatus
 
@@ -949,8 +951,8 @@ torch.library.register_autograd("embrope::embed_norm", _embed_norm_backward,
                                 setup_context=_embed_norm_setup_context)
 
 
-def embed(table: Tensor, ids: Tensor, *, scale: float = 1.0, vocab_start: int = 0,
-          vocab_shard: bool = False, positions: Optional[str] = None,
+def embed(table: Union[Tensor, QuantizedTable], ids: Tensor, *, scale: float = 1.0,
+          vocab_start: int = 0, vocab_shard: bool = False, positions: Optional[str] = None,
           position_table: Optional[Tensor] = None, sinusoid_base: float = 10000.0,
           sinusoid_layout: str = "interleaved", position_ids: Optional[Tensor] = None,
           position_offsets: Optional[Tensor] = None, type_table: Optional[Tensor] = None,
@@ -965,7 +967,29 @@ def embed(table: Tensor, ids: Tensor, *, scale: float = 1.0, vocab_start: int = 
     tensor ``[*ids.shape, D]``, or ``(out, pre_norm)`` with `return_pre_norm` (the summed row
     before the norm, in the table's dtype; differentiable too). The norm's backward runs in
     float32 from the pre-norm row rounded to the table's dtype, as torch's LayerNorm does
-    from its saved input."""
+    from its saved input.
+
+    `table` may be a :class:`embrope.QuantizedTable` over torch tensors: a forward only, as
+    :func:`embrope.embed` computes it (out in the table's default dtype), since there is no
+    backward for quantized tables; a `position_table`, `type_table`, `norm_weight` or
+    `norm_bias` that requires grad is refused (it would get none) while grad mode is on."""
+    if isinstance(table, QuantizedTable):
+        if torch.is_grad_enabled():
+            for name, x in (("position_table", position_table), ("type_table", type_table),
+                            ("norm_weight", norm_weight), ("norm_bias", norm_bias)):
+                if x is not None and x.requires_grad:
+                    raise _C.InvalidArgumentError(
+                        f"embed: {name} requires grad, and embed of a QuantizedTable has no "
+                        f"backward (it would get no gradient); pass {name}.detach(), or call "
+                        f"it under torch.no_grad()")
+        # padding_idx only keeps gradients from the table's row: nothing to do without one.
+        return _embed_arrays(
+            table, ids, scale=scale, vocab_start=vocab_start, vocab_shard=vocab_shard,
+            positions=positions, position_table=position_table, sinusoid_base=sinusoid_base,
+            sinusoid_layout=sinusoid_layout, position_ids=position_ids,
+            position_offsets=position_offsets, type_table=type_table, type_ids=type_ids,
+            norm=norm, norm_weight=norm_weight, norm_bias=norm_bias, norm_eps=norm_eps,
+            norm_unit_offset=norm_unit_offset, return_pre_norm=return_pre_norm)
     settings = _native.embed_settings(
         "embed", scale=scale, vocab_start=vocab_start, vocab_shard=vocab_shard,
         positions=positions, position_table=position_table, sinusoid_base=sinusoid_base,

@@ -39,7 +39,7 @@ struct EmbedSources {
 template <typename T>
 EmbedSources<T> embed_sources(const internal::EmbedParams& p, const internal::EmbedRow& r) {
   EmbedSources<T> s;
-  if (r.token_hit && p.table != nullptr) {
+  if (r.token_hit && !p.quantized) {
     s.token = static_cast<const T*>(p.table) + r.token * p.table_stride;
   }
   if (p.position_table != nullptr) {
@@ -51,8 +51,16 @@ EmbedSources<T> embed_sources(const internal::EmbedParams& p, const internal::Em
   return s;
 }
 
-// dequantize_row, portable (the vector bodies compile it again for their instruction sets).
+// dequantize_row, portable: the element loops alone (the vector bodies compile it again for
+// their instruction sets, with their lanes).
+struct ScalarLanes {
+  static constexpr int width = 1;
+};
 #include "dequantize_row.inc"
+void dequantize_row(const internal::QuantTable& q, std::int64_t row, std::int64_t begin,
+                    std::int64_t end, float scale, float* a) {
+  dequantize_row_lanes<ScalarLanes>(q, row, begin, end, scale, a);
+}
 
 #define EMBROPE_VECTOR_BODY "embed.inc"
 #include "vector_bodies.hpp"
@@ -71,7 +79,8 @@ struct VectorBody {  // embed.inc of one instruction set
   void (*norm_row)(T*, const float*, std::int64_t, detail::NormStats, const float*, const float*,
                    bool);
   SinusoidSinCosRow sinusoid_sin_cos_row;
-  void (*dequantize_row)(const internal::QuantTable&, std::int64_t, std::int64_t, float, float*);
+  void (*dequantize_row)(const internal::QuantTable&, std::int64_t, std::int64_t, std::int64_t,
+                         float, float*);
 };
 
 // The float32 weight and bias factors of a normalised call (internal::norm_factor), converted
@@ -119,6 +128,42 @@ void normalize_row(const internal::EmbedParams& p, const internal::EmbedRow& r, 
   }
 }
 
+// The values a part of a quantized row decodes at a time (a multiple of every GGUF block; 2 KiB
+// of float32).
+constexpr std::int64_t kQuantPart = 512;
+
+// Asks for the bytes of values [begin, end) of quantized row `row` (and, with the first part,
+// the row's scales and zero points) in L2: a gather's rows lie at random addresses, where
+// the hardware prefetchers restart (simd::prefetch_l2). Bytes per value are uniform in every
+// format, so the part's bytes are its share of the row's.
+#if EMBROPE_CPU_X86
+EMBROPE_PREFETCH_ONLY
+#endif
+void prefetch_quant_part(const internal::QuantTable& q, std::int64_t row, std::int64_t begin,
+                         std::int64_t end, std::int64_t dim) {
+#if EMBROPE_CPU_X86
+  if (end <= begin) return;
+  constexpr std::int64_t kLine = 64;
+  const auto lines = [](const void* base, std::int64_t from, std::int64_t to) {
+    for (std::int64_t b = from / kLine * kLine; b < to; b += kLine) {
+      simd::prefetch_l2(static_cast<const char*>(base) + b);
+    }
+  };
+  lines(q.data + row * q.row_stride, begin * q.row_bytes / dim, end * q.row_bytes / dim);
+  if (begin == 0 && q.scales != nullptr) {
+    const std::int64_t groups = dim / q.group_size;
+    lines(q.scales, row * q.scale_stride * dtype_size(q.scale_dtype),
+          (row * q.scale_stride + groups) * dtype_size(q.scale_dtype));
+    if (q.zero_points != nullptr) {
+      lines(q.zero_points, row * q.zero_point_stride * dtype_size(q.zero_point_dtype),
+            (row * q.zero_point_stride + groups) * dtype_size(q.zero_point_dtype));
+    }
+  }
+#else
+  (void)q, (void)row, (void)begin, (void)end, (void)dim;
+#endif
+}
+
 // vector: the vector body (embed.inc), or null (the portable loops). A quantized table's row is
 // dequantized into the float32 sum by dequantize_row, the positions and types added by the
 // portable loops, and the row normalised or rounded by the vector body.
@@ -130,10 +175,13 @@ void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
   const std::int64_t dim = p.dim;
   const bool sinusoidal = p.positions == PositionEncoding::sinusoidal;
   const bool norm = p.norm != Normalization::none;
-  // A quantized token table (p.table null) is dequantized into the float32 sum.
-  const bool quantized = p.table == nullptr;
+  // A quantized token table is dequantized into the float32 sum.
+  const bool quantized = p.quantized;
   const bool plain =
       p.positions == PositionEncoding::none && p.type_table == nullptr && !norm && !quantized;
+  // A quantized token table and nothing else to add: its rows are decoded straight to out.
+  const bool quantized_alone =
+      p.positions == PositionEncoding::none && p.type_table == nullptr && !norm && quantized;
   std::vector<float> norm_weight, norm_bias;
   if (norm) norm_factors(p, norm_weight, norm_bias);
   std::optional<SinusoidCall> sinusoids;
@@ -218,7 +266,23 @@ void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
       }
       float* a = acc.data();
       if (quantized && r.token_hit) {
-        (vector != nullptr ? vector->dequantize_row : dequantize_row)(p.quant, r.token, dim,
+        // The thread's next row (resolved by the vector bodies), asked for as this one is
+        // decoded.
+        const bool next_row =
+            ahead_n == n + 1 && ahead.bad_key == internal::kNoBadIndex && ahead.token_hit;
+        if (quantized_alone && vector != nullptr) {
+          // Decoded and rounded a part at a time: the part's float32 values stay in L1, and
+          // the next row's bytes are asked for while the part's output is written.
+          for (std::int64_t j0 = 0; j0 < dim; j0 += kQuantPart) {
+            const std::int64_t j1 = std::min(dim, j0 + kQuantPart);
+            if (next_row) prefetch_quant_part(p.quant, ahead.token, j0, j1, dim);
+            vector->dequantize_row(p.quant, r.token, j0, j1, p.scale, a);
+            vector->round_row(out + j0, a + j0, j1 - j0, stream);
+          }
+          continue;
+        }
+        if (next_row) prefetch_quant_part(p.quant, ahead.token, 0, dim, dim);
+        (vector != nullptr ? vector->dequantize_row : dequantize_row)(p.quant, r.token, 0, dim,
                                                                       p.scale, a);
       } else if (token != nullptr) {
 #pragma omp simd

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "embrope/detail/numeric_types.hpp"
 
@@ -41,6 +42,15 @@ using detail::Half;
 EMBROPE_SIMD_INLINE void prefetch_l2(const void* p) {
   _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1);
 }
+
+// For a function whose only effect is prefetches: GCC's interprocedural analysis counts a
+// prefetch as no side effect, takes such a function as const and deletes its calls (seen with
+// GCC 12 at -O1 to -O3); noipa keeps them. (Clang keeps calls to a function that prefetches.)
+#if defined(__GNUC__) && !defined(__clang__)
+#define EMBROPE_PREFETCH_ONLY __attribute__((noipa))
+#else
+#define EMBROPE_PREFETCH_ONLY
+#endif
 
 struct Avx2 {
   using V = __m256;
@@ -116,6 +126,57 @@ struct Avx2 {
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static float halving_sum128(__m128 x) {
     x = _mm_add_ps(x, _mm_movehl_ps(x, x));
     return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
+  }
+
+  // Integer lanes, for decoding quantized tables (embed's dequantize_row.inc): width bytes
+  // widened to int32 lanes (unsigned or signed; exactly width bytes are read), width / 2 bytes
+  // as their high then low nibbles (ExecuTorch's int4 packing order), the integer operations
+  // the formats' bit fields need, and lanes chosen by an equality.
+  using VI = __m256i;
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static VI widen_u8(const std::uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static VI widen_i8(const std::int8_t* p) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static VI nibble_pairs(const std::uint8_t* p) {
+    std::int32_t four;
+    std::memcpy(&four, p, sizeof four);
+    const __m128i bytes = _mm_cvtsi32_si128(four);
+    const VI twice = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, bytes));
+    // Shift counts 4, 0, 4, 0, ...: the 64-bit lanes' 4 seen as 32-bit lanes.
+    return and_i(_mm256_srlv_epi32(twice, _mm256_set1_epi64x(4)), set1_i(0x0f));
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static VI set1_i(std::int32_t x) {
+    return _mm256_set1_epi32(x);
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static VI and_i(VI a, VI b) {
+    return _mm256_and_si256(a, b);
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static VI or_i(VI a, VI b) {
+    return _mm256_or_si256(a, b);
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static VI add_i(VI a, VI b) {
+    return _mm256_add_epi32(a, b);
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static VI sub_i(VI a, VI b) {
+    return _mm256_sub_epi32(a, b);
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static VI shl_i(VI a, int n) {
+    return _mm256_sll_epi32(a, _mm_cvtsi32_si128(n));
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static VI shr_i(VI a, int n) {  // logical
+    return _mm256_srl_epi32(a, _mm_cvtsi32_si128(n));
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V to_float(VI a) { return _mm256_cvtepi32_ps(a); }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V bits_float(VI a) {
+    return _mm256_castsi256_ps(a);
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static VI float_bits(V a) {
+    return _mm256_castps_si256(a);
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V select_equal(VI a, VI b, V then, V otherwise) {
+    return _mm256_blendv_ps(otherwise, then, _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b)));
   }
 
   // Streaming (non-temporal) stores, for outputs too large to stay in cache: no read for
@@ -204,6 +265,53 @@ struct Avx512 {
     // The upper half brought down by a lane shuffle (GCC 12 warns on the extract intrinsics).
     const __m512 y = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));
     return Avx2::halving_sum(_mm512_castps512_ps256(y));
+  }
+
+  // As Avx2's.
+  using VI = __m512i;
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI widen_u8(const std::uint8_t* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI widen_i8(const std::int8_t* p) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI nibble_pairs(const std::uint8_t* p) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    const VI twice = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, bytes));
+    return and_i(_mm512_srlv_epi32(twice, _mm512_set1_epi64(4)), set1_i(0x0f));
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI set1_i(std::int32_t x) {
+    return _mm512_set1_epi32(x);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI and_i(VI a, VI b) {
+    return _mm512_and_si512(a, b);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI or_i(VI a, VI b) {
+    return _mm512_or_si512(a, b);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI add_i(VI a, VI b) {
+    return _mm512_add_epi32(a, b);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI sub_i(VI a, VI b) {
+    return _mm512_sub_epi32(a, b);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI shl_i(VI a, int n) {
+    return _mm512_sll_epi32(a, _mm_cvtsi32_si128(n));
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI shr_i(VI a, int n) {
+    return _mm512_srl_epi32(a, _mm_cvtsi32_si128(n));
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V to_float(VI a) {
+    return _mm512_cvtepi32_ps(a);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V bits_float(VI a) {
+    return _mm512_castsi512_ps(a);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI float_bits(V a) {
+    return _mm512_castps_si512(a);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V select_equal(VI a, VI b, V then, V otherwise) {
+    return _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(a, b), otherwise, then);
   }
 
   // As Avx2's: 64 bytes of float32, 32 of 16-bit values.

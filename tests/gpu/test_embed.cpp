@@ -346,23 +346,28 @@ TEST_CASE("GPU embed + layer_norm / rms_norm equals the CPU", "[gpu][embed][norm
 
 TEST_CASE("GPU embed from quantized tables equals the CPU", "[gpu][embed][quant]") {
   // Every format, D 512 (two Q4_K / Q6_K blocks, sixteen Q8_0 / Q4_0 blocks per row), rows
-  // padded by 3 bytes (GGUF rows start anywhere), scales per group of 64 (int8, int4, with int8
-  // zero points) or per row (float8); 13 ids, the sixth past the table (a zero row, reported).
-  // Data bytes are random, GGUF's float16 scale fields finite, float8 codes NaN-free; options:
-  // the plain lookup, scale with learned positions and types, then layer_norm and rms_norm with
-  // sinusoidal positions. The same arithmetic in the same order: the same bits, but where
-  // sinusoids enter (within compare_rows's bounds, as the float tables).
+  // padded by 3 bytes (GGUF rows start anywhere), scales per group of 64 (int8) or 4 (int4),
+  // with int8 zero points, or per row (float8); 13 ids, the sixth past the table (a zero row,
+  // reported). Data bytes are random, GGUF's float16 scale fields finite, float8 codes NaN-free;
+  // options: the plain lookup, scale with learned positions and types, then layer_norm and rms_norm
+  // with sinusoidal positions; and the plain lookup and layer_norm again into an output one element
+  // off its 16-byte alignment (the kernels' one-value-per-lane paths; the others take chunks of
+  // 16 bytes). The same arithmetic in the same order: the same bits, but where sinusoids enter
+  // (within compare_rows's bounds, as the float tables).
   using embrope::QuantFormat;
-  const std::int64_t vocab = 20, dim = 512, rows = 13, max_pos = 32, groups = 8;
+  const std::int64_t vocab = 20, dim = 512, rows = 13, max_pos = 32;
   struct Format {
     QuantFormat format;
     DType dtype;
     std::int64_t columns;  // bytes (elements) of a row
     bool scales, zero_points;
+    std::int64_t groups = 8;  // scales per row
   };
   const Format formats[] = {
       {QuantFormat::int8, DType::int8, dim, true, true},
-      {QuantFormat::int4, DType::uint8, dim / 2, true, true},
+      // Groups of 4: chunks of 4 float32 values fit them, of 8 16-bit values do not (one value
+      // per lane).
+      {QuantFormat::int4, DType::uint8, dim / 2, true, true, 128},
       {QuantFormat::float8_e4m3fn, DType::float8_e4m3fn, dim, true, false},
       {QuantFormat::float8_e5m2, DType::float8_e5m2, dim, true, false},
       {QuantFormat::gguf_q8_0, DType::uint8, dim / 32 * 34, false, false},
@@ -373,6 +378,7 @@ TEST_CASE("GPU embed from quantized tables equals the CPU", "[gpu][embed][quant]
   std::mt19937_64 rng(2027);
   for (const Format& f : formats) {
     const std::int64_t stride = f.columns + 3;
+    const std::int64_t groups = f.groups;
     Buffer data(vocab * stride), scales(vocab * groups * 4), zps(vocab * groups);
     for (auto& byte : data.host) byte = static_cast<unsigned char>(rng());
     auto half_at = [&](std::int64_t at) {  // a finite float16 in [-0.5, 0.5)
@@ -418,10 +424,12 @@ TEST_CASE("GPU embed from quantized tables equals the CPU", "[gpu][embed][quant]
            {&data, &scales, &zps, &ids, &pids, &tids, &ptable, &ttable, &weight, &bias}) {
         b->upload();
       }
-      for (int variant = 0; variant < 4; ++variant) {
+      for (int run_index = 0; run_index < 6; ++run_index) {
+        const bool shifted = run_index >= 4;  // out one element past 16-byte alignment
+        const int variant = shifted ? 2 * (run_index - 4) : run_index;
         INFO("format " << static_cast<int>(f.format) << " out " << embrope::dtype_name(dtype)
-                       << " variant " << variant);
-        Buffer out(rows * dim * es);
+                       << " variant " << variant << (shifted ? " shifted" : ""));
+        Buffer out((rows * dim + 1) * es);
         out.poison_both(0x7f);
         auto run = [&](bool gpu) {
           const Device d = gpu ? Device::cuda(0) : Device::cpu();
@@ -455,17 +463,23 @@ TEST_CASE("GPU embed from quantized tables equals the CPU", "[gpu][embed][quant]
             o.norm_weight = Tensor(ptr(weight), DType::float32, {dim}, d);
             if (variant == 2) o.norm_bias = Tensor(ptr(bias), DType::float32, {dim}, d);
           }
-          embrope::embed(table, Tensor(ptr(ids), DType::int64, {rows}, d),
-                         Tensor(ptr(out), dtype, {rows, dim}, d), o);
+          embrope::embed(
+              table, Tensor(ptr(ids), DType::int64, {rows}, d),
+              Tensor(static_cast<char*>(ptr(out)) + (shifted ? es : 0), dtype, {rows, dim}, d), o);
           REQUIRE_THROWS_WITH(status.check(), Catch::Contains("ids[5] = 20"));
         };
         run(false);
         run(true);
         cuda_check(cudaDeviceSynchronize());
+        const std::vector<unsigned char> gpu_out = out.download();
         if (variant <= 1) {
-          REQUIRE(out.download() == out.host);
-        } else {
-          compare_rows(out.download(), out.host, dtype, rows * dim, dim);
+          REQUIRE(gpu_out == out.host);
+        } else {  // the rows themselves (past the skipped element)
+          const auto rows_of = [&](const std::vector<unsigned char>& all) {
+            const auto first = all.begin() + (shifted ? es : 0);
+            return std::vector<unsigned char>(first, first + rows * dim * es);
+          };
+          compare_rows(rows_of(gpu_out), rows_of(out.host), dtype, rows * dim, dim);
         }
       }
     }

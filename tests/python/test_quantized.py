@@ -204,3 +204,40 @@ def test_quantized_table_errors_name_the_argument_and_the_rule():
         QuantizedTable.quantize(np.ones((2, 100)), "gguf_q4_k")
     with pytest.raises(embrope.BadIndexError, match="ids"):
         embrope.embed(good, np.array([8]))
+
+
+def test_torch_embed_takes_a_quantized_table_forward_only():
+    torch = pytest.importorskip("torch")
+    import embrope.torch as et
+
+    gen = torch.Generator().manual_seed(3)
+    weights = torch.randn(40, 64, generator=gen)
+    table = QuantizedTable.quantize(weights, "int4", group_size=16, zero_point=True)
+    assert isinstance(table.data, torch.Tensor)
+    ids = torch.tensor([[3, 39, 0], [7, 7, 12]])
+    positions = torch.randn(8, 64, generator=gen)
+    out = et.embed(table, ids, positions="learned", position_table=positions, scale=0.5)
+    assert isinstance(out, torch.Tensor) and out.shape == (2, 3, 64)
+    # Each element rounded once from float32: the dequantized row scaled plus the position.
+    values = torch.from_numpy(np.asarray(table.dequantize(), dtype=np.float32))
+    want = 0.5 * values[ids] + positions[torch.arange(3)].expand(2, 3, 64)
+    assert torch.equal(out.float(), want.to(out.dtype).float())
+    assert torch.equal(out, embrope.embed(table, ids, positions="learned",
+                                          position_table=positions, scale=0.5))
+    # A float input that requires grad would get none: refused, and accepted under no_grad.
+    learnable = positions.clone().requires_grad_()
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match="position_table requires grad, and embed of a QuantizedTable has "
+                             "no backward"):
+        et.embed(table, ids, positions="learned", position_table=learnable)
+    with torch.no_grad():
+        et.embed(table, ids, positions="learned", position_table=learnable)
+    # Its scales are constants to embed: one that requires grad is refused by name.
+    graded = QuantizedTable("int4", table.data, dim=64,
+                            scales=table.scales.clone().requires_grad_(),
+                            zero_points=table.zero_points)
+    for call in (embrope.embed, et.embed):
+        with pytest.raises(embrope.InvalidArgumentError,
+                           match="table.scales requires grad, and embed has no backward for "
+                                 "quantized tables"):
+            call(graded, ids)
