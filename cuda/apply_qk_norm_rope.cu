@@ -351,11 +351,8 @@ __global__ void __launch_bounds__(kForwardThreads, 8)
     const bool active = row_at.active;
     const std::int64_t t = row_at.t, h = row_at.h, b = row_at.b, s = row_at.s;
     const bool is_v = h >= qk_heads;
-    const bool bad_position = active && internal::rope_bad_stream(r, b, s) >= 0;
-    const internal::KvSlot cache_slot =
-        active ? internal::kv_slot(p, b, s) : internal::KvSlot{internal::KvSlot::skip, 0, 0, {}};
-    const bool write = !bad_position && cache_slot.state == internal::KvSlot::write;
-    if (active && h == 0 && lane == 0) report_bad_token(p, t, bad_position, cache_slot);
+    const TokenCacheWrite token = active ? token_cache_write(p, b, s) : TokenCacheWrite{};
+    if (active && h == 0 && lane == 0) report_bad_token(p, t, token);
     const bool is_q = h < r.q.heads;
     const internal::RopeRow<T> row =
         is_v ? internal::RopeRow<T>{nullptr, nullptr} : internal::rope_row<T>(r, b, s, h);
@@ -364,19 +361,19 @@ __global__ void __launch_bounds__(kForwardThreads, 8)
     T* const out = (is_q && !q_float8) || (!is_q && p.write_k_out) ? row.out : nullptr;
     std::uint8_t* const q8 =
         q_float8 && active ? internal::heads_row<T, std::uint8_t>(r.q, b, s, h).out : nullptr;
-    if (active && !is_v && bad_position) {
+    if (active && !is_v && token.bad_position) {
       if (out != nullptr) zero_row(out, dim, lane);
       if (q8 != nullptr) zero_row(q8, dim, lane);
     }
-    const bool good = active && !is_v && !bad_position;
+    const bool good = active && !is_v && !token.bad_position;
     float part[kWidth];
     square_partials<T, kVector>(row.in, dim, lane, good, part);
     const float rstd = detail::norm_rstd(reduce_norm_partials(part, slot, lane), dim, p.norm.eps);
-    if (active && is_v && write) copy_v_row<T>(p, b, s, h - qk_heads, cache_slot, lane);
-    const bool to_cache = !is_q && write;
+    if (active && is_v && token.write) copy_v_row<T>(p, b, s, h - qk_heads, token.slot, lane);
+    const bool to_cache = !is_q && token.write;
     if (!good || (out == nullptr && q8 == nullptr && !to_cache)) continue;
     const std::int64_t at =
-        to_cache ? cache_row(p.k_cache, cache_slot.page, cache_slot.offset, h - r.q.heads) : 0;
+        to_cache ? cache_row(p.k_cache, token.slot.page, token.slot.offset, h - r.q.heads) : 0;
     const float q8_scale = q8 != nullptr ? internal::rope_out_scale(r, h) : 1.0f;
     normalize_rotate_row<T, C>(r, p.norm, is_q, row.in, rstd, b, s, lane,
                                AppendRowStores<T>{p, out, q8, q8_scale, to_cache, at});
@@ -410,11 +407,9 @@ __global__ void __launch_bounds__(kNeoxThreads)
   for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const std::int64_t b = t / r.seq;
     const std::int64_t s = t - b * r.seq;
-    const bool bad_position = internal::rope_bad_stream(r, b, s) >= 0;
-    const internal::KvSlot cache_slot = internal::kv_slot(p, b, s);
-    const bool write = !bad_position && cache_slot.state == internal::KvSlot::write;
+    const TokenCacheWrite token = token_cache_write(p, b, s);
     if (lane.lane == 0 && slot == 0 && blockIdx.y == 0) {
-      report_bad_token(p, t, bad_position, cache_slot);
+      report_bad_token(p, t, token);
     }
     // Row h's outputs: q's always (float8: q8, its codes), k's only into k_out.
     auto out_row = [&](std::int64_t h) {
@@ -426,7 +421,7 @@ __global__ void __launch_bounds__(kNeoxThreads)
       return q_float8 && h < r.q.heads ? internal::heads_row<T, std::uint8_t>(r.q, b, s, h).out
                                        : nullptr;
     };
-    if (bad_position) {  // the same for the whole block: no barrier
+    if (token.bad_position) {  // the same for the whole block: no barrier
       for (std::int64_t h = head_begin + slot; h < min(head_end, qk_heads); h += blockDim.y) {
         if (T* const out = out_row(h)) zero_row(out, kHeadDim, lane.lane);
         if (std::uint8_t* const q8 = q8_row(h)) zero_row(q8, kHeadDim, lane.lane);
@@ -441,15 +436,16 @@ __global__ void __launch_bounds__(kNeoxThreads)
       const bool is_v = h >= qk_heads;
       T* const out = active && !is_v ? out_row(h) : nullptr;
       std::uint8_t* const q8 = active ? q8_row(h) : nullptr;
-      const bool to_cache = active && !is_q && !is_v && write;
+      const bool to_cache = active && !is_q && !is_v && token.write;
       const bool rotate = out != nullptr || q8 != nullptr || to_cache;
       const std::int64_t at =
-          to_cache ? cache_row(p.k_cache, cache_slot.page, cache_slot.offset, h - r.q.heads) : 0;
+          to_cache ? cache_row(p.k_cache, token.slot.page, token.slot.offset, h - r.q.heads) : 0;
       const float q8_scale = q8 != nullptr ? internal::rope_out_scale(r, h) : 1.0f;
       lane.normalize_rotate(rotate ? internal::rope_row<T>(r, b, s, h).in : nullptr, is_q,
                             neox_nodes(buffer, slot), p.norm.eps,
                             AppendRowStores<T>{p, out, q8, q8_scale, to_cache, at});
-      if (active && is_v && write) copy_v_row<T>(p, b, s, h - qk_heads, cache_slot, lane.lane);
+      if (active && is_v && token.write)
+        copy_v_row<T>(p, b, s, h - qk_heads, token.slot, lane.lane);
     }
   }
   if (last_block_done(r.bad)) describe_bad_token(p);

@@ -60,15 +60,13 @@ __global__ void __launch_bounds__(256, 1)
   for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const std::int64_t b = t / r.seq;
     const std::int64_t s = t - b * r.seq;
-    const bool bad_position = internal::rope_bad_stream(r, b, s) >= 0;
-    const internal::KvSlot slot = internal::kv_slot(p, b, s);
-    const bool write = !bad_position && slot.state == internal::KvSlot::write;
+    const TokenCacheWrite token = token_cache_write(p, b, s);
     if (threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.y == 0) {
-      report_bad_token(p, t, bad_position, slot);
+      report_bad_token(p, t, token);
     }
     // The vector path's thread owns rotary chunk threadIdx.x: its cos/sin, once per token.
     float c[kPairs] = {}, sn[kPairs] = {};
-    if (kVector && !bad_position && threadIdx.x < rotary_chunks) {
+    if (kVector && !token.bad_position && threadIdx.x < rotary_chunks) {
       load_cos_sin<kVector>(r, b, s, threadIdx.x * kPairs, c, sn);
     }
     for (std::int64_t h = row_begin + threadIdx.y; h < row_end; h += blockDim.y) {
@@ -78,7 +76,7 @@ __global__ void __launch_bounds__(256, 1)
             internal::rope_nope_row<T, std::uint8_t>(r, b, s, h - q_heads - 2 * kv_heads);
         const float scale = internal::rope_out_scale(r, nope.head);
         for (std::int64_t e = threadIdx.x; e < nope.dim; e += blockDim.x) {
-          nope.out[e] = bad_position
+          nope.out[e] = token.bad_position
                             ? std::uint8_t{0}
                             : internal::rope_float8_code(to_float(nope.in[e]), scale, r.out_dtype);
         }
@@ -89,7 +87,7 @@ __global__ void __launch_bounds__(256, 1)
         const internal::RopeRow<T, std::uint8_t> row8 =
             internal::heads_row<T, std::uint8_t>(r.q, b, s, h);
         const float scale = internal::rope_out_scale(r, h);
-        if (bad_position) {
+        if (token.bad_position) {
           for (std::int64_t e = threadIdx.x; e < r.head_dim; e += blockDim.x) row8.out[e] = 0;
           continue;
         }
@@ -110,11 +108,11 @@ __global__ void __launch_bounds__(256, 1)
       }
       if (h >= q_heads + kv_heads) {
         // A v row: copied (converted) into the cache.
-        if (!write) continue;
+        if (!token.write) continue;
         const std::int64_t vh = h - q_heads - kv_heads;
         const T* in =
             static_cast<const T*>(p.v) + b * p.v_stride_b + s * p.v_stride_s + vh * p.v_stride_h;
-        const std::int64_t out = cache_row(p.v_cache, slot.page, slot.offset, vh);
+        const std::int64_t out = cache_row(p.v_cache, token.slot.page, token.slot.offset, vh);
         for (std::int64_t e = threadIdx.x * kCopy; e < p.v_cache.head_dim;
              e += blockDim.x * kCopy) {
           Chunk<T, kCopy> x;
@@ -127,10 +125,10 @@ __global__ void __launch_bounds__(256, 1)
       const bool is_k = h >= q_heads;
       const internal::RopeRow<T> row = internal::rope_row<T>(r, b, s, h);
       T* out = is_k && !k_written ? nullptr : row.out;
-      const bool to_cache = is_k && write;
+      const bool to_cache = is_k && token.write;
       const std::int64_t cache_out =
-          to_cache ? cache_row(p.k_cache, slot.page, slot.offset, h - q_heads) : 0;
-      if (bad_position) {
+          to_cache ? cache_row(p.k_cache, token.slot.page, token.slot.offset, h - q_heads) : 0;
+      if (token.bad_position) {
         if (out != nullptr) {
           for (std::int64_t e = threadIdx.x * kCopy; e < r.head_dim; e += blockDim.x * kCopy) {
             store_elements<kVector>(out + e, zero);

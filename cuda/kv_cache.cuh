@@ -14,13 +14,28 @@
 
 namespace embrope::gpu {
 
+// Token (b, s) of a fused RoPE + append call: whether its position is bad, its cache slot, and
+// whether its k and v rows go into the cache (a good position and a slot to write).
+struct TokenCacheWrite {
+  bool bad_position = false;
+  internal::KvSlot slot{internal::KvSlot::skip, 0, 0, {}};
+  bool write = false;
+};
+__device__ __forceinline__ TokenCacheWrite token_cache_write(const internal::RopeAppendKvParams& p,
+                                                             std::int64_t b, std::int64_t s) {
+  TokenCacheWrite w;
+  w.bad_position = internal::rope_bad_stream(p.rope, b, s) >= 0;
+  w.slot = internal::kv_slot(p, b, s);
+  w.write = !w.bad_position && w.slot.state == internal::KvSlot::write;
+  return w;
+}
+
 // Run by one thread per token t: reports its bad position, or else its bad cache slot.
 __device__ __forceinline__ void report_bad_token(const internal::RopeAppendKvParams& p,
-                                                 std::int64_t t, bool bad_position,
-                                                 const internal::KvSlot& slot) {
-  if (bad_position) {
+                                                 std::int64_t t, const TokenCacheWrite& token) {
+  if (token.bad_position) {
     report_bad_row(p.rope.bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
-  } else if (slot.state == internal::KvSlot::bad) {
+  } else if (token.slot.state == internal::KvSlot::bad) {
     report_bad_row(p.rope.bad,
                    internal::bad_index_key(t, p.slot_mapping != nullptr
                                                   ? internal::BadIndexArg::slot_mapping

@@ -293,7 +293,9 @@ TEST_CASE("GPU apply_rope_append_kv: general path, partial rotary, mrope, output
   run_case(packed);
   for (DType q8 : {DType::float8_e4m3fn, DType::float8_e5m2}) {
     // A float8 q_out (rope_quantize_fp8_append_paged_kv_cache) with head scales, a float8
-    // cache; MLA's shape with q_nope; and a bad position (zero codes).
+    // cache; MLA's shape with q_nope; and a bad position (zero codes) at a token whose slot is
+    // written otherwise (every seventh token from the fifth has none): its k and v rows must
+    // stay out of the cache.
     AppendCase fp8;
     fp8.q_out = true;
     fp8.q_dtype = q8;
@@ -302,7 +304,7 @@ TEST_CASE("GPU apply_rope_append_kv: general path, partial rotary, mrope, output
     fp8.tokens = 12;
     fp8.hq = 4;
     fp8.interleaved = q8 == DType::float8_e5m2;
-    fp8.bad_position_token = 5;
+    fp8.bad_position_token = 4;
     run_case(fp8);
     AppendCase mla;  // DeepSeek MLA: q's rope slice (64) with q_nope, k_pe one kv head, kv_c v
     mla.q_out = mla.q_nope = true;
