@@ -40,32 +40,68 @@ EMBROPE_HD bool quant_chunks_fit(const QuantTable& q, int w) {
   return is_gguf_format(q.format) ? 16 % w == 0 : q.group_size % w == 0;
 }
 
+// N consecutive bytes of a quantized row at p into b[0, N): as few loads as p's alignment
+// allows (8, 4 or 2 bytes, else one at a time; rows and GGUF blocks start anywhere). On the
+// GPU a warp's request for its lanes' chunks then reads each sector once, where a byte at a time
+// made a request per byte, each touching every sector of the warp's span (the emulated memory
+// model's L1 sectors per DRAM sector; tests/gpu/test_embed.cpp's model case).
+template <int N>
+EMBROPE_HD void load_quant_bytes(const std::uint8_t* p, std::uint8_t* b) {
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  const auto unpack = [&](std::uint64_t word, int from, int bytes) {
+    for (int i = 0; i < bytes; ++i) b[from + i] = static_cast<std::uint8_t>(word >> (8 * i));
+  };
+  if (N % 8 == 0 && at % 8 == 0) {
+    for (int k = 0; k < N / 8; ++k) unpack(reinterpret_cast<const std::uint64_t*>(p)[k], 8 * k, 8);
+  } else if (N % 4 == 0 && at % 4 == 0) {
+    for (int k = 0; k < N / 4; ++k) unpack(reinterpret_cast<const std::uint32_t*>(p)[k], 4 * k, 4);
+  } else if (N % 2 == 0 && at % 2 == 0) {
+    for (int k = 0; k < N / 2; ++k) unpack(reinterpret_cast<const std::uint16_t*>(p)[k], 2 * k, 2);
+  } else {
+    for (int i = 0; i < N; ++i) b[i] = p[i];
+  }
+}
+
 // Values j .. j + W - 1 of table row `row`, dequantized into v: the group's (or block's)
-// position, scale and zero point found once per chunk, then each value by the element formula
-// (W 1: any j; W > 1: j a multiple of W and quant_chunks_fit).
+// position, scale and zero point found once per chunk, the chunk's bytes loaded together
+// (load_quant_bytes), then each value by the element formula (W 1: any j; W > 1: j a multiple
+// of W and quant_chunks_fit).
 template <int W>
 EMBROPE_HD void quant_table_chunk(const QuantTable& q, std::int64_t row, std::int64_t j, float* v) {
   const std::uint8_t* r = q.data + row * q.row_stride;
+  // int4 and Q4_0 chunks of one value read a byte (not half of one).
+  constexpr int kNibbleBytes = W > 1 ? W / 2 : 1;
   if (is_gguf_format(q.format)) {
     const detail::GgufBlock kind = gguf_block_of(q.format);
     const std::int64_t values = detail::gguf_block_values(kind);
     const std::int64_t b = j / values;
     const int e0 = static_cast<int>(j - b * values);
     const std::uint8_t* block = r + b * detail::gguf_block_bytes(kind);
-    if (kind == detail::GgufBlock::q8_0 || kind == detail::GgufBlock::q4_0) {
+    std::uint8_t bytes[W];
+    if (kind == detail::GgufBlock::q8_0) {
+      load_quant_bytes<W>(block + 2 + e0, bytes);
       const float d = detail::gguf_half(block);
-      const bool q8 = kind == detail::GgufBlock::q8_0;
-      for (int w = 0; w < W; ++w) {
-        const int e = e0 + w;
-        v[w] = detail::scaled_value(
-            d, q8 ? detail::q8_0_quant(block, e) : detail::q4_0_quant(block, e));
-      }
+      for (int w = 0; w < W; ++w)
+        v[w] = detail::scaled_value(d, static_cast<std::int8_t>(bytes[w]));
+    } else if (kind == detail::GgufBlock::q4_0) {  // a chunk lies in one half: one nibble each
+      load_quant_bytes<W>(block + 2 + (e0 & 15), bytes);
+      const float d = detail::gguf_half(block);
+      for (int w = 0; w < W; ++w)
+        v[w] = detail::scaled_value(d, detail::q4_0_from_byte(bytes[w], e0 + w));
     } else if (kind == detail::GgufBlock::q4_k) {
-      const detail::Q4kFactors f = detail::q4_k_factors(block, e0 / 32);
-      for (int w = 0; w < W; ++w) v[w] = detail::q4_k_apply(f, detail::q4_k_quant(block, e0 + w));
+      const int sub = e0 / 32;
+      load_quant_bytes<W>(block + 16 + 32 * (sub / 2) + (e0 & 31), bytes);
+      const detail::Q4kFactors f = detail::q4_k_factors(block, sub);
+      for (int w = 0; w < W; ++w)
+        v[w] = detail::q4_k_apply(f, detail::q4_k_from_byte(bytes[w], sub));
     } else {
+      const int half = e0 / 128, k = (e0 % 128) / 32, l = e0 % 32;
+      std::uint8_t high[W];
+      load_quant_bytes<W>(block + 64 * half + 32 * (k & 1) + l, bytes);
+      load_quant_bytes<W>(block + 128 + 32 * half + l, high);
       const float d = detail::q6_k_factor(block, e0);
-      for (int w = 0; w < W; ++w) v[w] = detail::scaled_value(d, detail::q6_k_quant(block, e0 + w));
+      for (int w = 0; w < W; ++w)
+        v[w] = detail::scaled_value(d, detail::q6_k_from_bytes(bytes[w], high[w], k));
     }
     return;
   }
@@ -73,8 +109,10 @@ EMBROPE_HD void quant_table_chunk(const QuantTable& q, std::int64_t row, std::in
   const float scale = load_vector_value(q.scales, q.scale_dtype, row * q.scale_stride + group);
   if (q.format == QuantFormat::float8_e4m3fn || q.format == QuantFormat::float8_e5m2) {
     const bool e4 = q.format == QuantFormat::float8_e4m3fn;
+    std::uint8_t codes[W];
+    load_quant_bytes<W>(r + j, codes);
     for (int w = 0; w < W; ++w) {
-      const std::uint8_t c = r[j + w];
+      const std::uint8_t c = codes[w];
       v[w] =
           (e4 ? detail::to_float(detail::Float8E4M3{c}) : detail::to_float(detail::Float8E5M2{c})) *
           scale;
@@ -85,10 +123,21 @@ EMBROPE_HD void quant_table_chunk(const QuantTable& q, std::int64_t row, std::in
       q.zero_points == nullptr
           ? 0.0f
           : load_zero_point(q.zero_points, q.zero_point_dtype, row * q.zero_point_stride + group);
-  const bool int8 = q.format == QuantFormat::int8;
+  if (q.format == QuantFormat::int8) {
+    std::uint8_t bytes[W];
+    load_quant_bytes<W>(r + j, bytes);
+    for (int w = 0; w < W; ++w) {
+      v[w] = detail::affine_value(static_cast<std::int8_t>(bytes[w]), zero_point, scale);
+    }
+    return;
+  }
+  // int4: W > 1 starts on a byte (j even, W even), a value alone may be either nibble.
+  std::uint8_t pairs[kNibbleBytes];
+  load_quant_bytes<kNibbleBytes>(r + j / 2, pairs);
   for (int w = 0; w < W; ++w) {
-    const int value = int8 ? static_cast<int>(static_cast<std::int8_t>(r[j + w]))
-                           : detail::int4_packed_value(r, j + w);
+    const std::uint8_t byte = pairs[W > 1 ? w / 2 : 0];
+    const int value =
+        ((j + w) & 1) == 0 ? detail::int4_high_value(byte) : detail::int4_low_value(byte);
     v[w] = detail::affine_value(value, zero_point, scale);
   }
 }

@@ -6,9 +6,11 @@
 #include <catch2/catch.hpp>
 #include <embrope/embrope.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include "gpu_support.hpp"
 
@@ -485,3 +487,98 @@ TEST_CASE("GPU embed from quantized tables equals the CPU", "[gpu][embed][quant]
     }
   }
 }
+
+#if __has_include(<simt/simt.h>)
+// The emulated device's memory model (its coalescing profiler): compiled only against the
+// emulator, which counts the 32-byte sectors each launch touches (see test_apply_rope.cpp's
+// axial case). On a GPU this case does not exist.
+#include <simt/simt.h>
+
+#include <set>
+
+TEST_CASE("GPU quantized lookup reads each quantized byte once (emulated memory model)",
+          "[gpu][embed][quant][model]") {
+  // The benchmark's formats (benchmarks/bench.cpp, embed_quantized): D 4096 into bfloat16,
+  // 2,048 distinct ids of a 4,096-row table (the model cases' embed shape). Loads: the launch's
+  // distinct sectors are those of the rows, scales, zero points and ids it must read, no more.
+  // And the sectors its warps' requests touch, summed, against those: L1 sectors per DRAM
+  // sector, 1 when each request reads whole sectors that no other request reads. A lane that
+  // read its chunk a byte at a time made a request per byte, each touching every sector of the
+  // warp's span: 6.5 (int4) to 10.3 (Q8_0). The bounds are this kernel's figures with 2% to
+  // spare: the affine and float8 rows with 8-byte loads, their scale read again per chunk (an
+  // L1 hit); Q8_0's and Q6_K's blocks (34 and 210 bytes) allow 2-byte loads only; each GGUF
+  // chunk reads its block's float16 factors and Q4_K's packed scales too.
+  using embrope::QuantFormat;
+  simt_coalesce_enable();
+  const std::int64_t vocab = 4096, dim = 4096, rows = 2048;
+  struct Case {
+    const char* name;
+    QuantFormat format;
+    DType dtype;
+    std::int64_t columns, groups;  // bytes of a row; scales per row (0: none)
+    bool zero_points;
+    double max_l1_per_dram;
+  };
+  const Case cases[] = {
+      {"int8", QuantFormat::int8, DType::int8, dim, 1, false, 1.15},
+      {"int4", QuantFormat::int4, DType::uint8, dim / 2, dim / 32, true, 1.17},
+      {"float8_e4m3fn", QuantFormat::float8_e4m3fn, DType::float8_e4m3fn, dim, 1, false, 1.15},
+      {"q8_0", QuantFormat::gguf_q8_0, DType::uint8, dim / 32 * 34, 0, false, 6.55},
+      {"q4_k", QuantFormat::gguf_q4_k, DType::uint8, dim / 256 * 144, 0, false, 3.07},
+      {"q6_k", QuantFormat::gguf_q6_k, DType::uint8, dim / 256 * 210, 0, false, 3.75},
+  };
+  std::vector<std::int64_t> id_values(static_cast<std::size_t>(vocab));
+  for (std::int64_t i = 0; i < vocab; ++i) id_values[static_cast<std::size_t>(i)] = i;
+  std::shuffle(id_values.begin(), id_values.end(), std::mt19937_64(17));
+  id_values.resize(static_cast<std::size_t>(rows));
+  for (const Case& c : cases) {
+    INFO(c.name);
+    Buffer data(static_cast<std::size_t>(vocab * c.columns)),
+        scales(static_cast<std::size_t>(vocab * c.groups * 4)),
+        zps(static_cast<std::size_t>(vocab * c.groups)), ids(rows * 8),
+        out(static_cast<std::size_t>(rows * dim * 2));
+    std::memset(data.host.data(), 0x11, data.host.size());  // finite GGUF half scales
+    fill_random(scales, DType::float32, vocab * c.groups, 3);
+    std::memcpy(ids.host.data(), id_values.data(), rows * 8);
+    for (Buffer* b : {&data, &scales, &zps, &ids}) b->upload();
+    const Device g = Device::cuda(0);
+    embrope::QuantizedTable table;
+    table.format = c.format;
+    table.dim = dim;
+    table.data = Tensor(data.device, c.dtype, {vocab, c.columns}, g);
+    if (c.groups == 1) table.scales = Tensor(scales.device, DType::float32, {vocab}, g);
+    if (c.groups > 1) table.scales = Tensor(scales.device, DType::float32, {vocab, c.groups}, g);
+    if (c.zero_points) table.zero_points = Tensor(zps.device, DType::int8, {vocab, c.groups}, g);
+    embrope::embed(table, Tensor(ids.device, DType::int64, {rows}, g),
+                   Tensor(out.device, DType::bfloat16, {rows, dim}, g));
+    cuda_check(cudaDeviceSynchronize());
+    simt_coalesce_stats loads{}, stores{};
+    REQUIRE(simt_coalesce_last(0, &loads) == 1);
+    REQUIRE(simt_coalesce_last(1, &stores) == 1);
+    // The sectors of the bytes the lookup must read.
+    std::set<std::uintptr_t> needed;
+    const auto add = [&](const void* base, std::int64_t from, std::int64_t bytes) {
+      const auto first = reinterpret_cast<std::uintptr_t>(base) + static_cast<std::uintptr_t>(from);
+      for (std::uintptr_t s = first / 32; s <= (first + bytes - 1) / 32; ++s) needed.insert(s);
+    };
+    add(ids.device, 0, rows * 8);
+    for (const std::int64_t id : id_values) {
+      add(data.device, id * c.columns, c.columns);
+      if (c.groups > 0) add(scales.device, id * c.groups * 4, c.groups * 4);
+      if (c.zero_points) add(zps.device, id * c.groups, c.groups);
+    }
+    const double l1_per_dram =
+        static_cast<double>(loads.sectors) / static_cast<double>(loads.footprint_sectors);
+    INFO("load sectors " << loads.footprint_sectors << " (needed " << needed.size()
+                         << "), summed over requests " << loads.sectors << " (" << loads.requests
+                         << " requests): " << l1_per_dram
+                         << " L1 sectors per DRAM sector; store sectors "
+                         << stores.footprint_sectors << " for " << rows * dim * 2 << " bytes");
+    CHECK(loads.footprint_sectors == static_cast<long long>(needed.size()));
+    CHECK(stores.footprint_sectors * 32 >= rows * dim * 2);
+    CHECK(stores.footprint_sectors * 32 <= rows * dim * 2 + 32);  // and the status word's
+    CHECK(stores.full_requests >= stores.requests - 1);           // the status word's is not whole
+    CHECK(l1_per_dram <= c.max_l1_per_dram);
+  }
+}
+#endif

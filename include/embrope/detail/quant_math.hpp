@@ -14,7 +14,7 @@
 //         qs[32 i .. 32 i + 31]: low nibbles, then high nibbles)
 //   Q6_K  256 values in 210 bytes: uint8 ql[128], qh[64]; int8 scales[16]; half d
 //         x = (d * scales[e / 16]) * (q - 32), q six bits: four from ql, two from qh
-// Blocks need no alignment (bytes are read one at a time); the float16 scales are widened
+// Blocks need no alignment (the formulas take bytes); the float16 scales are widened
 // exactly, and each x is rounded once per operation in the order written.
 #pragma once
 
@@ -48,9 +48,12 @@ EMBROPE_HD float gguf_half(const std::uint8_t* p) {
 EMBROPE_HD int q8_0_quant(const std::uint8_t* block, int e) {
   return static_cast<std::int8_t>(block[2 + e]);
 }
-EMBROPE_HD int q4_0_quant(const std::uint8_t* block, int e) {
-  const std::uint8_t byte = block[2 + (e & 15)];
+// Q4_0's element e from its byte, block[2 + (e & 15)].
+EMBROPE_HD int q4_0_from_byte(std::uint8_t byte, int e) {
   return (e < 16 ? byte & 0x0f : byte >> 4) - 8;
+}
+EMBROPE_HD int q4_0_quant(const std::uint8_t* block, int e) {
+  return q4_0_from_byte(block[2 + (e & 15)], e);
 }
 EMBROPE_HD float scaled_value(float d, int q) {
   return d * static_cast<float>(q);
@@ -86,9 +89,12 @@ EMBROPE_HD Q4kFactors q4_k_factors(const std::uint8_t* block, int sub) {
           gguf_half(block + 2) * static_cast<float>(min)};
 }
 // Value l (0..31) of sub-block sub, and element e.
-EMBROPE_HD int q4_k_quant(const std::uint8_t* block, int sub, int l) {
-  const std::uint8_t byte = block[16 + 32 * (sub / 2) + l];
+// Sub-block sub's value from its byte, block[16 + 32 (sub / 2) + l].
+EMBROPE_HD int q4_k_from_byte(std::uint8_t byte, int sub) {
   return (sub & 1) == 0 ? byte & 0x0f : byte >> 4;
+}
+EMBROPE_HD int q4_k_quant(const std::uint8_t* block, int sub, int l) {
+  return q4_k_from_byte(block[16 + 32 * (sub / 2) + l], sub);
 }
 EMBROPE_HD int q4_k_quant(const std::uint8_t* block, int e) {
   return q4_k_quant(block, e / 32, e & 31);
@@ -117,11 +123,14 @@ EMBROPE_HD float q6_k_factor(const std::uint8_t* block, int e) {
   return gguf_half(block + 208) * static_cast<float>(scale);
 }
 // Value 32 k + l of half `half`, and element e.
+// Value 32 k + l of a half from its two bytes, low = ql[l + 32 (k & 1)] and high = qh[l].
+EMBROPE_HD int q6_k_from_bytes(std::uint8_t low, std::uint8_t high, int k) {
+  return ((k < 2 ? low & 0x0f : low >> 4) | (((high >> (2 * k)) & 3) << 4)) - 32;
+}
 EMBROPE_HD int q6_k_quant(const std::uint8_t* block, int half, int k, int l) {
   const std::uint8_t* ql = block + 64 * half;
   const std::uint8_t* qh = block + 128 + 32 * half;
-  const std::uint8_t low = ql[l + 32 * (k & 1)];
-  return ((k < 2 ? low & 0x0f : low >> 4) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+  return q6_k_from_bytes(ql[l + 32 * (k & 1)], qh[l], k);
 }
 EMBROPE_HD int q6_k_quant(const std::uint8_t* block, int e) {
   return q6_k_quant(block, e / 128, (e % 128) / 32, e % 32);
