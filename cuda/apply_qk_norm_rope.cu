@@ -12,8 +12,9 @@
 // barriers).
 // - qk_norm_rope_kernel: blocks of kNormBlockRows rows walked in lockstep (the barriers need
 //   every thread), inactive slots passing zero partials.
-// - qk_norm_rope_neox_kernel, qk_norm_rope_append_kv_neox_kernel: the fast path of neox rows
-//   rotated whole with D 64, 128 or 256 (below, before the first of them).
+// - qk_norm_rope_neox_kernel, qk_norm_rope_append_kv_neox_kernel and
+//   qk_norm_rope_backward_neox_kernel: the fast path of neox rows rotated whole with D 64, 128
+//   or 256 (below, before the first of them; the backward's before it).
 // - qk_norm_rope_backward_kernel: one block per chunk of detail::kWeightGradRows rows of q (or
 //   of k), rows in ascending order, so that a lane adding g_j * xhat_j of its elements into the
 //   chunk's workspace row sums each chunk in the CPU's order; qk_weight_grad_kernel then sums
@@ -555,6 +556,160 @@ __global__ void __launch_bounds__(kLanes, 16)
   if (last_block_done(r.bad)) describe_bad_rope_position(r);
 }
 
+// The backward's fast path (launch_neox_path: neox rows rotated whole, D 64, 128 or 256, a
+// float32 table), after the forward's: one warp per chunk of detail::kWeightGradRows rows as in
+// qk_norm_rope_backward_kernel, lane l holding elements l + 32 k. kBackwardRows rows at a time:
+// their x and dy loads in flight together, dy rotated back in registers (a pair lies within
+// the lane), each of the two row sums by sum_norm_nodes (one barrier per row and sum), then
+// dx written by the lane that read the element (in place is race-free). The chunk's weight-
+// gradient terms g_j * xhat_j are summed in registers in row order, from +0 as the workspace
+// row was, and written once at the chunk's end: the same additions in the same order, so the
+// same bits as the general kernel and the CPU, where the general kernel added each row's terms
+// into the workspace row (a load and a store per element and row; the model put it at 21% of
+// its bound, with 27 L1 sectors per DRAM sector).
+// Rows at a time: 4, and 2 for D 256, whose blocks get 8 per multiprocessor (255 registers:
+// at 128 and 170 the float16 / float32 instantiations spilled).
+template <int kHeadDim>
+constexpr int kBackwardRows = kHeadDim <= 128 ? 4 : 2;
+static_assert(2 * kNormNodes <= kNormBlockRows * (detail::kNormPartials + kLanes),
+              "two buffers of nodes fit in the norm scratch");
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kLanes, kHeadDim <= 128 ? 16 : 8)
+    qk_norm_rope_backward_neox_kernel(const __grid_constant__ QkNormRopeParams p, float* q_partials,
+                                      float* k_partials) {
+  constexpr int kElements = kHeadDim / kLanes;  // l + 32 k
+  constexpr int kPairs = kElements / 2;         // pairs l + 32 k, partners + D / 2
+  static_assert(kElements <= kLeavesPerNode && kElements % 2 == 0, "64 <= D <= 256, D % 64 == 0");
+  constexpr int kRows = kBackwardRows<kHeadDim>;
+  const internal::RopeParams& r = p.rope;
+  const int lane = threadIdx.x;
+  const std::int64_t tokens = r.batch * r.seq;
+  const std::int64_t q_chunks = detail::weight_grad_chunks(tokens * r.q.heads);
+  const std::int64_t k_chunks = r.has_k ? detail::weight_grad_chunks(tokens * r.k.heads) : 0;
+  const float sin_sign = r.inverse ? -1.0f : 1.0f;
+  int buffer = 0;
+  // The buffer of nodes for the next sum (two, alternating: a lane may still read the last).
+  auto next_nodes = [&]() {
+    float* const nodes = block_shared().norm_scratch + buffer * kNormNodes;
+    buffer ^= 1;
+    return nodes;
+  };
+  for (std::int64_t block = blockIdx.x; block < q_chunks + k_chunks; block += gridDim.x) {
+    const bool is_q = block < q_chunks;
+    const std::int64_t chunk = is_q ? block : block - q_chunks;
+    const std::int64_t side_heads = is_q ? r.q.heads : r.k.heads;
+    const std::int64_t end = min(tokens * side_heads, (chunk + 1) * detail::kWeightGradRows);
+    float weight[kElements], weight_grad[kElements];
+#pragma unroll
+    for (int k = 0; k < kElements; ++k) {
+      weight[k] = internal::qk_norm_weight(p.norm, is_q, lane + kLanes * k);
+      weight_grad[k] = 0.0f;
+    }
+    for (std::int64_t first = chunk * detail::kWeightGradRows; first < end; first += kRows) {
+      float x[kRows][kElements] = {}, g[kRows][kElements] = {};
+      float c[kRows][kPairs] = {}, sn[kRows][kPairs] = {};
+      T x_in[kRows][kElements] = {}, dy_in[kRows][kElements] = {};
+      T* out[kRows];
+      bool good[kRows];
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const std::int64_t n = first + i;
+        good[i] = false;
+        out[i] = nullptr;
+        if (n >= end) continue;
+        const std::int64_t t = n / side_heads;
+        const std::int64_t h = n - t * side_heads;
+        const std::int64_t b = t / r.seq;
+        const std::int64_t s = t - b * r.seq;
+        const internal::RopeRow<T> row = internal::rope_row<T>(r, b, s, is_q ? h : r.q.heads + h);
+        out[i] = row.out;
+        if (internal::rope_bad_stream(r, b, s) >= 0) {  // the same for every lane
+          zero_row(row.out, kHeadDim, lane);
+          if (lane == 0)
+            report_bad_row(r.bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
+          continue;
+        }
+        good[i] = true;
+        const T* saved = internal::qk_saved_row<T>(p, is_q, b, s, h);
+#pragma unroll
+        for (int k = 0; k < kElements; ++k) {  // converted below: the loads stay in flight
+          x_in[i][k] = saved[lane + kLanes * k];
+          dy_in[i][k] = row.in[lane + kLanes * k];
+        }
+        const internal::TokenPositions pos = internal::token_positions(r, b, s);
+#pragma unroll
+        for (int k = 0; k < kPairs; ++k) {
+          internal::rope_pair_cos_sin<float>(r, pos, lane + kLanes * k, sin_sign, c[i][k],
+                                             sn[i][k]);
+        }
+      }
+      // g: dy rotated back (normalized_gradient's pairs), after every row's loads were issued.
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        if (!good[i]) continue;
+#pragma unroll
+        for (int k = 0; k < kElements; ++k) {
+          x[i][k] = to_float(x_in[i][k]);
+          g[i][k] = to_float(dy_in[i][k]);
+        }
+#pragma unroll
+        for (int k = 0; k < kPairs; ++k) {
+          detail::rotate_pair(g[i][k], g[i][k + kPairs], c[i][k], sn[i][k]);
+        }
+      }
+      float rstd[kRows], factor[kRows];
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {  // the sum of x^2 (zeros for a row not there)
+        float part[kLeavesPerNode];
+#pragma unroll
+        for (int k = 0; k < kLeavesPerNode; ++k) part[k] = 0.0f;
+        if (good[i]) {
+#pragma unroll
+          for (int k = 0; k < kElements; ++k) part[k] += detail::norm_square_term(x[i][k], 0.0f);
+        }
+        const float sum = sum_norm_nodes(subtree_sum<kLeavesPerNode / 2>(part), next_nodes(), lane);
+        rstd[i] = detail::norm_rstd(sum, kHeadDim, p.norm.eps);
+      }
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {  // the sum of u * xhat, u = w * g
+        float part[kLeavesPerNode];
+#pragma unroll
+        for (int k = 0; k < kLeavesPerNode; ++k) part[k] = 0.0f;
+        if (good[i]) {
+#pragma unroll
+          for (int k = 0; k < kElements; ++k) {
+            part[k] += detail::norm_product(detail::norm_product(weight[k], g[i][k]),
+                                            detail::rms_normalized(x[i][k], rstd[i]));
+          }
+        }
+        const float sum = sum_norm_nodes(subtree_sum<kLeavesPerNode / 2>(part), next_nodes(), lane);
+        factor[i] = detail::rms_backward_factor(sum, kHeadDim, rstd[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        if (!good[i]) continue;
+#pragma unroll
+        for (int k = 0; k < kElements; ++k) {
+          const float xhat = detail::rms_normalized(x[i][k], rstd[i]);
+          weight_grad[k] += detail::norm_product(g[i][k], xhat);
+          const float u = detail::norm_product(weight[k], g[i][k]);
+          out[i][lane + kLanes * k] =
+              from_float<T>(detail::rms_backward_value(u, xhat, rstd[i], factor[i]));
+        }
+      }
+    }
+    float* const partial = is_q ? q_partials : k_partials;
+    if (partial != nullptr) {
+#pragma unroll
+      for (int k = 0; k < kElements; ++k) {
+        partial[chunk * kHeadDim + lane + kLanes * k] = weight_grad[k];
+      }
+    }
+  }
+  if (last_block_done(r.bad)) describe_bad_rope_position(r);
+}
+
 // dw_j = the chunk partials of column j summed in ascending chunk order from +0 (zero for no
 // rows). Threads [0, D) take q's columns, [D, 2 D) k's.
 __global__ void qk_weight_grad_kernel(float* q_grad, const float* q_partials, std::int64_t q_chunks,
@@ -695,10 +850,15 @@ void launch_backward(const QkNormRopeParams& p, cudaStream_t stream) {
     partials = lay_out(p, layout);
   }
   const std::int64_t blocks = partials.q_chunks + partials.k_chunks;
-  if (blocks > 0) {
+  const unsigned grid = grid_for(blocks, 1, kLanes);
+  const bool neox = launch_neox_path<C>(r, blocks, [&](auto dim) {
+    qk_norm_rope_backward_neox_kernel<T, decltype(dim)::value>
+        <<<grid, kLanes, 0, stream>>>(p, partials.q, partials.k);
+    check_launch("qk_norm_rope_backward_neox_kernel");
+  });
+  if (!neox && blocks > 0) {
     const bool vector = fits_vector_path<T>(p.saved_q, true, r.head_dim) &&
                         fits_vector_path<T>(p.saved_k, r.has_k, r.head_dim);
-    const unsigned grid = grid_for(blocks, 1, kLanes);
     if (vector) {
       qk_norm_rope_backward_kernel<T, C, true>
           <<<grid, kLanes, 0, stream>>>(p, partials.q, partials.k);

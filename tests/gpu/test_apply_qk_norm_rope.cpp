@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "gpu_support.hpp"
 
@@ -178,11 +179,14 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("GPU apply_qk_norm_rope of q alone, with and without weights, equals the CPU",
-          "[gpu][qk_norm_rope]") {
+TEST_CASE(
+    "GPU apply_qk_norm_rope of q alone and its backward, with and without weights, equal the CPU",
+    "[gpu][qk_norm_rope]") {
   // k absent (the fast path's rows are q's alone; the general path's too), and weights absent
   // (every factor 1) or only q's: D 128 neox (the fast path; 300 tokens, a block per token, and
-  // 7, split over blocks) and D 96 interleaved (the general path).
+  // 7, split over blocks) and D 96 interleaved (the general path). The backward first, from
+  // the same q (its fast path's chunks of q rows alone: 1,500 rows, the last chunk 28 of them;
+  // 84 rows), with q's weight gradient where q has a weight.
   struct Case {
     std::int64_t tokens, heads, dim;
     embrope::RopeLayout layout;
@@ -195,19 +199,36 @@ TEST_CASE("GPU apply_qk_norm_rope of q alone, with and without weights, equals t
   for (const Case& c : cases) {
     INFO("T " << c.tokens << " heads " << c.heads << " D " << c.dim << " weight " << c.weight);
     const std::int64_t n = c.tokens * c.heads * c.dim;
-    Buffer q(n * 2), pos(c.tokens * 8), w(c.dim * 4);
+    Buffer q(n * 2), dq(n * 2), pos(c.tokens * 8), w(c.dim * 4), gw(c.dim * 4);
     fill_random(q, dtype, n, 301);
+    fill_random(dq, dtype, n, 303);
     fill_random(w, DType::float32, c.dim, 302);
+    gw.poison_both(0x7f);
     for (std::int64_t t = 0; t < c.tokens; ++t) {
       const std::int64_t p = (t * 53) % 512;
       std::memcpy(pos.host.data() + 8 * t, &p, 8);
     }
-    for (Buffer* b : {&q, &pos, &w}) b->upload();
+    for (Buffer* b : {&q, &dq, &pos, &w}) b->upload();
     const embrope::RopeConfig config{c.dim, 10000.0, 512};
     embrope::RopeCache cpu_cache(config);
     embrope::RopeCache gpu_cache(config, Device::cuda(0));
     embrope::RopeOptions o;
     o.layout = c.layout;
+    const std::vector<std::int64_t> shape{c.tokens, c.heads, c.dim};
+    for (bool gpu : {false, true}) {
+      auto v = gpu ? device_view : host_view;
+      embrope::QkNorm norm;
+      if (c.weight) norm.q_weight = v(w, DType::float32, {c.dim});
+      norm.eps = 1e-6f;
+      embrope::QkNormGradients grads;
+      if (c.weight) grads.q_weight = v(gw, DType::float32, {c.dim});
+      embrope::apply_qk_norm_rope_backward(v(dq, dtype, shape), std::nullopt, v(q, dtype, shape),
+                                           std::nullopt, v(pos, DType::int64, {c.tokens}),
+                                           gpu ? gpu_cache : cpu_cache, norm, grads, o);
+    }
+    cuda_check(cudaDeviceSynchronize());
+    CHECK(first_difference(dq.download(), dq.host) == -1);
+    CHECK(first_difference(gw.download(), gw.host) == -1);
     for (bool gpu : {false, true}) {
       auto v = gpu ? device_view : host_view;
       embrope::QkNorm norm;
