@@ -78,14 +78,20 @@ EMBROPE_HD void quant_table_chunk(const QuantTable& q, std::int64_t row, std::in
     const int e0 = static_cast<int>(j - b * values);
     const std::uint8_t* block = r + b * detail::gguf_block_bytes(kind);
     std::uint8_t bytes[W];
+    // Q8_0's and Q4_0's d in one load. (A copy of Q4_K's 16 leading bytes, d, dmin and the
+    // packed scales, went to local memory: q4_k_factors indexes them by the sub-block.)
     if (kind == detail::GgufBlock::q8_0) {
       load_quant_bytes<W>(block + 2 + e0, bytes);
-      const float d = detail::gguf_half(block);
+      std::uint8_t d_bytes[2];
+      load_quant_bytes<2>(block, d_bytes);
+      const float d = detail::gguf_half(d_bytes);
       for (int w = 0; w < W; ++w)
         v[w] = detail::scaled_value(d, static_cast<std::int8_t>(bytes[w]));
     } else if (kind == detail::GgufBlock::q4_0) {  // a chunk lies in one half: one nibble each
       load_quant_bytes<W>(block + 2 + (e0 & 15), bytes);
-      const float d = detail::gguf_half(block);
+      std::uint8_t d_bytes[2];
+      load_quant_bytes<2>(block, d_bytes);
+      const float d = detail::gguf_half(d_bytes);
       for (int w = 0; w < W; ++w)
         v[w] = detail::scaled_value(d, detail::q4_0_from_byte(bytes[w], e0 + w));
     } else if (kind == detail::GgufBlock::q4_k) {
