@@ -2,9 +2,12 @@
 #include <algorithm>
 #include <atomic>
 #include <fmt/format.h>
+#include <map>
+#include <mutex>
 
 #include "../src/device_runtime.hpp"
 #include "common.cuh"
+#include "workspace.cuh"
 
 namespace embrope::gpu {
 
@@ -109,6 +112,67 @@ std::int64_t blocks_per_multiprocessor(std::int64_t threads_per_block) {
       "cudaDeviceGetAttribute (threads per multiprocessor)");
   const std::int64_t blocks = threads / std::max<std::int64_t>(1, threads_per_block);
   return std::max<std::int64_t>(1, std::min(kMaxBlocks, blocks));
+}
+
+namespace {
+
+#if defined(CUDART_VERSION)  // a CUDA runtime, with stream-ordered memory pools (CUDA 11.2)
+// The workspace pool of `device` (workspace.cuh), or null where the device has no memory
+// pools.
+cudaMemPool_t make_workspace_pool(int device) {
+  int supported = 0;
+  if (cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess ||
+      supported == 0) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool = nullptr;
+  check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate (workspace pool)");
+  std::uint64_t keep = kWorkspacePoolKeepBytes;
+  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+        "cudaMemPoolSetAttribute (workspace pool release threshold)");
+  return pool;
+}
+
+// The current device's workspace pool, made at its first use. The pools are never destroyed:
+// a workspace may still be in flight on some stream when the process exits, and the
+// driver releases them with the context.
+cudaMemPool_t workspace_pool() {
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  static std::mutex mutex;
+  static std::map<int, cudaMemPool_t> pools;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = pools.find(device);
+  if (it == pools.end()) it = pools.emplace(device, make_workspace_pool(device)).first;
+  return it->second;
+}
+#endif
+
+}  // namespace
+
+void* allocate_workspace(std::size_t bytes, cudaStream_t stream, const char* op) {
+  void* memory = nullptr;
+#if defined(CUDART_VERSION)
+  // In a stream capture the allocation becomes a node of the graph, which owns its memory
+  // (cudaMallocAsync's memory as any pool's); the pool is neither needed nor made there.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  cudaMemPool_t pool = capture == cudaStreamCaptureStatusNone ? workspace_pool() : nullptr;
+  if (pool != nullptr) {
+    check(cudaMallocFromPoolAsync(&memory, bytes, pool, stream),
+          fmt::format("cudaMallocFromPoolAsync ({} workspace)", op).c_str());
+    return memory;
+  }
+#endif
+  check(cudaMallocAsync(&memory, bytes, stream),
+        fmt::format("cudaMallocAsync ({} workspace)", op).c_str());
+  return memory;
 }
 
 }  // namespace embrope::gpu

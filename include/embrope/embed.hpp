@@ -156,9 +156,10 @@ struct EmbedBackwardOptions {
   BackwardMode mode = BackwardMode::deterministic;
   // GPU deterministic mode: device memory of at least embed_backward_workspace_size() bytes
   // on the tensors' device, used only by this call's work on `stream` (so reusable by the
-  // next call on the same stream). Null: the call allocates it with cudaMallocAsync on the
-  // stream and frees it with cudaFreeAsync (stream-ordered, no synchronisation). Ignored on
-  // the CPU, which allocates its own host scratch.
+  // next call on the same stream). Null: the call takes it from embrope's workspace pool on
+  // the stream and frees it in stream order (no synchronisation; the pool keeps up to 64 MiB
+  // per device reserved between calls). Ignored on the CPU, which allocates its own host
+  // scratch.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
 

@@ -440,7 +440,7 @@ typedef struct embrope_embed_backward_options_t {
   const DLTensor* grad_type_table;     /* [num_types, D], or NULL */
   const DLTensor* type_ids;            /* shaped like ids, or NULL */
   embrope_backward_mode_t mode;        /* default DETERMINISTIC */
-  void* workspace;        /* GPU: NULL (default) allocates with cudaMallocAsync on the stream */
+  void* workspace;        /* GPU: NULL (default) takes it from embrope's pool, stream-ordered */
   size_t workspace_bytes; /* at least embrope_embed_backward_workspace_size() when given */
   embrope_deferred_status_t* deferred; /* NULL (default): a bad row fails the call */
   /* embed's norm, differentiated before the tables (embed.hpp, EmbedBackwardOptions): grad_out

@@ -17,8 +17,9 @@ struct PackedPositionsOptions {
   std::optional<Tensor> start_offsets;
   // GPU: device memory of at least packed_positions_workspace_size() bytes on the tensors'
   // device, used only by this call's work on `stream` (reusable by the next call on the same
-  // stream). Null: the call allocates it with cudaMallocAsync on the stream and frees it with
-  // cudaFreeAsync (stream-ordered, no synchronisation). Ignored on the CPU, which needs none.
+  // stream). Null: the call takes it from embrope's workspace pool on the stream and frees it
+  // in stream order (no synchronisation; the pool keeps up to 64 MiB per device reserved
+  // between calls). Ignored on the CPU, which needs none.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   // Null: an invalid cu_seqlens makes the call throw. Otherwise it is recorded there.
