@@ -134,8 +134,11 @@ cudaMemPool_t make_workspace_pool(int device) {
   cudaMemPool_t pool = nullptr;
   check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate (workspace pool)");
   std::uint64_t keep = kWorkspacePoolKeepBytes;
-  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
-        "cudaMemPoolSetAttribute (workspace pool release threshold)");
+  const cudaError_t status = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  if (status != cudaSuccess) {
+    (void)cudaMemPoolDestroy(pool);
+    check(status, "cudaMemPoolSetAttribute (workspace pool release threshold)");
+  }
   return pool;
 }
 

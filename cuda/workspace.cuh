@@ -25,8 +25,8 @@ constexpr std::size_t kWorkspaceAlign = 256;
 constexpr std::uint64_t kWorkspacePoolKeepBytes = std::uint64_t{64} << 20;
 
 // A call's own workspace: `bytes` from the current device's workspace pool, in the order of
-// `stream` (cudaMallocFromPoolAsync; cudaMallocAsync where the runtime or the device has no
-// memory pools). The pool is embrope's own, one per device, made at its first use and kept
+// `stream` (cudaMallocFromPoolAsync; cudaMallocAsync, as before, where the runtime or the device
+// has no memory pools). The pool is embrope's own, one per device, made at its first use and kept
 // for the process, so that a workspace stays mapped from one call to the next. The device's
 // default pool, which cudaMallocAsync takes from, keeps nothing across a synchronisation
 // (its release threshold is 0 unless the application raises it, and raising it would change

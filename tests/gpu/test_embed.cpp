@@ -586,47 +586,47 @@ TEST_CASE("GPU quantized lookup reads each quantized byte once (emulated memory 
 
 #if defined(CUDART_VERSION)
 // A CUDA runtime's case (the emulated device has no memory pools): a call's own workspace comes
-// from embrope's pool, which keeps it reserved across a synchronisation, and the device's
-// default pool (cudaMallocAsync's) is left as the application set it. With the workspace taken
-// from the default pool, whose release threshold is 0, the synchronisation returned it to the
-// system and the next call mapped it again (on an H200, 110 us and more per call).
-TEST_CASE("GPU workspaces stay reserved across synchronisations", "[gpu][embed][workspace]") {
-  // float32 sinusoidal lookups of one token: D 4096 first (the kernels loaded, the pool made),
-  // then D 65536, whose table of the call's sinusoids takes 132 D = 8.65 MB of workspace. The
-  // buffers of both are allocated before the device's free memory is read.
-  struct Lookup {
-    std::int64_t dim;
-    Buffer table, ids, out;
-    explicit Lookup(std::int64_t d) : dim(d), table(2 * d * 4), ids(8), out(d * 4) {
-      fill_random(table, DType::float32, 2 * dim, 41);
-      std::memset(ids.host.data(), 0, 8);
-      table.upload();
-      ids.upload();
-    }
-    void run() {
-      embrope::EmbedOptions o;
-      o.positions = embrope::PositionEncoding::sinusoidal;
-      embrope::embed(Tensor(table.device, DType::float32, {2, dim}, Device::cuda(0)),
-                     Tensor(ids.device, DType::int64, {1}, Device::cuda(0)),
-                     Tensor(out.device, DType::float32, {1, dim}, Device::cuda(0)), o);
-      cuda_check(cudaDeviceSynchronize());
-    }
+// from embrope's pool, which keeps it reserved across synchronisations (its release threshold),
+// not from the device's current pool, cudaMallocAsync's, which with its default threshold of 0
+// returned it at every synchronisation, so that the next call mapped it again (on an H200,
+// 110 us and more per call); and that pool is left as the application set it.
+TEST_CASE("GPU workspaces come from embrope's pool, not the device's", "[gpu][embed][workspace]") {
+  // A float32 sinusoidal lookup of one token at D 65536: its table of the call's sinusoids takes
+  // 132 D = 8.65 MB of workspace.
+  constexpr std::int64_t dim = 65536;
+  Buffer table(2 * dim * 4), ids(8), out(dim * 4);
+  fill_random(table, DType::float32, 2 * dim, 41);
+  std::memset(ids.host.data(), 0, 8);
+  table.upload();
+  ids.upload();
+  const auto lookup = [&] {
+    embrope::EmbedOptions o;
+    o.positions = embrope::PositionEncoding::sinusoidal;
+    embrope::embed(Tensor(table.device, DType::float32, {2, dim}, Device::cuda(0)),
+                   Tensor(ids.device, DType::int64, {1}, Device::cuda(0)),
+                   Tensor(out.device, DType::float32, {1, dim}, Device::cuda(0)), o);
+    cuda_check(cudaDeviceSynchronize());
   };
-  Lookup small(4096), large(65536);
-  small.run();
-  std::size_t free_before = 0, free_after = 0, total = 0;
-  cuda_check(cudaMemGetInfo(&free_before, &total));
-  large.run();
-  cuda_check(cudaMemGetInfo(&free_after, &total));
-  INFO("device memory free before the D 65536 call " << free_before << ", after it " << free_after);
-  CHECK(free_before >= free_after + (std::size_t{4} << 20));
-
   int device = 0;
   cuda_check(cudaGetDevice(&device));
-  cudaMemPool_t default_pool = nullptr;
-  cuda_check(cudaDeviceGetDefaultMemPool(&default_pool, device));
+  cudaMemPool_t device_pool = nullptr;
+  cuda_check(cudaDeviceGetMemPool(&device_pool, device));
+  std::uint64_t high = 0;  // the device pool's high-water mark of memory in use, from zero
+  cuda_check(cudaMemPoolSetAttribute(device_pool, cudaMemPoolAttrUsedMemHigh, &high));
+  lookup();
+  std::size_t free_first = 0, free_second = 0, total = 0;
+  cuda_check(cudaMemGetInfo(&free_first, &total));
+  lookup();  // the workspace reused: nothing more taken, nothing leaked
+  cuda_check(cudaMemGetInfo(&free_second, &total));
+  cuda_check(cudaMemPoolGetAttribute(device_pool, cudaMemPoolAttrUsedMemHigh, &high));
+  INFO("the device pool's high-water mark " << high
+                                            << " bytes; device memory free after the "
+                                               "first call "
+                                            << free_first << ", the second " << free_second);
+  CHECK(high == 0);
+  CHECK(free_second >= free_first);
   std::uint64_t threshold = 1;
-  cuda_check(cudaMemPoolGetAttribute(default_pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  cuda_check(cudaMemPoolGetAttribute(device_pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   CHECK(threshold == 0);
 }
 #endif
