@@ -133,28 +133,14 @@ __device__ __forceinline__ void sinusoid_pairs(const internal::EmbedParams& p,
   }
 }
 
-// v = the float32 sum of the W elements j .. j + W - 1 of row r (aligned to a W chunk):
-// scale * token (zero for a shard miss) + position (learned or sinusoidal) + type, in that
-// order, as on the CPU. kQuantized: the token table is p.quant, its values dequantized by the
-// CPU's element formula (internal::quant_table_chunk: the chunk's group or block found once).
-template <typename T, int W, bool kSinusoidal, bool kQuantized = false>
-__device__ __forceinline__ void sum_chunk(const internal::EmbedParams& p,
+// To v, the scaled token values of the W elements j .. j + W - 1 of row r: the position
+// (learned or sinusoidal), then the type; sum_chunk's second half.
+template <typename T, int W, bool kSinusoidal>
+__device__ __forceinline__ void add_chunk(const internal::EmbedParams& p,
                                           const SinusoidTable& sinusoids,
                                           const internal::EmbedRow& r, const RowTables<T>& rows,
                                           std::int64_t j, float* v) {
   float add[W];
-  if (r.token_hit) {
-    if constexpr (kQuantized) {
-      internal::quant_table_chunk<W>(p.quant, r.token, j, v);
-    } else {
-      load_chunk<T, W>(rows.token + j, v);
-    }
-#pragma unroll
-    for (int w = 0; w < W; ++w) v[w] *= p.scale;
-  } else {
-#pragma unroll
-    for (int w = 0; w < W; ++w) v[w] = 0.0f;
-  }
   if (rows.position != nullptr) {
     load_chunk<T, W>(rows.position + j, add);
 #pragma unroll
@@ -206,6 +192,86 @@ __device__ __forceinline__ void sum_chunk(const internal::EmbedParams& p,
   }
 }
 
+// v = the float32 sum of the W elements j .. j + W - 1 of row r (aligned to a W chunk):
+// scale * token (zero for a shard miss) + position (learned or sinusoidal) + type, in that
+// order, as on the CPU. kQuantized: the token table is p.quant, its values dequantized by the
+// CPU's element formula (internal::quant_table_chunk: the chunk's group or block found once).
+template <typename T, int W, bool kSinusoidal, bool kQuantized = false>
+__device__ __forceinline__ void sum_chunk(const internal::EmbedParams& p,
+                                          const SinusoidTable& sinusoids,
+                                          const internal::EmbedRow& r, const RowTables<T>& rows,
+                                          std::int64_t j, float* v) {
+  if (r.token_hit) {
+    if constexpr (kQuantized) {
+      internal::quant_table_chunk<W>(p.quant, r.token, j, v);
+    } else {
+      load_chunk<T, W>(rows.token + j, v);
+    }
+#pragma unroll
+    for (int w = 0; w < W; ++w) v[w] *= p.scale;
+  } else {
+#pragma unroll
+    for (int w = 0; w < W; ++w) v[w] = 0.0f;
+  }
+  add_chunk<T, W, kSinusoidal>(p, sinusoids, r, rows, j, v);
+}
+
+// Chunks of a quantized row whose loads a lane issues before it converts the first: one
+// chunk's 8 bytes (4 for float32 outputs) in flight per lane had the int8 lookup of 16K rows of
+// D 4096 into bfloat16 at 50% of a copy on an H200, issue-bound, its warps waiting on those
+// loads a third of the time (Nsight Compute). One with sinusoidal positions, whose float64
+// sin/cos take the registers.
+template <bool kSinusoidal>
+constexpr int kQuantChunksInFlight = kSinusoidal ? 1 : 4;
+
+// Row r's chunks j = lane W + k G W from a quantized token table of format F (sum_chunk's
+// sums in its order): kQuantChunksInFlight chunks' loads (internal::quant_chunk_load) before
+// their conversions, the format known at compile time (its block sizes constants, its branches
+// gone).
+template <QuantFormat F, typename T, int W, int G, bool kSinusoidal>
+__device__ __forceinline__ void quantized_row(const internal::EmbedParams& p,
+                                              const SinusoidTable& sinusoids,
+                                              const internal::EmbedRow& r, const RowTables<T>& rows,
+                                              int lane, T* out) {
+  constexpr int kChunks = kQuantChunksInFlight<kSinusoidal>;
+  constexpr std::int64_t step = static_cast<std::int64_t>(G) * W;
+  const std::int64_t dim = p.dim;
+  const auto finish = [&](std::int64_t at, float* v) {
+    add_chunk<T, W, kSinusoidal>(p, sinusoids, r, rows, at, v);
+    Chunk<T, W> result;
+#pragma unroll
+    for (int w = 0; w < W; ++w) result.v[w] = from_float<T>(v[w]);
+    *reinterpret_cast<Chunk<T, W>*>(out + at) = result;
+  };
+  const auto convert = [&](const internal::QuantChunk<W>& c, std::int64_t at) {
+    float v[W];
+    internal::quant_chunk_values<F, W>(c, at, v);
+#pragma unroll
+    for (int w = 0; w < W; ++w) v[w] *= p.scale;
+    finish(at, v);
+  };
+  std::int64_t j = lane * W;
+  if (!r.token_hit) {  // a shard miss: zeros plus the additions
+    for (; j < dim; j += step) {
+      float v[W];
+#pragma unroll
+      for (int w = 0; w < W; ++w) v[w] = 0.0f;
+      finish(j, v);
+    }
+    return;
+  }
+  for (; j + (kChunks - 1) * step < dim; j += kChunks * step) {
+    internal::QuantChunk<W> c[kChunks];
+#pragma unroll
+    for (int u = 0; u < kChunks; ++u) {
+      c[u] = internal::quant_chunk_load<F, W>(p.quant, r.token, j + u * step);
+    }
+#pragma unroll
+    for (int u = 0; u < kChunks; ++u) convert(c[u], j + u * step);
+  }
+  for (; j < dim; j += step) convert(internal::quant_chunk_load<F, W>(p.quant, r.token, j), j);
+}
+
 // W is the number of consecutive elements a lane handles: 16 / sizeof(T) on the fast path
 // (aligned rows, D a multiple of W), 1 on the general path. G lanes (blockDim.x) share a row;
 // blockDim.y rows run side by side in a block.
@@ -216,10 +282,13 @@ __device__ __forceinline__ void sum_chunk(const internal::EmbedParams& p,
 // 32 for the scalar float16 path and spilled. The sinusoidal paths hold W float64 sin/cos in
 // flight and get 3 blocks, 80 registers (the 16-bit ones took 102 at 2 blocks; at 4 they
 // spill).
-// kQuantized: the token table is p.quant (sum_chunk's quantized path; W > 1 where each chunk
-// lies in one of its groups or block runs, internal::quant_chunks_fit).
+// kQuantized: the token table is p.quant (quantized_row; W > 1 where each chunk lies in one of
+// its groups or block runs, internal::quant_chunks_fit, and the rows are aligned to its loads).
+// Its kQuantChunksInFlight chunks spilled under 64 registers: 3 blocks, 85 (more bytes in
+// flight per multiprocessor at 24 warps than one chunk each at 32); with sinusoids, 2.
 template <typename T, int W, int G, bool kSinusoidal, bool kQuantized>
-__global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 3 : 4)
+__global__ void __launch_bounds__(kThreadsPerBlock,
+                                  kQuantized ? (kSinusoidal ? 2 : 3) : (kSinusoidal ? 3 : 4))
     embed_kernel(const __grid_constant__ internal::EmbedParams p, const SinusoidTable sinusoids) {
   constexpr int kRowsPerBlock = kThreadsPerBlock / G;
   const int lane = threadIdx.x;
@@ -287,10 +356,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kSinusoidal ? 3 : 4)
           *reinterpret_cast<Chunk<T, W>*>(out + j + u * step) = result;
         }
       }
+    } else if constexpr (kQuantized) {
+      EMBROPE_DISPATCH_QUANT_FORMAT(
+          p.quant.format, kFormat,
+          quantized_row<kFormat, T, W, G, kSinusoidal>(p, sinusoids, r, rows, lane, out))
     } else {
       for (std::int64_t j = lane * W; j < dim; j += G * W) {
         float v[W];
-        sum_chunk<T, W, kSinusoidal, kQuantized>(p, sinusoids, r, rows, j, v);
+        sum_chunk<T, W, kSinusoidal>(p, sinusoids, r, rows, j, v);
 #pragma unroll
         for (int w = 0; w < W; ++w) result.v[w] = from_float<T>(v[w]);
         *reinterpret_cast<Chunk<T, W>*>(out + j) = result;
@@ -590,8 +663,10 @@ void launch(const internal::EmbedParams& p, cudaStream_t stream) {
   }
   if (p.quantized) {
     // A quantized token table: chunks of kVec16 values (16-byte stores) where each lies in one
-    // of its groups or block runs, else one value per lane.
-    if (fits_vector_path<T>(p) && internal::quant_chunks_fit(p.quant, kVec16<T>)) {
+    // of its groups or block runs and the rows allow its loads (quant_chunk_granule: every
+    // contiguous table does), else one value per lane.
+    if (fits_vector_path<T>(p) && internal::quant_chunks_fit(p.quant, kVec16<T>) &&
+        internal::quant_rows_aligned(p.quant, kVec16<T>)) {
       launch_vector_groups<T, true>(p, sinusoids, stream);
     } else {
       launch_group<T, 1, 32, true>(p, sinusoids, stream);

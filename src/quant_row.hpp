@@ -40,112 +40,213 @@ EMBROPE_HD bool quant_chunks_fit(const QuantTable& q, int w) {
   return is_gguf_format(q.format) ? 16 % w == 0 : q.group_size % w == 0;
 }
 
-// N consecutive bytes of a quantized row at p into b[0, N): as few loads as p's alignment
-// allows (8, 4 or 2 bytes, else one at a time; rows and GGUF blocks start anywhere). On the
-// GPU a warp's request for its lanes' chunks then reads each sector once, where a byte at a time
-// made a request per byte, each touching every sector of the warp's span (the emulated memory
-// model's L1 sectors per DRAM sector; tests/gpu/test_embed.cpp's model case).
+// The alignment (1, 2, 4 or 8 bytes) of every W-value chunk's bytes in a row that starts on a
+// multiple of it: W-value chunks start at multiples of W (quant_chunks_fit), so int8's and
+// float8's lie at r + j, int4's at r + j / 2, Q4_K's at 16-byte offsets in 144-byte blocks plus
+// a multiple of W; Q8_0's, Q4_0's and Q6_K's blocks (34, 18 and 210 bytes) keep 2. The GPU
+// loads a chunk in accesses of this size (load_quant_bytes), which the row's start and stride
+// must allow (quant_rows_aligned); a chunk of one value reads bytes.
+EMBROPE_HD constexpr int quant_chunk_granule(QuantFormat f, int w) {
+  const int bytes = f == QuantFormat::int4 ? w / 2 : w;  // bytes of a chunk's values
+  const int cap =
+      f == QuantFormat::gguf_q8_0 || f == QuantFormat::gguf_q4_0 || f == QuantFormat::gguf_q6_k ? 2
+                                                                                                : 8;
+  int granule = 1;
+  while (granule * 2 <= cap && granule * 2 <= bytes) granule *= 2;
+  return granule;
+}
+// Whether every row of the table starts on a multiple of the granule.
+inline bool quant_rows_aligned(const QuantTable& q, int w) {
+  const auto granule = static_cast<std::uintptr_t>(quant_chunk_granule(q.format, w));
+  return reinterpret_cast<std::uintptr_t>(q.data) % granule == 0 &&
+         static_cast<std::uintptr_t>(q.row_stride) % granule == 0;
+}
+
+// N bytes of a quantized row, kept in the 32-bit words they were loaded into and taken apart
+// only when converted (operator[]): a lane issues the loads of several chunks before it uses the
+// first (cuda/embed.cu's quantized_row), where unpacking each chunk's bytes as it arrived made
+// the lane wait for each load in turn.
 template <int N>
-EMBROPE_HD void load_quant_bytes(const std::uint8_t* p, std::uint8_t* b) {
-  const auto at = reinterpret_cast<std::uintptr_t>(p);
-  const auto unpack = [&](std::uint64_t word, int from, int bytes) {
-    for (int i = 0; i < bytes; ++i) b[from + i] = static_cast<std::uint8_t>(word >> (8 * i));
-  };
-  if (N % 8 == 0 && at % 8 == 0) {
-    for (int k = 0; k < N / 8; ++k) unpack(reinterpret_cast<const std::uint64_t*>(p)[k], 8 * k, 8);
-  } else if (N % 4 == 0 && at % 4 == 0) {
-    for (int k = 0; k < N / 4; ++k) unpack(reinterpret_cast<const std::uint32_t*>(p)[k], 4 * k, 4);
-  } else if (N % 2 == 0 && at % 2 == 0) {
-    for (int k = 0; k < N / 2; ++k) unpack(reinterpret_cast<const std::uint16_t*>(p)[k], 2 * k, 2);
-  } else {
-    for (int i = 0; i < N; ++i) b[i] = p[i];
+struct QuantBytes {
+  std::uint32_t word[(N + 3) / 4] = {};
+  EMBROPE_HD std::uint8_t operator[](int i) const {
+    return static_cast<std::uint8_t>(word[i / 4] >> (8 * (i % 4)));
+  }
+};
+
+// N bytes at p (a multiple of A, a power of two up to 8) into the first N bytes of b, in
+// accesses of A bytes (fewer where N is smaller); little-endian, as GGUF and the GPU are.
+template <int A, int N, int M>
+EMBROPE_HD void load_quant_bytes(const std::uint8_t* p, QuantBytes<M>& b) {
+  static_assert(N <= M, "the chunk's bytes fit");
+  constexpr int kAccess = A >= 8 && N % 8 == 0   ? 8
+                          : A >= 4 && N % 4 == 0 ? 4
+                          : A >= 2 && N % 2 == 0 ? 2
+                                                 : 1;
+  for (int i = 0; i < (N + 3) / 4; ++i) b.word[i] = 0;
+  for (int k = 0; k < N / kAccess; ++k) {
+    if constexpr (kAccess == 8) {
+      const std::uint64_t w = reinterpret_cast<const std::uint64_t*>(p)[k];
+      b.word[2 * k] = static_cast<std::uint32_t>(w);
+      b.word[2 * k + 1] = static_cast<std::uint32_t>(w >> 32);
+    } else if constexpr (kAccess == 4) {
+      b.word[k] = reinterpret_cast<const std::uint32_t*>(p)[k];
+    } else if constexpr (kAccess == 2) {
+      b.word[k / 2] |= static_cast<std::uint32_t>(reinterpret_cast<const std::uint16_t*>(p)[k])
+                       << (16 * (k % 2));
+    } else {
+      b.word[k / 4] |= static_cast<std::uint32_t>(p[k]) << (8 * (k % 4));
+    }
   }
 }
 
-// Values j .. j + W - 1 of table row `row`, dequantized into v: the group's (or block's)
-// position, scale and zero point found once per chunk, the chunk's bytes loaded together
-// (load_quant_bytes), then each value by the element formula (W 1: any j; W > 1: j a multiple
-// of W and quant_chunks_fit).
+// A little-endian float16 at p (a multiple of A), widened.
+template <int A>
+EMBROPE_HD float load_quant_half(const std::uint8_t* p) {
+  if constexpr (A >= 2) {
+    return detail::half_to_float(*reinterpret_cast<const std::uint16_t*>(p));
+  } else {
+    return detail::gguf_half(p);
+  }
+}
+
+// j's group of group_size columns: in 32 bits where both fit (a GPU divides 64-bit integers
+// in a call of some 70 instructions; this ran once per chunk).
+EMBROPE_HD std::int64_t quant_group_of(std::int64_t j, std::int64_t group_size) {
+  if (((j | group_size) >> 32) == 0) {
+    return static_cast<std::uint32_t>(j) / static_cast<std::uint32_t>(group_size);
+  }
+  return j / group_size;
+}
+
+// Values j .. j + W - 1 of a row of format F as loaded (quant_chunk_load): their bytes (int4:
+// W / 2 of them, or 1 for one value; Q6_K also qh's), and the factors they share: the
+// scale (GGUF: d; Q6_K: d times the 16 values' scale; Q4_K: d times the sub-block's scale) and
+// the offset (the zero point; Q4_K: dmin times the sub-block's min).
 template <int W>
-EMBROPE_HD void quant_table_chunk(const QuantTable& q, std::int64_t row, std::int64_t j, float* v) {
+struct QuantChunk {
+  QuantBytes<W> bytes;
+  QuantBytes<W> high;
+  float scale = 0.0f, offset = 0.0f;
+};
+
+// The loads of values j .. j + W - 1 of table row `row` (W 1: any j; W > 1: j a multiple of W,
+// quant_chunks_fit, and the rows aligned to quant_chunk_granule): the chunk's group or block
+// found once, its bytes in accesses of the granule, its factors.
+template <QuantFormat F, int W>
+EMBROPE_HD QuantChunk<W> quant_chunk_load(const QuantTable& q, std::int64_t row, std::int64_t j) {
+  constexpr int A = quant_chunk_granule(F, W);
+  QuantChunk<W> c;
   const std::uint8_t* r = q.data + row * q.row_stride;
-  // int4 and Q4_0 chunks of one value read a byte (not half of one).
-  constexpr int kNibbleBytes = W > 1 ? W / 2 : 1;
-  if (is_gguf_format(q.format)) {
-    const detail::GgufBlock kind = gguf_block_of(q.format);
-    const std::int64_t values = detail::gguf_block_values(kind);
+  if constexpr (is_gguf_format(F)) {
+    constexpr detail::GgufBlock kind = gguf_block_of(F);
+    constexpr int values = detail::gguf_block_values(kind);
     const std::int64_t b = j / values;
     const int e0 = static_cast<int>(j - b * values);
     const std::uint8_t* block = r + b * detail::gguf_block_bytes(kind);
-    std::uint8_t bytes[W];
-    // Q8_0's and Q4_0's d in one load. (A copy of Q4_K's 16 leading bytes, d, dmin and the
-    // packed scales, went to local memory: q4_k_factors indexes them by the sub-block.)
-    if (kind == detail::GgufBlock::q8_0) {
-      load_quant_bytes<W>(block + 2 + e0, bytes);
-      std::uint8_t d_bytes[2];
-      load_quant_bytes<2>(block, d_bytes);
-      const float d = detail::gguf_half(d_bytes);
-      for (int w = 0; w < W; ++w)
-        v[w] = detail::scaled_value(d, static_cast<std::int8_t>(bytes[w]));
-    } else if (kind == detail::GgufBlock::q4_0) {  // a chunk lies in one half: one nibble each
-      load_quant_bytes<W>(block + 2 + (e0 & 15), bytes);
-      std::uint8_t d_bytes[2];
-      load_quant_bytes<2>(block, d_bytes);
-      const float d = detail::gguf_half(d_bytes);
-      for (int w = 0; w < W; ++w)
-        v[w] = detail::scaled_value(d, detail::q4_0_from_byte(bytes[w], e0 + w));
-    } else if (kind == detail::GgufBlock::q4_k) {
+    if constexpr (kind == detail::GgufBlock::q8_0) {
+      load_quant_bytes<A, W>(block + 2 + e0, c.bytes);
+      c.scale = load_quant_half<A>(block);
+    } else if constexpr (kind == detail::GgufBlock::q4_0) {  // one half: a nibble each
+      load_quant_bytes<A, W>(block + 2 + (e0 & 15), c.bytes);
+      c.scale = load_quant_half<A>(block);
+    } else if constexpr (kind == detail::GgufBlock::q4_k) {
       const int sub = e0 / 32;
-      load_quant_bytes<W>(block + 16 + 32 * (sub / 2) + (e0 & 31), bytes);
+      load_quant_bytes<A, W>(block + 16 + 32 * (sub / 2) + (e0 & 31), c.bytes);
+      // (A copy of the block's 16 leading bytes, d, dmin and the packed scales, went to local
+      // memory: q4_k_factors indexes them by the sub-block.)
       const detail::Q4kFactors f = detail::q4_k_factors(block, sub);
-      for (int w = 0; w < W; ++w)
-        v[w] = detail::q4_k_apply(f, detail::q4_k_from_byte(bytes[w], sub));
+      c.scale = f.d;
+      c.offset = f.m;
     } else {
       const int half = e0 / 128, k = (e0 % 128) / 32, l = e0 % 32;
-      std::uint8_t high[W];
-      load_quant_bytes<W>(block + 64 * half + 32 * (k & 1) + l, bytes);
-      load_quant_bytes<W>(block + 128 + 32 * half + l, high);
-      const float d = detail::q6_k_factor(block, e0);
-      for (int w = 0; w < W; ++w)
-        v[w] = detail::scaled_value(d, detail::q6_k_from_bytes(bytes[w], high[w], k));
+      load_quant_bytes<A, W>(block + 64 * half + 32 * (k & 1) + l, c.bytes);
+      load_quant_bytes<A, W>(block + 128 + 32 * half + l, c.high);
+      c.scale = detail::q6_k_factor(block, e0);
     }
-    return;
+  } else {
+    const std::int64_t group = quant_group_of(j, q.group_size);
+    c.scale = load_vector_value(q.scales, q.scale_dtype, row * q.scale_stride + group);
+    if constexpr (F == QuantFormat::float8_e4m3fn || F == QuantFormat::float8_e5m2) {
+      load_quant_bytes<A, W>(r + j, c.bytes);
+    } else {
+      c.offset = q.zero_points == nullptr ? 0.0f
+                                          : load_zero_point(q.zero_points, q.zero_point_dtype,
+                                                            row * q.zero_point_stride + group);
+      if constexpr (F == QuantFormat::int8) {
+        load_quant_bytes<A, W>(r + j, c.bytes);
+      } else {  // int4: W > 1 starts on a byte (j even, W even), a value alone either nibble
+        load_quant_bytes<A, (W > 1 ? W / 2 : 1)>(r + j / 2, c.bytes);
+      }
+    }
   }
-  const std::int64_t group = j / q.group_size;
-  const float scale = load_vector_value(q.scales, q.scale_dtype, row * q.scale_stride + group);
-  if (q.format == QuantFormat::float8_e4m3fn || q.format == QuantFormat::float8_e5m2) {
-    const bool e4 = q.format == QuantFormat::float8_e4m3fn;
-    std::uint8_t codes[W];
-    load_quant_bytes<W>(r + j, codes);
+  return c;
+}
+
+// Values j .. j + W - 1 from their loaded chunk, by the format's element formula
+// (detail/quant_math.hpp), into v.
+template <QuantFormat F, int W>
+EMBROPE_HD void quant_chunk_values(const QuantChunk<W>& c, std::int64_t j, float* v) {
+  if constexpr (is_gguf_format(F)) {
+    constexpr detail::GgufBlock kind = gguf_block_of(F);
+    const int e0 = static_cast<int>(j % detail::gguf_block_values(kind));
     for (int w = 0; w < W; ++w) {
-      const std::uint8_t c = codes[w];
-      v[w] =
-          (e4 ? detail::to_float(detail::Float8E4M3{c}) : detail::to_float(detail::Float8E5M2{c})) *
-          scale;
+      if constexpr (kind == detail::GgufBlock::q8_0) {
+        v[w] = detail::scaled_value(c.scale, static_cast<std::int8_t>(c.bytes[w]));
+      } else if constexpr (kind == detail::GgufBlock::q4_0) {
+        v[w] = detail::scaled_value(c.scale, detail::q4_0_from_byte(c.bytes[w], e0 + w));
+      } else if constexpr (kind == detail::GgufBlock::q4_k) {
+        v[w] = detail::q4_k_apply(detail::Q4kFactors{c.scale, c.offset},
+                                  detail::q4_k_from_byte(c.bytes[w], e0 / 32));
+      } else {
+        v[w] = detail::scaled_value(
+            c.scale, detail::q6_k_from_bytes(c.bytes[w], c.high[w], (e0 % 128) / 32));
+      }
     }
-    return;
-  }
-  const float zero_point =
-      q.zero_points == nullptr
-          ? 0.0f
-          : load_zero_point(q.zero_points, q.zero_point_dtype, row * q.zero_point_stride + group);
-  if (q.format == QuantFormat::int8) {
-    std::uint8_t bytes[W];
-    load_quant_bytes<W>(r + j, bytes);
+  } else if constexpr (F == QuantFormat::float8_e4m3fn) {
+    for (int w = 0; w < W; ++w) v[w] = detail::to_float(detail::Float8E4M3{c.bytes[w]}) * c.scale;
+  } else if constexpr (F == QuantFormat::float8_e5m2) {
+    for (int w = 0; w < W; ++w) v[w] = detail::to_float(detail::Float8E5M2{c.bytes[w]}) * c.scale;
+  } else if constexpr (F == QuantFormat::int8) {
     for (int w = 0; w < W; ++w) {
-      v[w] = detail::affine_value(static_cast<std::int8_t>(bytes[w]), zero_point, scale);
+      v[w] = detail::affine_value(static_cast<std::int8_t>(c.bytes[w]), c.offset, c.scale);
     }
-    return;
+  } else {
+    for (int w = 0; w < W; ++w) {
+      const std::uint8_t byte = c.bytes[W > 1 ? w / 2 : 0];
+      const int value =
+          ((j + w) & 1) == 0 ? detail::int4_high_value(byte) : detail::int4_low_value(byte);
+      v[w] = detail::affine_value(value, c.offset, c.scale);
+    }
   }
-  // int4: W > 1 starts on a byte (j even, W even), a value alone may be either nibble.
-  std::uint8_t pairs[kNibbleBytes];
-  load_quant_bytes<kNibbleBytes>(r + j / 2, pairs);
-  for (int w = 0; w < W; ++w) {
-    const std::uint8_t byte = pairs[W > 1 ? w / 2 : 0];
-    const int value =
-        ((j + w) & 1) == 0 ? detail::int4_high_value(byte) : detail::int4_low_value(byte);
-    v[w] = detail::affine_value(value, zero_point, scale);
+}
+
+// Runs the statements that follow with the constant kFormat = format, a QuantFormat known at
+// run time: the format dispatch of device code (a switch; its cases compile separately).
+#define EMBROPE_DISPATCH_QUANT_FORMAT(format, kFormat, ...)        \
+  switch (format) {                                                \
+    EMBROPE_QUANT_FORMAT_CASE(int8, kFormat, __VA_ARGS__)          \
+    EMBROPE_QUANT_FORMAT_CASE(int4, kFormat, __VA_ARGS__)          \
+    EMBROPE_QUANT_FORMAT_CASE(float8_e4m3fn, kFormat, __VA_ARGS__) \
+    EMBROPE_QUANT_FORMAT_CASE(float8_e5m2, kFormat, __VA_ARGS__)   \
+    EMBROPE_QUANT_FORMAT_CASE(gguf_q8_0, kFormat, __VA_ARGS__)     \
+    EMBROPE_QUANT_FORMAT_CASE(gguf_q4_0, kFormat, __VA_ARGS__)     \
+    EMBROPE_QUANT_FORMAT_CASE(gguf_q4_k, kFormat, __VA_ARGS__)     \
+    EMBROPE_QUANT_FORMAT_CASE(gguf_q6_k, kFormat, __VA_ARGS__)     \
   }
+#define EMBROPE_QUANT_FORMAT_CASE(name, kFormat, ...)  \
+  case QuantFormat::name: {                            \
+    constexpr QuantFormat kFormat = QuantFormat::name; \
+    __VA_ARGS__;                                       \
+  } break;
+
+// Values j .. j + W - 1 of table row `row`, dequantized into v (quant_chunk_load's
+// preconditions).
+template <int W>
+EMBROPE_HD void quant_table_chunk(const QuantTable& q, std::int64_t row, std::int64_t j, float* v) {
+  EMBROPE_DISPATCH_QUANT_FORMAT(
+      q.format, kFormat,
+      quant_chunk_values<kFormat, W>(quant_chunk_load<kFormat, W>(q, row, j), j, v))
 }
 
 }  // namespace embrope::internal
