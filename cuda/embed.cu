@@ -245,7 +245,7 @@ __device__ __forceinline__ void quantized_row(const internal::EmbedParams& p,
   };
   const auto convert = [&](const internal::QuantChunk<W>& c, std::int64_t at) {
     float v[W];
-    internal::quant_chunk_values<F, W>(c, at, v);
+    internal::quant_chunk_values<F, W>(p.quant, c, at, v);
 #pragma unroll
     for (int w = 0; w < W; ++w) v[w] *= p.scale;
     finish(at, v);

@@ -330,6 +330,12 @@ void set_quant_table(const QuantizedTable& t, internal::EmbedParams& p) {
     q.zero_point_stride = check_scale_shape("table.zero_points", zp, vocab, dim, group_size);
   }
   if (dim == 0) q.group_size = 1;
+  if (q.group_size >= dim) {
+    q.group_shift = 62;  // every j < dim in group 0
+  } else if ((q.group_size & (q.group_size - 1)) == 0) {
+    q.group_shift = 0;
+    while ((std::int64_t{1} << q.group_shift) < q.group_size) ++q.group_shift;
+  }
 }
 
 }  // namespace

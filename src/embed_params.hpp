@@ -51,6 +51,9 @@ struct QuantTable {
   const void* scales = nullptr;
   DType scale_dtype = DType::float32;
   std::int64_t scale_stride = 0, group_size = 1;
+  // log2(group_size) where it is a power of two, 62 where one group spans the row, else -1:
+  // the GPU's chunks find their group by a shift (quant_group_of).
+  int group_shift = -1;
   const void* zero_points = nullptr;  // null: 0
   DType zero_point_dtype = DType::float32;
   std::int64_t zero_point_stride = 0;

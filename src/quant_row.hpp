@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "embed_params.hpp"
 #include "embrope/detail/config.hpp"
@@ -23,14 +24,6 @@ EMBROPE_HD constexpr detail::GgufBlock gguf_block_of(QuantFormat f) {
 EMBROPE_HD constexpr bool is_gguf_format(QuantFormat f) {
   return f == QuantFormat::gguf_q8_0 || f == QuantFormat::gguf_q4_0 ||
          f == QuantFormat::gguf_q4_k || f == QuantFormat::gguf_q6_k;
-}
-
-// A zero point of any of its dtypes (float32, float16, bfloat16, int8, int32), as float32
-// (the integer ones exactly).
-EMBROPE_HD float load_zero_point(const void* base, DType dtype, std::int64_t at) {
-  if (dtype == DType::int8) return static_cast<float>(static_cast<const std::int8_t*>(base)[at]);
-  if (dtype == DType::int32) return static_cast<float>(static_cast<const std::int32_t*>(base)[at]);
-  return load_vector_value(base, dtype, at);
 }
 
 // Whether chunks of W consecutive values (starting at multiples of W) each lie in one group of
@@ -100,34 +93,76 @@ EMBROPE_HD void load_quant_bytes(const std::uint8_t* p, QuantBytes<M>& b) {
   }
 }
 
-// A little-endian float16 at p (a multiple of A), widened.
+// The bits of a little-endian float16 at p (a multiple of A).
 template <int A>
-EMBROPE_HD float load_quant_half(const std::uint8_t* p) {
+EMBROPE_HD std::uint32_t load_quant_half_bits(const std::uint8_t* p) {
   if constexpr (A >= 2) {
-    return detail::half_to_float(*reinterpret_cast<const std::uint16_t*>(p));
+    return *reinterpret_cast<const std::uint16_t*>(p);
   } else {
-    return detail::gguf_half(p);
+    return static_cast<std::uint32_t>(p[0] | (p[1] << 8));
   }
 }
 
-// j's group of group_size columns: in 32 bits where both fit (a GPU divides 64-bit integers
-// in a call of some 70 instructions; this ran once per chunk).
-EMBROPE_HD std::int64_t quant_group_of(std::int64_t j, std::int64_t group_size) {
-  if (((j | group_size) >> 32) == 0) {
-    return static_cast<std::uint32_t>(j) / static_cast<std::uint32_t>(group_size);
+// j's group of group_size columns: a shift where the groups allow one (group_shift), else a
+// division in 32 bits where both fit (a GPU divides 64-bit integers in a call of some 70
+// instructions, 32-bit ones in some 20; this runs once per chunk).
+EMBROPE_HD std::int64_t quant_group_of(const QuantTable& q, std::int64_t j) {
+  if (q.group_shift >= 0) return j >> q.group_shift;
+  if (((j | q.group_size) >> 32) == 0) {
+    return static_cast<std::uint32_t>(j) / static_cast<std::uint32_t>(q.group_size);
   }
-  return j / group_size;
+  return j / q.group_size;
+}
+
+// A scale's or zero point's bits as loaded (at most 32: float32, float16, bfloat16, int8,
+// int32), and its value: split so that the widening waits for the load only where the chunk is
+// converted.
+EMBROPE_HD std::uint32_t load_factor_bits(const void* base, DType dtype, std::int64_t at) {
+  switch (dtype) {
+    case DType::float16:
+    case DType::bfloat16:
+      return static_cast<const std::uint16_t*>(base)[at];
+    case DType::int8:
+      return static_cast<const std::uint8_t*>(base)[at];
+    default:  // float32, int32
+      return static_cast<const std::uint32_t*>(base)[at];
+  }
+}
+EMBROPE_HD float factor_value(std::uint32_t bits, DType dtype) {
+  switch (dtype) {
+    case DType::float16:
+      return detail::to_float(detail::Half{static_cast<std::uint16_t>(bits)});
+    case DType::bfloat16:
+      return detail::to_float(detail::BFloat16{static_cast<std::uint16_t>(bits)});
+    case DType::int8:
+      return static_cast<float>(static_cast<std::int8_t>(bits));
+    case DType::int32:
+      return static_cast<float>(static_cast<std::int32_t>(bits));
+    default: {
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+  }
+}
+
+// A zero point of any of its dtypes (float32, float16, bfloat16, int8, int32), as float32
+// (the integer ones exactly).
+EMBROPE_HD float load_zero_point(const void* base, DType dtype, std::int64_t at) {
+  return factor_value(load_factor_bits(base, dtype, at), dtype);
 }
 
 // Values j .. j + W - 1 of a row of format F as loaded (quant_chunk_load): their bytes (int4:
-// W / 2 of them, or 1 for one value; Q6_K also qh's), and the factors they share: the
-// scale (GGUF: d; Q6_K: d times the 16 values' scale; Q4_K: d times the sub-block's scale) and
-// the offset (the zero point; Q4_K: dmin times the sub-block's min).
+// W / 2 of them, or 1 for one value; Q6_K also qh's), and the factors they share, as bits
+// where a widening would wait for their load (the scale's and the zero point's; Q8_0's and
+// Q4_0's d; Q6_K's d and, above it, the 16 values' int8 scale), as values for Q4_K (d and dmin
+// times the sub-block's scale and min: its packed scales are indexed by the sub-block).
 template <int W>
 struct QuantChunk {
   QuantBytes<W> bytes;
   QuantBytes<W> high;
-  float scale = 0.0f, offset = 0.0f;
+  std::uint32_t scale_bits = 0, offset_bits = 0;
+  detail::Q4kFactors q4k{0.0f, 0.0f};
 };
 
 // The loads of values j .. j + W - 1 of table row `row` (W 1: any j; W > 1: j a multiple of W,
@@ -146,33 +181,33 @@ EMBROPE_HD QuantChunk<W> quant_chunk_load(const QuantTable& q, std::int64_t row,
     const std::uint8_t* block = r + b * detail::gguf_block_bytes(kind);
     if constexpr (kind == detail::GgufBlock::q8_0) {
       load_quant_bytes<A, W>(block + 2 + e0, c.bytes);
-      c.scale = load_quant_half<A>(block);
+      c.scale_bits = load_quant_half_bits<A>(block);
     } else if constexpr (kind == detail::GgufBlock::q4_0) {  // one half: a nibble each
       load_quant_bytes<A, W>(block + 2 + (e0 & 15), c.bytes);
-      c.scale = load_quant_half<A>(block);
+      c.scale_bits = load_quant_half_bits<A>(block);
     } else if constexpr (kind == detail::GgufBlock::q4_k) {
       const int sub = e0 / 32;
       load_quant_bytes<A, W>(block + 16 + 32 * (sub / 2) + (e0 & 31), c.bytes);
       // (A copy of the block's 16 leading bytes, d, dmin and the packed scales, went to local
       // memory: q4_k_factors indexes them by the sub-block.)
-      const detail::Q4kFactors f = detail::q4_k_factors(block, sub);
-      c.scale = f.d;
-      c.offset = f.m;
+      c.q4k = detail::q4_k_factors(block, sub);
     } else {
       const int half = e0 / 128, k = (e0 % 128) / 32, l = e0 % 32;
       load_quant_bytes<A, W>(block + 64 * half + 32 * (k & 1) + l, c.bytes);
       load_quant_bytes<A, W>(block + 128 + 32 * half + l, c.high);
-      c.scale = detail::q6_k_factor(block, e0);
+      c.scale_bits = load_quant_half_bits<A>(block + 208) |
+                     static_cast<std::uint32_t>(block[192 + e0 / 16]) << 16;
     }
   } else {
-    const std::int64_t group = quant_group_of(j, q.group_size);
-    c.scale = load_vector_value(q.scales, q.scale_dtype, row * q.scale_stride + group);
+    const std::int64_t group = quant_group_of(q, j);
+    c.scale_bits = load_factor_bits(q.scales, q.scale_dtype, row * q.scale_stride + group);
     if constexpr (F == QuantFormat::float8_e4m3fn || F == QuantFormat::float8_e5m2) {
       load_quant_bytes<A, W>(r + j, c.bytes);
     } else {
-      c.offset = q.zero_points == nullptr ? 0.0f
-                                          : load_zero_point(q.zero_points, q.zero_point_dtype,
-                                                            row * q.zero_point_stride + group);
+      if (q.zero_points != nullptr) {
+        c.offset_bits =
+            load_factor_bits(q.zero_points, q.zero_point_dtype, row * q.zero_point_stride + group);
+      }
       if constexpr (F == QuantFormat::int8) {
         load_quant_bytes<A, W>(r + j, c.bytes);
       } else {  // int4: W > 1 starts on a byte (j even, W even), a value alone either nibble
@@ -186,37 +221,44 @@ EMBROPE_HD QuantChunk<W> quant_chunk_load(const QuantTable& q, std::int64_t row,
 // Values j .. j + W - 1 from their loaded chunk, by the format's element formula
 // (detail/quant_math.hpp), into v.
 template <QuantFormat F, int W>
-EMBROPE_HD void quant_chunk_values(const QuantChunk<W>& c, std::int64_t j, float* v) {
+EMBROPE_HD void quant_chunk_values(const QuantTable& q, const QuantChunk<W>& c, std::int64_t j,
+                                   float* v) {
   if constexpr (is_gguf_format(F)) {
     constexpr detail::GgufBlock kind = gguf_block_of(F);
     const int e0 = static_cast<int>(j % detail::gguf_block_values(kind));
+    const float d = detail::half_to_float(static_cast<std::uint16_t>(c.scale_bits));
     for (int w = 0; w < W; ++w) {
       if constexpr (kind == detail::GgufBlock::q8_0) {
-        v[w] = detail::scaled_value(c.scale, static_cast<std::int8_t>(c.bytes[w]));
+        v[w] = detail::scaled_value(d, static_cast<std::int8_t>(c.bytes[w]));
       } else if constexpr (kind == detail::GgufBlock::q4_0) {
-        v[w] = detail::scaled_value(c.scale, detail::q4_0_from_byte(c.bytes[w], e0 + w));
+        v[w] = detail::scaled_value(d, detail::q4_0_from_byte(c.bytes[w], e0 + w));
       } else if constexpr (kind == detail::GgufBlock::q4_k) {
-        v[w] = detail::q4_k_apply(detail::Q4kFactors{c.scale, c.offset},
-                                  detail::q4_k_from_byte(c.bytes[w], e0 / 32));
+        v[w] = detail::q4_k_apply(c.q4k, detail::q4_k_from_byte(c.bytes[w], e0 / 32));
       } else {
+        const float factor = detail::q6_k_factor(d, static_cast<std::int8_t>(c.scale_bits >> 16));
         v[w] = detail::scaled_value(
-            c.scale, detail::q6_k_from_bytes(c.bytes[w], c.high[w], (e0 % 128) / 32));
+            factor, detail::q6_k_from_bytes(c.bytes[w], c.high[w], (e0 % 128) / 32));
       }
     }
-  } else if constexpr (F == QuantFormat::float8_e4m3fn) {
-    for (int w = 0; w < W; ++w) v[w] = detail::to_float(detail::Float8E4M3{c.bytes[w]}) * c.scale;
-  } else if constexpr (F == QuantFormat::float8_e5m2) {
-    for (int w = 0; w < W; ++w) v[w] = detail::to_float(detail::Float8E5M2{c.bytes[w]}) * c.scale;
-  } else if constexpr (F == QuantFormat::int8) {
-    for (int w = 0; w < W; ++w) {
-      v[w] = detail::affine_value(static_cast<std::int8_t>(c.bytes[w]), c.offset, c.scale);
-    }
   } else {
-    for (int w = 0; w < W; ++w) {
-      const std::uint8_t byte = c.bytes[W > 1 ? w / 2 : 0];
-      const int value =
-          ((j + w) & 1) == 0 ? detail::int4_high_value(byte) : detail::int4_low_value(byte);
-      v[w] = detail::affine_value(value, c.offset, c.scale);
+    const float scale = factor_value(c.scale_bits, q.scale_dtype);
+    if constexpr (F == QuantFormat::float8_e4m3fn) {
+      for (int w = 0; w < W; ++w) v[w] = detail::to_float(detail::Float8E4M3{c.bytes[w]}) * scale;
+    } else if constexpr (F == QuantFormat::float8_e5m2) {
+      for (int w = 0; w < W; ++w) v[w] = detail::to_float(detail::Float8E5M2{c.bytes[w]}) * scale;
+    } else {
+      const float zero_point =
+          q.zero_points == nullptr ? 0.0f : factor_value(c.offset_bits, q.zero_point_dtype);
+      for (int w = 0; w < W; ++w) {
+        int value;
+        if constexpr (F == QuantFormat::int8) {
+          value = static_cast<std::int8_t>(c.bytes[w]);
+        } else {
+          const std::uint8_t byte = c.bytes[W > 1 ? w / 2 : 0];
+          value = ((j + w) & 1) == 0 ? detail::int4_high_value(byte) : detail::int4_low_value(byte);
+        }
+        v[w] = detail::affine_value(value, zero_point, scale);
+      }
     }
   }
 }
@@ -246,7 +288,7 @@ template <int W>
 EMBROPE_HD void quant_table_chunk(const QuantTable& q, std::int64_t row, std::int64_t j, float* v) {
   EMBROPE_DISPATCH_QUANT_FORMAT(
       q.format, kFormat,
-      quant_chunk_values<kFormat, W>(quant_chunk_load<kFormat, W>(q, row, j), j, v))
+      quant_chunk_values<kFormat, W>(q, quant_chunk_load<kFormat, W>(q, row, j), j, v))
 }
 
 }  // namespace embrope::internal

@@ -118,9 +118,11 @@ EMBROPE_HD float q4_k_value(const std::uint8_t* block, int e) {
 // low nibble of ql[l] (k = 0), of ql[l + 32] (k = 1), the high nibble of ql[l] (k = 2), of
 // ql[l + 32] (k = 3), with bits 2 k and 2 k + 1 of qh[l] above them. x = (d * scales[e / 16])
 // * q, the factor shared by 16 values.
+EMBROPE_HD float q6_k_factor(float d, std::int8_t scale) {
+  return d * static_cast<float>(scale);
+}
 EMBROPE_HD float q6_k_factor(const std::uint8_t* block, int e) {
-  const auto scale = static_cast<std::int8_t>(block[192 + e / 16]);
-  return gguf_half(block + 208) * static_cast<float>(scale);
+  return q6_k_factor(gguf_half(block + 208), static_cast<std::int8_t>(block[192 + e / 16]));
 }
 // Value 32 k + l of half `half`, and element e.
 // Value 32 k + l of a half from its two bytes, low = ql[l + 32 (k & 1)] and high = qh[l].
