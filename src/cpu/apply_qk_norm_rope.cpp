@@ -15,6 +15,7 @@
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
 #include "isa.hpp"
+#include "token_schedule.hpp"
 
 namespace embrope::cpu {
 
@@ -169,7 +170,7 @@ void forward_by_token(const QkNormRopeParams& p, QkRow<T> row_fn) {
 #pragma omp parallel if (threaded) reduction(min : first_bad)
   {
     std::vector<float> buffer(static_cast<std::size_t>(token_floats(r)));
-#pragma omp for schedule(dynamic, 16)
+#pragma omp for EMBROPE_TOKEN_SCHEDULE
     for (std::int64_t t = 0; t < tokens; ++t) {
       const std::int64_t b = t / r.seq, s = t % r.seq;
       if (internal::rope_bad_stream(r, b, s) >= 0) {

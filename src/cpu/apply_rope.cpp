@@ -13,6 +13,7 @@
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
 #include "isa.hpp"
+#include "token_schedule.hpp"
 
 namespace embrope::cpu {
 
@@ -188,8 +189,7 @@ void rope_by_token(const internal::RopeParams& p, RotateToken<T> rotate_token) {
 #pragma omp parallel reduction(min : first_bad)
     {
       std::vector<float> widened(static_cast<std::size_t>(kWidenedFloats * p.rotary_dim));
-      // Dynamic chunks: a thread that shares its core with other work takes fewer.
-#pragma omp for schedule(dynamic, 16)
+#pragma omp for EMBROPE_TOKEN_SCHEDULE
       for (std::int64_t t = 0; t < tokens; ++t) {
         first_bad = std::min(first_bad, token(t, widened.data()));
       }

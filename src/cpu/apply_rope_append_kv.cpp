@@ -12,6 +12,7 @@
 #include "../dispatch.hpp"
 #include "embrope/detail/numeric_types.hpp"
 #include "isa.hpp"
+#include "token_schedule.hpp"
 
 namespace embrope::cpu {
 
@@ -175,7 +176,7 @@ void append_kv(const internal::RopeAppendKvParams& p) {
     {
       std::vector<float> widened(widened_floats);
       std::vector<T> scratch(scratch_elements);
-#pragma omp for schedule(dynamic, 16)
+#pragma omp for EMBROPE_TOKEN_SCHEDULE
       for (std::int64_t t = 0; t < tokens; ++t) {
         first_bad = std::min(first_bad, token(t, widened.data(), scratch.data()));
       }
