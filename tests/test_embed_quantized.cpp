@@ -265,6 +265,15 @@ std::vector<QuantCase> format_cases() {
     c32.zero_point_dtype = DType::int32;
     c32.seed = seed++;
     cases.push_back(c32);
+    QuantCase many;  // 100 groups of 20: groups that the 512-value parts split, many a row
+    many.format = f;
+    many.dim = 2000;
+    many.scales = Scales::groups;
+    many.groups = 100;
+    many.scale_dtype = DType::bfloat16;
+    many.zero_point_dtype = DType::int8;
+    many.seed = seed++;
+    cases.push_back(many);
   }
   for (QuantFormat f : {QuantFormat::float8_e4m3fn, QuantFormat::float8_e5m2}) {
     for (Scales s : {Scales::table, Scales::row}) {

@@ -179,6 +179,9 @@ struct Avx2 {
     return _mm256_blendv_ps(otherwise, then, _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b)));
   }
 
+  // No 16-bit lane permute (AVX-512's table lookups below).
+  static constexpr bool has_table_lookup = false;
+
   // Streaming (non-temporal) stores, for outputs too large to stay in cache: no read for
   // ownership of the line. p aligned to the store's size (32 bytes of float32, 16 of 16-bit
   // values); the same bits as store().
@@ -312,6 +315,56 @@ struct Avx512 {
   }
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V select_equal(VI a, VI b, V then, V otherwise) {
     return _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(a, b), otherwise, then);
+  }
+
+  // Table lookups, for formats whose runs of values share factors and have 16 codes (int4,
+  // Q4_0, Q4_K: a run's outputs are 16 values computed once): packed nibbles as 16-bit indices
+  // (nibble_word_pairs: 16 bytes, each byte's high nibble then its low one, nibble_pairs'
+  // order); 32 16-bit values from the first 16 of a table's (VPERMW); 16 float32 values from a
+  // table's 16 lanes (VPERMPS); 64 bytes stored, or streamed to a 64-byte aligned p.
+  static constexpr bool has_table_lookup = true;
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI nibble_word_pairs(const std::uint8_t* p) {
+    const VI bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return or_i(_mm512_srli_epi32(bytes, 4), _mm512_slli_epi32(and_i(bytes, set1_i(0x0f)), 16));
+  }
+  // 16 bytes as 32 16-bit indices: the low nibbles, then the high ones (GGUF's Q4_0 block).
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI nibble_word_halves(const std::uint8_t* p) {
+    const __m256i bytes =
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_and_si256(bytes, _mm256_set1_epi16(0x0f))),
+        _mm256_srli_epi16(bytes, 4), 1);
+  }
+  // 32 bytes' low (or high) nibbles as 32 16-bit indices (a Q4_K sub-block).
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI nibble_words(const std::uint8_t* p,
+                                                                   bool high) {
+    const VI bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return high ? _mm512_srli_epi16(bytes, 4) : and_i(bytes, _mm512_set1_epi16(0x0f));
+  }
+  // 32 16-bit indices' first (last) 16 as 32-bit lanes, for lookup_floats.
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI low_words(VI index) {
+    return _mm512_cvtepu16_epi32(_mm512_castsi512_si256(index));
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI high_words(VI index) {
+    return _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(index, 1));
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI lookup_words(VI index, VI table) {
+    return _mm512_permutexvar_epi16(index, table);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V lookup_floats(VI index, V table) {
+    return _mm512_permutexvar_ps(index, table);
+  }
+  // A 16-bit table of 16 entries as store() wrote it (32 bytes: loading just what the store
+  // wrote lets the load take the store's bytes without waiting for it to reach the cache).
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI load_table16(const void* p) {
+    return _mm512_zextsi256_si512(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static void store_bits(void* p, VI x, bool stream) {
+    if (stream) {
+      _mm512_stream_si512(static_cast<__m512i*>(p), x);
+    } else {
+      _mm512_storeu_si512(p, x);
+    }
   }
 
   // As Avx2's: 64 bytes of float32, 32 of 16-bit values.

@@ -350,38 +350,42 @@ TEST_CASE("GPU embed from quantized tables equals the CPU", "[gpu][embed][quant]
   // Every format, D 512 (two Q4_K / Q6_K blocks, sixteen Q8_0 / Q4_0 blocks per row), rows
   // padded by 16 bytes (every row on the format's load granule: the chunked path, several chunks
   // in flight per lane) and by 3 (rows anywhere: one value per lane), scales per group of 64
-  // (int8) or 4 (int4),
-  // with int8 zero points, or per row (float8); 13 ids, the sixth past the table (a zero row,
-  // reported). Data bytes are random, GGUF's float16 scale fields finite, float8 codes NaN-free;
-  // options: the plain lookup, scale with learned positions and types, then layer_norm and rms_norm
-  // with sinusoidal positions; and the plain lookup and layer_norm again into an output one element
-  // off its 16-byte alignment (the kernels' one-value-per-lane paths; the others take chunks of
-  // 16 bytes). The same arithmetic in the same order: the same bits, but where sinusoids enter
-  // (within compare_rows's bounds, as the float tables).
+  // (int8) or 4 (int4), and of 96 (int8 and int4 of D 384: a group size no shift finds, the
+  // kernels divide), with int8 zero points, or per row (float8); 13 ids, the sixth past the table
+  // (a zero row, reported). Data bytes are random, GGUF's float16 scale fields finite, float8 codes
+  // NaN-free; options: the plain lookup, scale with learned positions and types, then layer_norm
+  // and rms_norm with sinusoidal positions; and the plain lookup and layer_norm again into an
+  // output one element off its 16-byte alignment (the kernels' one-value-per-lane paths; the others
+  // take chunks of 16 bytes). The same arithmetic in the same order: the same bits, but where
+  // sinusoids enter (within compare_rows's bounds, as the float tables).
   using embrope::QuantFormat;
-  const std::int64_t vocab = 20, dim = 512, rows = 13, max_pos = 32;
+  const std::int64_t vocab = 20, rows = 13, max_pos = 32;
   struct Format {
     QuantFormat format;
     DType dtype;
     std::int64_t columns;  // bytes (elements) of a row
     bool scales, zero_points;
     std::int64_t groups = 8;  // scales per row
+    std::int64_t dim = 512;
   };
   const Format formats[] = {
-      {QuantFormat::int8, DType::int8, dim, true, true},
+      {QuantFormat::int8, DType::int8, 512, true, true},
       // Groups of 4: chunks of 4 float32 values fit them, of 8 16-bit values do not (one value
       // per lane).
-      {QuantFormat::int4, DType::uint8, dim / 2, true, true, 128},
-      {QuantFormat::float8_e4m3fn, DType::float8_e4m3fn, dim, true, false},
-      {QuantFormat::float8_e5m2, DType::float8_e5m2, dim, true, false},
-      {QuantFormat::gguf_q8_0, DType::uint8, dim / 32 * 34, false, false},
-      {QuantFormat::gguf_q4_0, DType::uint8, dim / 32 * 18, false, false},
-      {QuantFormat::gguf_q4_k, DType::uint8, dim / 256 * 144, false, false},
-      {QuantFormat::gguf_q6_k, DType::uint8, dim / 256 * 210, false, false},
+      {QuantFormat::int4, DType::uint8, 512 / 2, true, true, 128},
+      {QuantFormat::int8, DType::int8, 384, true, true, 4, 384},  // groups of 96
+      {QuantFormat::int4, DType::uint8, 384 / 2, true, true, 4, 384},
+      {QuantFormat::float8_e4m3fn, DType::float8_e4m3fn, 512, true, false},
+      {QuantFormat::float8_e5m2, DType::float8_e5m2, 512, true, false},
+      {QuantFormat::gguf_q8_0, DType::uint8, 512 / 32 * 34, false, false},
+      {QuantFormat::gguf_q4_0, DType::uint8, 512 / 32 * 18, false, false},
+      {QuantFormat::gguf_q4_k, DType::uint8, 512 / 256 * 144, false, false},
+      {QuantFormat::gguf_q6_k, DType::uint8, 512 / 256 * 210, false, false},
   };
   std::mt19937_64 rng(2027);
   for (const Format& f : formats)
     for (const std::int64_t pad : {std::int64_t{16}, std::int64_t{3}}) {
+      const std::int64_t dim = f.dim;
       const std::int64_t stride = f.columns + pad;
       const std::int64_t groups = f.groups;
       Buffer data(vocab * stride), scales(vocab * groups * 4), zps(vocab * groups);
@@ -432,8 +436,8 @@ TEST_CASE("GPU embed from quantized tables equals the CPU", "[gpu][embed][quant]
         for (int run_index = 0; run_index < 6; ++run_index) {
           const bool shifted = run_index >= 4;  // out one element past 16-byte alignment
           const int variant = shifted ? 2 * (run_index - 4) : run_index;
-          INFO("format " << static_cast<int>(f.format) << " rows padded by " << pad << " out "
-                         << embrope::dtype_name(dtype) << " variant " << variant
+          INFO("format " << static_cast<int>(f.format) << " D " << dim << " rows padded by " << pad
+                         << " out " << embrope::dtype_name(dtype) << " variant " << variant
                          << (shifted ? " shifted" : ""));
           Buffer out((rows * dim + 1) * es);
           out.poison_both(0x7f);

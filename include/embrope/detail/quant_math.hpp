@@ -82,11 +82,14 @@ EMBROPE_HD void q4_k_scale_min(const std::uint8_t* scales, int j, int* scale, in
 struct Q4kFactors {
   float d, m;
 };
-EMBROPE_HD Q4kFactors q4_k_factors(const std::uint8_t* block, int sub) {
+// d and dmin: the block's two float16 fields, widened (a row loop widens them once a block).
+EMBROPE_HD Q4kFactors q4_k_factors(float d, float dmin, const std::uint8_t* block, int sub) {
   int scale, min;
   q4_k_scale_min(block + 4, sub, &scale, &min);
-  return {gguf_half(block) * static_cast<float>(scale),
-          gguf_half(block + 2) * static_cast<float>(min)};
+  return {d * static_cast<float>(scale), dmin * static_cast<float>(min)};
+}
+EMBROPE_HD Q4kFactors q4_k_factors(const std::uint8_t* block, int sub) {
+  return q4_k_factors(gguf_half(block), gguf_half(block + 2), block, sub);
 }
 // Value l (0..31) of sub-block sub, and element e.
 // Sub-block sub's value from its byte, block[16 + 32 (sub / 2) + l].
