@@ -631,6 +631,9 @@ void all_cases_of() {
                {QuantFormat::int4, 1030, 1, none},  // a scale per row across three parts
                {QuantFormat::float8_e4m3fn, 1000, 1, none},
                {QuantFormat::float8_e5m2, 776, 8, none},
+               // Groups of 1024 and 512: 16-bit rows by a group's table of 128 magnitudes.
+               {QuantFormat::float8_e4m3fn, 1024, 1, none},
+               {QuantFormat::float8_e5m2, 1024, 2, none},
                {QuantFormat::gguf_q8_0, 1056, 0, none},
                {QuantFormat::gguf_q4_0, 544, 0, none},
                {QuantFormat::gguf_q4_k, 768, 0, none},

@@ -186,14 +186,18 @@ void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
   const bool quantized_alone =
       p.positions == PositionEncoding::none && p.type_table == nullptr && !norm && quantized;
   // A quantized table alone whose runs of 32 values share their factors and have 16 codes
-  // each: its rows by quant_row_by_table (embed.inc), a table lookup per run. 16K random rows
-  // of D 4096 to bfloat16 from DRAM (2 cores): int4 (groups of 32) 1.65x, Q4_K 2.0x as fast as
-  // decoding each value (benchmarks/results/cpu-2026-11-28-quantized-tables/).
+  // each (or float8 into 16-bit values, groups long enough to pay for a table of 128 entries
+  // each): its rows by quant_row_by_table (embed.inc), a table lookup per run. 16K random rows
+  // of D 4096 to bfloat16 from DRAM (2 cores): int4 (groups of 32) 1.65x, Q4_K 2.0x, float8
+  // e4m3 1.4-1.7x as fast as decoding each value
+  // (benchmarks/results/cpu-2026-11-28-quantized-tables/).
   const QuantFormat format = p.quant.format;
-  const bool by_table = quantized_alone && vector != nullptr &&
-                        vector->quant_row_by_table != nullptr &&
-                        ((format == QuantFormat::int4 && p.quant.group_size % 32 == 0) ||
-                         format == QuantFormat::gguf_q4_0 || format == QuantFormat::gguf_q4_k);
+  const bool by_table =
+      quantized_alone && vector != nullptr && vector->quant_row_by_table != nullptr &&
+      ((format == QuantFormat::int4 && p.quant.group_size % 32 == 0) ||
+       format == QuantFormat::gguf_q4_0 || format == QuantFormat::gguf_q4_k ||
+       (sizeof(T) == 2 && p.quant.group_size % 32 == 0 && p.quant.group_size >= 512 &&
+        (format == QuantFormat::float8_e4m3fn || format == QuantFormat::float8_e5m2)));
   std::vector<float> norm_weight, norm_bias;
   if (norm) norm_factors(p, norm_weight, norm_bias);
   std::optional<SinusoidCall> sinusoids;

@@ -348,6 +348,25 @@ struct Avx512 {
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI high_words(VI index) {
     return _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(index, 1));
   }
+  // 32 bytes as 32 16-bit indices (float8 codes).
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI byte_words(const std::uint8_t* p) {
+    return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  // 32 16-bit values from a 128-entry 16-bit table (t[0..3], 32 entries each) at index bits
+  // 0-6, the sign bit flipped where index bit 7 is set (a float8 code's sign: its value, times
+  // any factor and rounded, is the same magnitude with the sign flipped).
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI lookup_signed_words(VI index, const VI* t) {
+    const VI low = _mm512_permutex2var_epi16(t[0], index, t[1]);
+    const VI high = _mm512_permutex2var_epi16(t[2], index, t[3]);
+    const VI magnitude =
+        _mm512_mask_blend_epi16(_mm512_test_epi16_mask(index, _mm512_set1_epi16(0x40)), low, high);
+    return _mm512_xor_si512(magnitude, _mm512_slli_epi16(and_i(index, _mm512_set1_epi16(0x80)), 8));
+  }
+  // 32 16-bit table entries as store() wrote them, 16 at a time (load_table16's reason).
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI load_table32(const void* p) {
+    const auto* halves = static_cast<const __m256i*>(p);
+    return _mm512_inserti64x4(load_table16(halves), _mm256_loadu_si256(halves + 1), 1);
+  }
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI lookup_words(VI index, VI table) {
     return _mm512_permutexvar_epi16(index, table);
   }
