@@ -331,6 +331,17 @@ void embed_quantized_case(const QuantCase& c) {
   const std::int64_t groups = c.groups == 0 ? 1 : c.groups, group = dim / groups;
   std::vector<float> scales =
       make_values<float>(static_cast<std::size_t>(vocab * groups), true, 21);
+  if ((c.format == QuantFormat::float8_e4m3fn || c.format == QuantFormat::float8_e5m2) &&
+      group >= 512) {
+    // Rows 3, 10, 17 and 24 (ids 0-3) with a first scale of 0, infinity, -0 and -infinity:
+    // factors for which a code and its negation need not give outputs of opposite signs
+    // (infinity times zero is one NaN for either sign). (A NaN scale times a NaN code gives
+    // one of the two NaNs, by operand order: not compared.)
+    const float specials[] = {0.0f, std::numeric_limits<float>::infinity(), -0.0f,
+                              -std::numeric_limits<float>::infinity()};
+    for (int k = 0; k < 4; ++k)
+      scales[static_cast<std::size_t>((3 + 7 * k) * groups)] = specials[k];
+  }
   std::vector<std::int8_t> zero_i8(scales.size());
   std::vector<float> zero_f32(scales.size());
   for (std::size_t i = 0; i < scales.size(); ++i) {

@@ -7,6 +7,7 @@
 // with the portable path's bits.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <type_traits>
