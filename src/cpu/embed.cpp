@@ -60,7 +60,7 @@ struct ScalarLanes {
 #include "dequantize_row.inc"
 void dequantize_row(const internal::QuantTable& q, std::int64_t row, std::int64_t begin,
                     std::int64_t end, float scale, float* a) {
-  dequantize_row_lanes<ScalarLanes>(q, row, begin, end, scale, a);
+  dequantize_row_lanes<ScalarLanes>(q, row, begin, end, scale, a, false);
 }
 
 #define EMBROPE_VECTOR_BODY "embed.inc"
@@ -82,8 +82,11 @@ struct VectorBody {  // embed.inc of one instruction set
   SinusoidSinCosRow sinusoid_sin_cos_row;
   void (*dequantize_row)(const internal::QuantTable&, std::int64_t, std::int64_t, std::int64_t,
                          float, float*);
-  // Null where the instruction set has no table lookups (AVX2).
-  void (*quant_row_by_table)(const internal::QuantTable&, std::int64_t, std::int64_t, float, T*,
+  void (*dequantize_row_rounded)(const internal::QuantTable&, std::int64_t, std::int64_t,
+                                 std::int64_t, float, T*, bool);
+  // Null where the instruction set has no table lookups (AVX2); false for a table it does not
+  // take.
+  bool (*quant_row_by_table)(const internal::QuantTable&, std::int64_t, std::int64_t, float, T*,
                              bool);
 };
 
@@ -188,17 +191,12 @@ void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
       p.positions == PositionEncoding::none && p.type_table == nullptr && !norm && quantized;
   // A quantized table alone whose runs of 32 values share their factors and have 16 codes
   // each (or float8 into 16-bit values, groups long enough to pay for a table of 128 entries
-  // each): its rows by quant_row_by_table (embed.inc), a table lookup per run. 16K random rows
-  // of D 4096 to bfloat16 from DRAM (2 cores): int4 (groups of 32) 1.65x, Q4_K 2.0x, float8
-  // e4m3 1.4-1.7x as fast as decoding each value
-  // (benchmarks/results/cpu-2026-11-28-quantized-tables/).
-  const QuantFormat format = p.quant.format;
-  const bool by_table =
-      quantized_alone && vector != nullptr && vector->quant_row_by_table != nullptr &&
-      ((format == QuantFormat::int4 && p.quant.group_size % 32 == 0) ||
-       format == QuantFormat::gguf_q4_0 || format == QuantFormat::gguf_q4_k ||
-       (sizeof(T) == 2 && p.quant.group_size % 32 == 0 && p.quant.group_size >= 512 &&
-        (format == QuantFormat::float8_e4m3fn || format == QuantFormat::float8_e5m2)));
+  // each): its rows by quant_row_by_table (embed.inc), a table lookup per run, where that
+  // function takes the table (it says which). 16K random rows of D 4096 to bfloat16 from DRAM
+  // (2 cores): int4 (groups of 32) 1.65x, Q4_K 2.0x, float8 e4m3 1.4-1.7x as fast as decoding
+  // each value (benchmarks/results/cpu-2026-11-28-quantized-tables/).
+  const bool may_take_table =
+      quantized_alone && vector != nullptr && vector->quant_row_by_table != nullptr;
   std::vector<float> norm_weight, norm_bias;
   if (norm) norm_factors(p, norm_weight, norm_bias);
   std::optional<SinusoidCall> sinusoids;
@@ -224,6 +222,8 @@ void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
     // can be asked for while the current one is written.
     std::int64_t ahead_n = -1;
     internal::EmbedRow ahead;
+    // Until quant_row_by_table declines a row (every row of a call has the same format).
+    bool by_table = may_take_table;
     // Dynamic chunks: a thread that shares its core with other work takes fewer rows.
 #pragma omp for schedule(dynamic, kChunk)
     for (std::int64_t n = 0; n < p.rows; ++n) {
@@ -289,17 +289,16 @@ void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
             ahead_n == n + 1 && ahead.bad_key == internal::kNoBadIndex && ahead.token_hit;
         if (by_table) {
           if (next_row) prefetch_quant_part(p.quant, ahead.token, 0, dim, dim);
-          vector->quant_row_by_table(p.quant, r.token, dim, p.scale, out, stream);
-          continue;
+          if (vector->quant_row_by_table(p.quant, r.token, dim, p.scale, out, stream)) continue;
+          by_table = false;
         }
         if (quantized_alone && vector != nullptr) {
-          // Decoded and rounded a part at a time: the part's float32 values stay in L1, and
-          // the next row's bytes are asked for while the part's output is written.
+          // Decoded and rounded to T in one pass, a part at a time: the next row's bytes are
+          // asked for while the part's output is written.
           for (std::int64_t j0 = 0; j0 < dim; j0 += kQuantPart) {
             const std::int64_t j1 = std::min(dim, j0 + kQuantPart);
             if (next_row) prefetch_quant_part(p.quant, ahead.token, j0, j1, dim);
-            vector->dequantize_row(p.quant, r.token, j0, j1, p.scale, a);
-            vector->round_row(out + j0, a + j0, j1 - j0, stream);
+            vector->dequantize_row_rounded(p.quant, r.token, j0, j1, p.scale, out, stream);
           }
           continue;
         }
@@ -364,21 +363,32 @@ void embed(const internal::EmbedParams& p) {
     const VectorBody<T>* vector = nullptr;
 #if EMBROPE_CPU_X86
     static const VectorBody<T> avx512_body{
-        avx512::sum_row<T>,   avx512::sum_row<T, float>, avx512::copy_row<T>,
-        avx512::round_row<T>, avx512::norm_stats,        avx512::norm_row<T>,
-        avx512::sin_cos_row,  avx512::dequantize_row,    avx512::quant_row_by_table<T>};
-    static const VectorBody<T> avx2_body{
-        avx2::sum_row<T>,   avx2::sum_row<T, float>, avx2::copy_row<T>,
-        avx2::round_row<T>, avx2::norm_stats,        avx2::norm_row<T>,
-        avx2::sin_cos_row,  avx2::dequantize_row,    nullptr};
+        avx512::sum_row<T>,           avx512::sum_row<T, float>, avx512::copy_row<T>,
+        avx512::round_row<T>,         avx512::norm_stats,        avx512::norm_row<T>,
+        avx512::sin_cos_row,          avx512::dequantize_row,    avx512::dequantize_row_rounded<T>,
+        avx512::quant_row_by_table<T>};
+    static const VectorBody<T> avx2_body{avx2::sum_row<T>,
+                                         avx2::sum_row<T, float>,
+                                         avx2::copy_row<T>,
+                                         avx2::round_row<T>,
+                                         avx2::norm_stats,
+                                         avx2::norm_row<T>,
+                                         avx2::sin_cos_row,
+                                         avx2::dequantize_row,
+                                         avx2::dequantize_row_rounded<T>,
+                                         nullptr};
     if (isa >= Isa::avx512) vector = &avx512_body;
     if constexpr (std::is_same_v<T, detail::BFloat16>) {
-      static const VectorBody<T> avx512_bf16_body{
-          avx512_bf16::sum_row<T>,           avx512_bf16::sum_row<T, float>,
-          avx512_bf16::copy_row<T>,          avx512_bf16::round_row<T>,
-          avx512_bf16::norm_stats,           avx512_bf16::norm_row<T>,
-          avx512_bf16::sin_cos_row,          avx512_bf16::dequantize_row,
-          avx512_bf16::quant_row_by_table<T>};
+      static const VectorBody<T> avx512_bf16_body{avx512_bf16::sum_row<T>,
+                                                  avx512_bf16::sum_row<T, float>,
+                                                  avx512_bf16::copy_row<T>,
+                                                  avx512_bf16::round_row<T>,
+                                                  avx512_bf16::norm_stats,
+                                                  avx512_bf16::norm_row<T>,
+                                                  avx512_bf16::sin_cos_row,
+                                                  avx512_bf16::dequantize_row,
+                                                  avx512_bf16::dequantize_row_rounded<T>,
+                                                  avx512_bf16::quant_row_by_table<T>};
       if (isa == Isa::avx512_bf16) vector = &avx512_bf16_body;
     }
     if (isa == Isa::avx2) vector = &avx2_body;
