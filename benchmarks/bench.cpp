@@ -241,11 +241,56 @@ double seconds_of(const std::function<void()>& body, void* stream) {
 // buffer): on the 2-core machine of docs/performance.md, 1.96x at 128 MiB, 1.2x at 1-2 GiB.
 enum class Pattern { copy, in_place };
 
+// An in-place op that touches the first touched_bytes of every row_bytes (a partial rotation:
+// the rotary part of each head row, Pythia's 64 of 256 bytes); zero: every byte.
+struct Rows {
+  std::int64_t row_bytes = 0, touched_bytes = 0;
+};
+
+// The strided pass of rows [begin, end) (ceiling_body), compiled for the widest vectors the
+// machine has: the lines a thread keeps in flight are bounded by the instructions between
+// them, and on the 2-core AVX-512 VM of docs/performance.md 16-byte accesses took 1.8x as long
+// as 64-byte ones over GPT-J's pattern (128 of 512 bytes, 268 MB); a dense pass, which the
+// hardware prefetchers run ahead of, differs by a few percent.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void strided_pass(std::uint64_t* w, std::size_t begin, std::size_t end, std::size_t row_words,
+                  std::size_t touched_words) {
+  for (std::size_t r = begin; r < end; ++r) {
+    std::uint64_t* row = w + r * row_words;
+    for (std::size_t i = 0; i < touched_words; ++i) row[i] ^= 0x8000000080000000ull;
+  }
+}
+
 // The ceiling of an in-place op: a read-modify-write pass over bytes/2 (read + write = bytes
 // moved), each 8-byte word's float sign bits flipped (a pass the compiler vectorises and
-// cannot drop), split over the cores like copy_body. On the GPU, the device copy.
-std::function<void()> ceiling_body(std::int64_t bytes, Pattern pattern, void* stream) {
+// cannot drop), split over the cores like copy_body. With rows (a partial rotation), the same
+// pass over the touched part of each row of a buffer of such rows: a strided pass, the op's own
+// pattern (the lines between are not the op's, but the memory system fetches around the
+// touched ones, and the hardware prefetchers follow a stride less far ahead). On the GPU, the
+// device copy.
+std::function<void()> ceiling_body(std::int64_t bytes, Pattern pattern, void* stream,
+                                   Rows rows = {}) {
   if (pattern == Pattern::copy || g_gpu) return copy_body(bytes, stream);
+  if (rows.touched_bytes > 0 && rows.touched_bytes < rows.row_bytes) {
+    const std::size_t row_words = static_cast<std::size_t>(rows.row_bytes / 8);
+    const std::size_t touched_words = static_cast<std::size_t>(rows.touched_bytes / 8);
+    const std::size_t count = static_cast<std::size_t>(bytes / 2 / rows.touched_bytes);
+    Memory& buffer = shared_values("in_place_strided_pass", count * row_words * 8, DType::float32);
+    const bool threaded = count * touched_words * 2 >= (1 << 15);
+    return [&buffer, count, row_words, touched_words, threaded] {
+      auto* w = static_cast<std::uint64_t*>(buffer.data());
+#pragma omp parallel if (threaded)
+      {
+        const auto threads = static_cast<std::size_t>(omp_get_num_threads());
+        const std::size_t chunk = (count + threads - 1) / threads;
+        const std::size_t begin =
+            std::min(count, chunk * static_cast<std::size_t>(omp_get_thread_num()));
+        strided_pass(w, begin, std::min(count, begin + chunk), row_words, touched_words);
+      }
+    };
+  }
   const std::size_t words = static_cast<std::size_t>(bytes / 2 / 8);
   Memory& buffer = shared_values("in_place_pass", words * 8, DType::float32);
   const bool threaded = words * 2 >= (1 << 15);
@@ -262,8 +307,8 @@ std::function<void()> ceiling_body(std::int64_t bytes, Pattern pattern, void* st
 // memory bandwidth drifts within seconds (a shared VM) moves both, and pct_of_ceiling
 // compares them at the same moments.
 void run_timed(benchmark::State& state, const std::function<void()>& body, std::int64_t bytes_moved,
-               Pattern pattern, void* stream = nullptr) {
-  const std::function<void()> ceiling = ceiling_body(bytes_moved, pattern, stream);
+               Pattern pattern, void* stream = nullptr, Rows rows = {}) {
+  const std::function<void()> ceiling = ceiling_body(bytes_moved, pattern, stream, rows);
   body();  // warm up
   ceiling();
   double ceiling_seconds = 0;
@@ -275,6 +320,11 @@ void run_timed(benchmark::State& state, const std::function<void()>& body, std::
   state.counters["ceiling_seconds"] =
       iterations > 0 ? ceiling_seconds / static_cast<double>(iterations) : 0;
   state.counters["in_place"] = pattern == Pattern::in_place && !g_gpu ? 1 : 0;
+  if (pattern == Pattern::in_place && !g_gpu && rows.touched_bytes > 0 &&
+      rows.touched_bytes < rows.row_bytes) {
+    state.counters["row_bytes"] = static_cast<double>(rows.row_bytes);
+    state.counters["touched_bytes"] = static_cast<double>(rows.touched_bytes);
+  }
   state.counters["bytes"] = static_cast<double>(bytes_moved);
   state.counters["GBps"] = benchmark::Counter(static_cast<double>(bytes_moved) / 1e9,
                                               benchmark::Counter::kIsIterationInvariantRate);
@@ -313,7 +363,9 @@ void rope_case(benchmark::State& state, RopeShape s, DType dtype, std::int64_t t
     }
   };
   if (launch == Launch::checked) {
-    run_timed(state, call, bytes, Pattern::in_place);
+    // A partial rotation's ceiling: the in-place pass over the rotary part of each head row.
+    run_timed(state, call, bytes, Pattern::in_place, nullptr,
+              Rows{s.head_dim * es, s.rotary_dim * es});
     return;
   }
 #ifdef EMBROPE_BENCH_CUDA

@@ -9,7 +9,8 @@ when torch is importable, and writes into DIR:
 
 - bench.json: one record per case (op, shape, dtype, tokens, median time, GB/s, the GB/s of
   the ceiling of its access pattern over the same bytes timed inside the same case (a copy,
-  or for in-place ops an in-place pass) and the op's percentage of it, the working set
+  or for in-place ops an in-place pass, strided over the rotary part of each head row for a
+  partial rotation) and the op's percentage of it, the working set
   against the last-level cache, the ratio to the unfused baseline and to PyTorch eager) and
   the run's metadata (machine, commit, command, instruction set);
 - bench.md: the same as a markdown table, with the machine, command and commit;
@@ -77,7 +78,8 @@ def parse_case(name: str) -> Optional[dict]:
 def read_cases(raw: dict) -> list[dict]:
     """The op rows from the medians in Google Benchmark's JSON, each with the GB/s of the
     ceiling pass over the same bytes timed inside the same case (ceiling_gbps; ceiling: "copy"
-    or "in-place pass") and its working set (the bytes it touches: half the bytes moved in place,
+    or "in-place pass", or for a partial rotation "in-place pass, T of each R B") and its
+    working set (the bytes it touches: half the bytes moved in place,
     all of them otherwise)."""
     cases = []
     for b in raw["benchmarks"]:
@@ -94,8 +96,15 @@ def read_cases(raw: dict) -> list[dict]:
         # Files from before the in-place ceiling name it copy_seconds / pct_of_copy.
         ceiling_seconds = b.get("ceiling_seconds", b.get("copy_seconds"))
         in_place = bool(b.get("in_place", 0))
+        # A partial rotation's ceiling: the in-place pass over the first touched_bytes of each
+        # row_bytes (bench.cpp's Rows).
+        strided = in_place and b.get("touched_bytes", 0) and b.get("row_bytes", 0)
+        ceiling = "copy"
+        if in_place:
+            ceiling = (f"in-place pass, {int(b['touched_bytes'])} of each {int(b['row_bytes'])} B"
+                       if strided else "in-place pass")
         case.update(name=name, seconds=seconds, bytes=moved, gbps=moved / seconds / 1e9,
-                    ceiling="in-place pass" if in_place else "copy",
+                    ceiling=ceiling,
                     ceiling_gbps=moved / ceiling_seconds / 1e9 if ceiling_seconds else None,
                     pct_of_ceiling=b.get("pct_of_ceiling", b.get("pct_of_copy")),
                     working_set=moved // 2 if in_place else moved,
@@ -441,7 +450,8 @@ NOTE = ("ceiling: a pass of the op's own access pattern over the same bytes on t
         "another (or mixes in-place rows with cache writes) a copy (memcpy on the CPU, a "
         "device copy on the GPU); for an in-place op on the CPU an in-place read-modify-write "
         "pass, which outruns memcpy where the data fits in the caches (no second buffer to "
-        "allocate lines for). % of ceiling: the op's GB/s over the ceiling's (medians of both). "
+        "allocate lines for); for a partial rotation (Pythia, GPT-J) that pass over the first "
+        "T bytes of each R-byte head row, its own strided pattern. % of ceiling: the op's GB/s over the ceiling's (medians of both). "
         "working set: the bytes the case touches (in place: half the bytes moved), against the "
         "machine's last-level cache (LLC: it can stay there between calls; DRAM: it cannot). "
         "* marks cases under 256 KB, where both run on one thread from cache: the "
