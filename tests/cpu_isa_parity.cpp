@@ -668,7 +668,12 @@ void all_cases_of() {
   // An output past 16 MiB: the normalised rows with streaming stores.
   embed_norm_case<T, float>(embrope::Normalization::layer_norm, false, 384, 24000);
   for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
+    // Head dims of 2, 4 and 8 vectors rotated whole (AVX-512: 32, 64, 128; AVX2: 16 to 64)
+    // take the row in registers; the others, the loops through memory.
     qk_norm_rope_case<T, float>(layout, 128, 128, false);
+    qk_norm_rope_case<T, T>(layout, 64, 64, true);
+    qk_norm_rope_case<T, float>(layout, 32, 32, false);
+    qk_norm_rope_case<T, T>(layout, 16, 16, true);
     qk_norm_rope_case<T, T>(layout, 80, 64, true);
     qk_norm_rope_case<T, float>(layout, 256, 256, true);
     qk_norm_rope_case<T, T>(layout, 18, 12, false);
