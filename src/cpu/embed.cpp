@@ -171,9 +171,10 @@ void prefetch_quant_part(const internal::QuantTable& q, std::int64_t row, std::i
 #endif
 }
 
-// vector: the vector body (embed.inc), or null (the portable loops). A quantized table's row is
-// dequantized into the float32 sum by dequantize_row, the positions and types added by the
-// portable loops, and the row normalised or rounded by the vector body.
+// vector: the vector body (embed.inc), or null (the portable loops). A quantized table's row
+// with positions, types or a norm is dequantized into the float32 sum by dequantize_row, the
+// positions and types added by the portable loops, and the row normalised or rounded by the
+// vector body; with nothing else to add, the vector body decodes it straight to T.
 template <typename T>
 void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
   // Rows per chunk of the thread team (a sinusoidal block: a chunk of consecutive positions
@@ -182,7 +183,7 @@ void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
   const std::int64_t dim = p.dim;
   const bool sinusoidal = p.positions == PositionEncoding::sinusoidal;
   const bool norm = p.norm != Normalization::none;
-  // A quantized token table is dequantized into the float32 sum.
+  // A quantized token table: dequantized into the float32 sum, or alone straight to T.
   const bool quantized = p.quantized;
   const bool plain =
       p.positions == PositionEncoding::none && p.type_table == nullptr && !norm && !quantized;
