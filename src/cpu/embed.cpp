@@ -63,13 +63,10 @@ void dequantize_row(const internal::QuantTable& q, std::int64_t row, std::int64_
   dequantize_row_lanes<ScalarLanes>(q, row, begin, end, scale, a, false);
 }
 
-#define EMBROPE_VECTOR_BODY "embed.inc"
-#include "vector_bodies.hpp"
-
 namespace {
 
 template <typename T>
-struct VectorBody {  // embed.inc of one instruction set
+struct VectorBody {  // embed.inc of one instruction set (its vector_body<T>())
   void (*sum_row)(const internal::EmbedParams&, const EmbedSources<T>&, T*, const SinusoidRow*,
                   const EmbedSources<T>&, bool);
   void (*sum_row_f32)(const internal::EmbedParams&, const EmbedSources<T>&, float*,
@@ -80,8 +77,9 @@ struct VectorBody {  // embed.inc of one instruction set
   void (*norm_row)(T*, const float*, std::int64_t, detail::NormStats, const float*, const float*,
                    bool);
   SinusoidSinCosRow sinusoid_sin_cos_row;
+  // A quantized row into float32 (positions, types or a norm added to it), or rounded to T.
   void (*dequantize_row)(const internal::QuantTable&, std::int64_t, std::int64_t, std::int64_t,
-                         float, float*);
+                         float, float*, bool);
   void (*dequantize_row_rounded)(const internal::QuantTable&, std::int64_t, std::int64_t,
                                  std::int64_t, float, T*, bool);
   // Null where the instruction set has no table lookups (AVX2); false for a table it does not
@@ -89,6 +87,13 @@ struct VectorBody {  // embed.inc of one instruction set
   bool (*quant_row_by_table)(const internal::QuantTable&, std::int64_t, std::int64_t, float, T*,
                              bool);
 };
+
+}  // namespace
+
+#define EMBROPE_VECTOR_BODY "embed.inc"
+#include "vector_bodies.hpp"
+
+namespace {
 
 // The float32 weight and bias factors of a normalised call (internal::norm_factor), converted
 // once per call.
@@ -304,8 +309,11 @@ void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
           continue;
         }
         if (next_row) prefetch_quant_part(p.quant, ahead.token, 0, dim, dim);
-        (vector != nullptr ? vector->dequantize_row : dequantize_row)(p.quant, r.token, 0, dim,
-                                                                      p.scale, a);
+        if (vector != nullptr) {
+          vector->dequantize_row(p.quant, r.token, 0, dim, p.scale, a, false);
+        } else {
+          dequantize_row(p.quant, r.token, 0, dim, p.scale, a);
+        }
       } else if (token != nullptr) {
 #pragma omp simd
         for (std::int64_t j = 0; j < dim; ++j) a[j] = p.scale * to_float(token[j]);
@@ -363,33 +371,11 @@ void embed(const internal::EmbedParams& p) {
     using T = typename decltype(t)::type;
     const VectorBody<T>* vector = nullptr;
 #if EMBROPE_CPU_X86
-    static const VectorBody<T> avx512_body{
-        avx512::sum_row<T>,           avx512::sum_row<T, float>, avx512::copy_row<T>,
-        avx512::round_row<T>,         avx512::norm_stats,        avx512::norm_row<T>,
-        avx512::sin_cos_row,          avx512::dequantize_row,    avx512::dequantize_row_rounded<T>,
-        avx512::quant_row_by_table<T>};
-    static const VectorBody<T> avx2_body{avx2::sum_row<T>,
-                                         avx2::sum_row<T, float>,
-                                         avx2::copy_row<T>,
-                                         avx2::round_row<T>,
-                                         avx2::norm_stats,
-                                         avx2::norm_row<T>,
-                                         avx2::sin_cos_row,
-                                         avx2::dequantize_row,
-                                         avx2::dequantize_row_rounded<T>,
-                                         nullptr};
+    static const VectorBody<T> avx512_body = avx512::vector_body<T>();
+    static const VectorBody<T> avx2_body = avx2::vector_body<T>();
     if (isa >= Isa::avx512) vector = &avx512_body;
     if constexpr (std::is_same_v<T, detail::BFloat16>) {
-      static const VectorBody<T> avx512_bf16_body{avx512_bf16::sum_row<T>,
-                                                  avx512_bf16::sum_row<T, float>,
-                                                  avx512_bf16::copy_row<T>,
-                                                  avx512_bf16::round_row<T>,
-                                                  avx512_bf16::norm_stats,
-                                                  avx512_bf16::norm_row<T>,
-                                                  avx512_bf16::sin_cos_row,
-                                                  avx512_bf16::dequantize_row,
-                                                  avx512_bf16::dequantize_row_rounded<T>,
-                                                  avx512_bf16::quant_row_by_table<T>};
+      static const VectorBody<T> avx512_bf16_body = avx512_bf16::vector_body<T>();
       if (isa == Isa::avx512_bf16) vector = &avx512_bf16_body;
     }
     if (isa == Isa::avx2) vector = &avx2_body;
