@@ -18,8 +18,9 @@
 # --steps runs a subset (default: all); every step but build builds first if needed (ninja
 # does nothing when the build is current). Where one command may run only ~10 minutes, split
 # the work into calls on the same machine: --steps=build alone (an H200 machine's 16 threads
-# took 9.5 minutes for it), then --steps=test,sanitize, then --steps=bench, then
-# --steps=compare. EMBROPE_COMPARE=0 skips the comparison.
+# once took 9.5 minutes for it, waiting on one unit since split in three), then
+# --steps=test,sanitize, then --steps=bench, then --steps=compare. EMBROPE_COMPARE=0 skips the
+# comparison.
 # Without network: unpack the dependencies first with shared/tools/offline-deps.sh into
 # .deps/ (git-ignored); this script uses .deps/root/usr when it exists.
 set -uo pipefail
