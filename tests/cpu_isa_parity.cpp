@@ -610,6 +610,37 @@ void qk_norm_rope_case(embrope::RopeLayout layout, std::int64_t dim, std::int64_
   }
 }
 
+// The float8 conversion itself (simd.hpp's store on the lanes against detail::float_to_float8)
+// over float32 bit patterns: every high half (sign, exponent, the mantissa bits either format
+// rounds at) with low halves 0 (ties), 1 (just past), 0x8000 and 0xffff (just below the next
+// high half): through apply_rope's pass-through elements, taken to float8 as value * 1.
+template <typename O>
+void float8_conversion_case(DType out_dtype) {
+  const std::int64_t tokens = 1024, dim = 258, rotary = 2;
+  const std::uint32_t lows[] = {0x0000u, 0x0001u, 0x8000u, 0xffffu};
+  std::vector<float> q(static_cast<std::size_t>(tokens * dim), 0.0f);
+  std::size_t next = 0;
+  for (std::uint32_t high = 0; high < 0x10000u; ++high) {
+    for (std::uint32_t low : lows) {
+      const std::size_t row = next / (dim - rotary), col = next % (dim - rotary);
+      const std::uint32_t bits = high << 16 | low;
+      std::memcpy(&q[row * dim + rotary + col], &bits, sizeof bits);
+      ++next;
+    }
+  }
+  std::vector<std::uint8_t> want(q.size()), out(q.size(), 0x55);
+  for (std::size_t i = 0; i < q.size(); ++i) want[i] = from_float<O>(q[i] * 1.0f).bits;
+  std::vector<std::int64_t> positions(static_cast<std::size_t>(tokens), 0);
+  float cos[1] = {1.0f}, sin[1] = {0.0f};
+  embrope::RopeOptions options;
+  options.q_out = Tensor(out.data(), out_dtype, {tokens, 1, dim});
+  embrope::apply_rope(Tensor(q.data(), DType::float32, {tokens, 1, dim}), std::nullopt,
+                      Tensor(positions.data(), DType::int64, {tokens}),
+                      Tensor(cos, DType::float32, {1, 1}), Tensor(sin, DType::float32, {1, 1}),
+                      options);
+  compare(std::string("float32 -> ") + embrope::dtype_name(out_dtype) + " bit patterns", out, want);
+}
+
 template <typename T>
 void all_cases_of() {
   for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
@@ -703,6 +734,8 @@ int main(int argc, char** argv) {
     std::printf("skipped: this CPU has no %s (the kernels use %s)\n", argv[1], active.c_str());
     return 77;
   }
+  float8_conversion_case<embrope::detail::Float8E4M3>(DType::float8_e4m3fn);
+  float8_conversion_case<embrope::detail::Float8E5M2>(DType::float8_e5m2);
   all_cases_of<float>();
   all_cases_of<Half>();
   all_cases_of<BFloat16>();

@@ -23,11 +23,11 @@ using detail::from_float;
 using detail::to_float;
 
 // The rotation of apply_rope's vector body, then the norm's.
+#define EMBROPE_VECTOR_BODY "float8.inc"
+#include "vector_bodies.hpp"
 #define EMBROPE_VECTOR_BODY "apply_rope.inc"
 #include "vector_bodies.hpp"
 #define EMBROPE_VECTOR_BODY "apply_qk_norm_rope.inc"
-#include "vector_bodies.hpp"
-#define EMBROPE_VECTOR_BODY "float8.inc"
 #include "vector_bodies.hpp"
 #include "float8.hpp"
 

@@ -20,9 +20,9 @@ namespace embrope::cpu {
 using detail::from_float;
 using detail::to_float;
 
-#define EMBROPE_VECTOR_BODY "apply_rope.inc"
-#include "vector_bodies.hpp"
 #define EMBROPE_VECTOR_BODY "float8.inc"
+#include "vector_bodies.hpp"
+#define EMBROPE_VECTOR_BODY "apply_rope.inc"
 #include "vector_bodies.hpp"
 #include "float8.hpp"
 

@@ -103,6 +103,7 @@ struct Avx2 {
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V add(V a, V b) { return _mm256_add_ps(a, b); }
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V div(V a, V b) { return _mm256_div_ps(a, b); }
   // (x0, x1, x2, x3, ...) -> (x1, x0, x3, x2, ...): the partner of each interleaved pair.
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V swap_pairs(V x) {
     return _mm256_permute_ps(x, 0xb1);
@@ -178,6 +179,20 @@ struct Avx2 {
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V select_equal(VI a, VI b, V then, V otherwise) {
     return _mm256_blendv_ps(otherwise, then, _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b)));
   }
+  // For lanes below 2^31 (signed comparisons): the smaller of a and b; then where a < b,
+  // otherwise elsewhere; and the lanes' low bytes stored, width bytes (float8.inc's float8
+  // conversion).
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static VI min_i(VI a, VI b) {
+    return _mm256_min_epi32(a, b);
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static VI select_less_i(VI a, VI b, VI then,
+                                                                  VI otherwise) {
+    return _mm256_blendv_epi8(otherwise, then, _mm256_cmpgt_epi32(b, a));
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void store_low_bytes(std::uint8_t* p, VI x) {
+    const __m128i words = pack16(x);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(words, words));
+  }
 
   // No 16-bit lane permute (AVX-512's table lookups below).
   static constexpr bool has_table_lookup = false;
@@ -250,6 +265,7 @@ struct Avx512 {
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V add(V a, V b) { return _mm512_add_ps(a, b); }
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V div(V a, V b) { return _mm512_div_ps(a, b); }
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V swap_pairs(V x) {
     return _mm512_permute_ps(x, 0xb1);
   }
@@ -315,6 +331,16 @@ struct Avx512 {
   }
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V select_equal(VI a, VI b, V then, V otherwise) {
     return _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(a, b), otherwise, then);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI min_i(VI a, VI b) {
+    return _mm512_min_epi32(a, b);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI select_less_i(VI a, VI b, VI then,
+                                                                    VI otherwise) {
+    return _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(a, b), otherwise, then);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static void store_low_bytes(std::uint8_t* p, VI x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(x));
   }
 
   // Table lookups, for formats whose runs of values share factors and have 16 codes (int4,

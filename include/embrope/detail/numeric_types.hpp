@@ -24,11 +24,18 @@ struct BFloat16 {
 };
 // OCP 8-bit floats (OCP 8-bit Floating Point Specification (OFP8), rev. 1.0, 2023), the KV
 // cache formats of PyTorch (float8_e4m3fn, float8_e5m2) and CUDA (__nv_fp8_e4m3, _e5m2).
+// Each with its format's parameters for float_to_float8 (below): mantissa bits, exponent
+// bias, the largest finite code and the NaN code (S.1111.111 in both formats, the code
+// PyTorch's float8 conversions store).
 struct Float8E4M3 {  // 1-4-3, bias 7, no infinity, NaN = S.1111.111, largest finite 448
   std::uint8_t bits;
+  static constexpr int mantissa_bits = 3, bias = 7;
+  static constexpr std::uint32_t max_code = 0x7eu, nan_code = 0x7fu;
 };
 struct Float8E5M2 {  // 1-5-2, bias 15, IEEE-like (infinity, NaN), largest finite 57344
   std::uint8_t bits;
+  static constexpr int mantissa_bits = 2, bias = 15;
+  static constexpr std::uint32_t max_code = 0x7bu, nan_code = 0x7fu;
 };
 
 EMBROPE_HD std::uint32_t float_bits(float f) {
@@ -152,12 +159,15 @@ EMBROPE_HD std::uint8_t float_to_float8(float x, int mantissa_bits, int bias,
   const std::uint32_t is_nan = 0u - static_cast<std::uint32_t>(a > 0x7f800000u);
   return static_cast<std::uint8_t>(sign | (nan_code & is_nan) | (code & ~is_nan));
 }
-// NaN codes: S.1111.111 in both formats, the code PyTorch's float8 conversions store.
+template <typename F8>  // Float8E4M3 or Float8E5M2
+EMBROPE_HD std::uint8_t float_to_float8(float x) {
+  return float_to_float8(x, F8::mantissa_bits, F8::bias, F8::max_code, F8::nan_code);
+}
 EMBROPE_HD std::uint8_t float_to_float8_e4m3(float x) {
-  return float_to_float8(x, 3, 7, 0x7eu, 0x7fu);
+  return float_to_float8<Float8E4M3>(x);
 }
 EMBROPE_HD std::uint8_t float_to_float8_e5m2(float x) {
-  return float_to_float8(x, 2, 15, 0x7bu, 0x7fu);
+  return float_to_float8<Float8E5M2>(x);
 }
 
 // 8-bit float -> float32 (exact): sign, exponent field e, mantissa m.
@@ -190,10 +200,10 @@ EMBROPE_HD float to_float(BFloat16 x) {
   return bfloat16_to_float(x.bits);
 }
 EMBROPE_HD float to_float(Float8E4M3 x) {
-  return float8_to_float(x.bits, 3, 7, false);
+  return float8_to_float(x.bits, Float8E4M3::mantissa_bits, Float8E4M3::bias, false);
 }
 EMBROPE_HD float to_float(Float8E5M2 x) {
-  return float8_to_float(x.bits, 2, 15, true);
+  return float8_to_float(x.bits, Float8E5M2::mantissa_bits, Float8E5M2::bias, true);
 }
 
 template <typename T>
