@@ -3,10 +3,12 @@
 #include <embrope/embrope.hpp>
 #include "embrope/detail/numeric_types.hpp"
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 int main() {
-  using embrope::DType; using embrope::Tensor;
+  using embrope::DType;
+  using embrope::Tensor;
   const std::int64_t tokens = 65536, dim = 258, per = 256;  // 2^24 values per call
   std::vector<float> q(tokens * dim, 0.0f);
   std::vector<std::uint8_t> out(q.size());
@@ -24,15 +26,17 @@ int main() {
       const DType od = f == 0 ? DType::float8_e4m3fn : DType::float8_e5m2;
       o.q_out = Tensor(out.data(), od, {tokens, 1, dim});
       embrope::apply_rope(Tensor(q.data(), DType::float32, {tokens, 1, dim}), std::nullopt,
-                          Tensor(pos.data(), DType::int64, {tokens}), Tensor(c, DType::float32, {1, 1}),
-                          Tensor(s, DType::float32, {1, 1}), o);
+                          Tensor(pos.data(), DType::int64, {tokens}),
+                          Tensor(c, DType::float32, {1, 1}), Tensor(s, DType::float32, {1, 1}), o);
       for (std::int64_t t = 0; t < tokens; ++t)
         for (std::int64_t j = 0; j < per; ++j) {
           const float x = q[t * dim + 2 + j] * 1.0f;
-          const std::uint8_t want = f == 0 ? embrope::detail::float_to_float8_e4m3(x) : embrope::detail::float_to_float8_e5m2(x);
+          const std::uint8_t want = f == 0 ? embrope::detail::float_to_float8_e4m3(x)
+                                           : embrope::detail::float_to_float8_e5m2(x);
           if (out[t * dim + 2 + j] != want) (f == 0 ? bad4 : bad5)++;
         }
     }
   }
-  std::printf("%s: mismatches over all 2^32 float32 patterns: e4m3 %ld, e5m2 %ld\n", getenv("EMBROPE_CPU_ISA"), bad4, bad5);
+  std::printf("%s: mismatches over all 2^32 float32 patterns: e4m3 %ld, e5m2 %ld\n",
+              getenv("EMBROPE_CPU_ISA"), bad4, bad5);
 }

@@ -16,8 +16,12 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> pos(T);
   for (std::int64_t t = 0; t < T; ++t) pos[t] = t;
   std::vector<float> cs(T * R / 2), sn(T * R / 2);
-  for (std::int64_t i = 0; i < T * R / 2; ++i) { cs[i] = 0.6f; sn[i] = 0.8f; }
-  using embrope::DType; using embrope::Tensor;
+  for (std::int64_t i = 0; i < T * R / 2; ++i) {
+    cs[i] = 0.6f;
+    sn[i] = 0.8f;
+  }
+  using embrope::DType;
+  using embrope::Tensor;
   embrope::RopeOptions o;
   o.layout = interleaved ? embrope::RopeLayout::interleaved : embrope::RopeLayout::neox;
   Tensor qt(q, DType::bfloat16, {T, H, D}), kt(k, DType::bfloat16, {T, H, D});
