@@ -610,7 +610,7 @@ void qk_norm_rope_case(embrope::RopeLayout layout, std::int64_t dim, std::int64_
   }
 }
 
-// The float8 conversion itself (simd.hpp's store on the lanes against detail::float_to_float8)
+// The float8 conversion itself (float8.inc's store_float8 against detail::float_to_float8)
 // over float32 bit patterns: every high half (sign, exponent, the mantissa bits either format
 // rounds at) with low halves 0 (ties), 1 (just past), 0x8000 and 0xffff (just below the next
 // high half): through apply_rope's pass-through elements, taken to float8 as value * 1.

@@ -180,8 +180,9 @@ struct Avx2 {
     return _mm256_blendv_ps(otherwise, then, _mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b)));
   }
   // For lanes below 2^31 (signed comparisons): the smaller of a and b; then where a < b,
-  // otherwise elsewhere; and the lanes' low bytes stored, width bytes (float8.inc's float8
-  // conversion).
+  // otherwise elsewhere; and lanes holding 0 to 255 stored as width bytes (packed with
+  // saturation here, truncated on AVX-512: the same bytes in that range). For float8.inc's
+  // float8 conversion.
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static VI min_i(VI a, VI b) {
     return _mm256_min_epi32(a, b);
   }
