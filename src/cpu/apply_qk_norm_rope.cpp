@@ -256,7 +256,8 @@ std::int64_t backward_side(const QkNormRopeParams& p, bool is_q) {
   const bool threaded = rows * dim >= (1 << 15);
 #pragma omp parallel if (threaded) reduction(min : first_bad)
   {
-    std::vector<float> scratch(static_cast<std::size_t>(2 * dim));
+    // No rows, no scratch: a zero-size call may declare any head dim.
+    std::vector<float> scratch(rows > 0 ? static_cast<std::size_t>(2 * dim) : 0);
 #pragma omp for schedule(static)
     for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
       float* partial = weight_grad != nullptr ? partials.data() + chunk * dim : nullptr;
