@@ -105,10 +105,13 @@ void compare(const std::string& what, const std::vector<T>& got, const std::vect
 // apply_rope with a caller table of dtype C: q [T, H, D] rotated in place or out of place.
 // `role` picks which element of each pair takes the exhaustive values (0: the first, 1: the
 // second; the other is finite), so that no pair holds two NaNs (whose payload IEEE 754 leaves
-// to the hardware).
+// to the hardware). The default head dim and rotary dim are whole vectors of neither width;
+// the sweep in all_cases_of gives rows (halves for neox) of less than one vector and of one
+// to twenty whole vectors.
 template <typename T, typename C>
-void rope_case(embrope::RopeLayout layout, bool inverse, bool in_place, int role) {
-  const std::int64_t tokens = 1800, heads = 3, dim = 76, rotary = 68, half = rotary / 2;
+void rope_case(embrope::RopeLayout layout, bool inverse, bool in_place, int role,
+               std::int64_t dim = 76, std::int64_t rotary = 68, std::int64_t tokens = 1800) {
+  const std::int64_t heads = 3, half = rotary / 2;
   const std::int64_t positions_count = 97;
   const std::size_t n = static_cast<std::size_t>(tokens * heads * dim);
   const bool neox = layout == embrope::RopeLayout::neox;
@@ -151,7 +154,8 @@ void rope_case(embrope::RopeLayout layout, bool inverse, bool in_place, int role
                       Tensor(sin.data(), dtype_of<C>(), {positions_count, half}), options);
   compare(std::string("apply_rope ") + name_of<T>() + " table " + name_of<C>() +
               (neox ? " neox" : " interleaved") + (inverse ? " inverse" : "") +
-              (in_place ? " in place" : " out of place") + " role " + std::to_string(role),
+              (in_place ? " in place" : " out of place") + " role " + std::to_string(role) + " D " +
+              std::to_string(dim) + " R " + std::to_string(rotary),
           in_place ? q : out, want);
 }
 
@@ -649,6 +653,12 @@ void all_cases_of() {
       rope_case<T, float>(layout, true, false, role);
       rope_case<T, Half>(layout, false, false, role);
       rope_case<T, BFloat16>(layout, true, true, role);
+    }
+    // Rows of whole vectors, the unrolled bodies' (apply_rope.inc's rotate_row_unrolled) and
+    // the loop's past them, partial (GPT-J: 64 of 256) and full, in place and out of place.
+    for (std::int64_t rotary : {16, 24, 32, 48, 64, 80, 96, 128, 160}) {
+      rope_case<T, float>(layout, false, true, 0, rotary + 16, rotary, 400);
+      rope_case<T, BFloat16>(layout, true, false, 1, rotary, rotary, 400);
     }
     rope_float8_case<T, embrope::detail::Float8E4M3>(layout, DType::float8_e4m3fn);
     rope_float8_case<T, embrope::detail::Float8E5M2>(layout, DType::float8_e5m2);
