@@ -551,10 +551,12 @@ std::vector<T> rounded(const std::vector<float>& x) {
 // vector bodies' sums of squares, rstd and rotations against detail/'s scalar forms. With a
 // float8 O: apply_qk_norm_rope_append_kv's float8 q_out (value * scale, rounded once) and its
 // float8 cache (k rounded to T, then divided by k_scale), each a vector body of float8.inc.
+// out_of_place: q and k written to q_out and k_out (past kStreamingOutputBytes with streaming
+// stores), the inputs left as they were.
 template <typename T, typename W, typename O = T>
 void qk_norm_rope_case(embrope::RopeLayout layout, std::int64_t dim, std::int64_t rotary,
-                       bool unit_offset) {
-  const std::int64_t tokens = 37, hq = 3, hk = 2, max_positions = 64;
+                       bool unit_offset, std::int64_t tokens = 37, bool out_of_place = false) {
+  const std::int64_t hq = 3, hk = 2, max_positions = 64;
   std::vector<T> q = make_values<T>(static_cast<std::size_t>(tokens * hq * dim), true, 31);
   std::vector<T> k = make_values<T>(static_cast<std::size_t>(tokens * hk * dim), true, 32);
   std::vector<W> wq = make_values<W>(static_cast<std::size_t>(dim), true, 33);
@@ -584,6 +586,19 @@ void qk_norm_rope_case(embrope::RopeLayout layout, std::int64_t dim, std::int64_
                      " D " + std::to_string(dim) + " R " + std::to_string(rotary) +
                      (layout == embrope::RopeLayout::neox ? " neox" : " interleaved");
   if constexpr (std::is_same_v<O, T>) {
+    if (out_of_place) {
+      const std::vector<T> q_in = q, k_in = k;
+      std::vector<T> q_out(q.size(), from_float<T>(7.0f)), k_out(k.size(), from_float<T>(7.0f));
+      options.q_out = Tensor(q_out.data(), dtype_of<T>(), {tokens, hq, dim});
+      options.k_out = Tensor(k_out.data(), dtype_of<T>(), {tokens, hk, dim});
+      embrope::apply_qk_norm_rope(tq, tk, tp, cache, norm, options);
+      what += " out of place, T " + std::to_string(tokens);
+      compare(what + " q_out", q_out, rounded<T>(want_q));
+      compare(what + " k_out", k_out, rounded<T>(want_k));
+      compare(what + " q", q, q_in);
+      compare(what + " k", k, k_in);
+      return;
+    }
     embrope::apply_qk_norm_rope(tq, tk, tp, cache, norm, options);
     compare(what + " q", q, rounded<T>(want_q));
     compare(what + " k", k, rounded<T>(want_k));
@@ -729,6 +744,12 @@ void all_cases_of() {
     qk_norm_rope_case<T, float, embrope::detail::Float8E4M3>(layout, 128, 128, false);
     qk_norm_rope_case<T, T, embrope::detail::Float8E5M2>(layout, 80, 64, true);
   }
+  // Out of place, the output past 16 MiB (the rows in registers with streaming stores) and
+  // below it.
+  const std::int64_t past_16_mib = (std::int64_t{1} << 24) / (5 * 128 * sizeof(T)) + 1;
+  qk_norm_rope_case<T, float>(embrope::RopeLayout::neox, 128, 128, false, past_16_mib, true);
+  qk_norm_rope_case<T, T>(embrope::RopeLayout::interleaved, 64, 64, true, 2 * past_16_mib, true);
+  qk_norm_rope_case<T, float>(embrope::RopeLayout::neox, 128, 128, true, 37, true);
 }
 
 }  // namespace

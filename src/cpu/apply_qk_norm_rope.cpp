@@ -157,8 +157,9 @@ void forward_token(const QkNormRopeParams& p, std::int64_t t, QkRow<T> row_fn, c
       });
 }
 
+// stream: row_fn writes with streaming stores, fenced here.
 template <typename T, typename C>
-void forward_by_token(const QkNormRopeParams& p, QkRow<T> row_fn) {
+void forward_by_token(const QkNormRopeParams& p, QkRow<T> row_fn, bool stream) {
   const internal::RopeParams& r = p.rope;
   const std::int64_t tokens = r.batch * r.seq;
   const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
@@ -184,6 +185,7 @@ void forward_by_token(const QkNormRopeParams& p, QkRow<T> row_fn) {
       }
       forward_token<T, C>(p, t, row_fn, weights.data(), buffer.data());
     }
+    if (stream) fence_streaming_stores();
   }
   internal::lower_bad_index(r.bad, first_bad, r.bad_op, [&](std::int64_t key) {
     return internal::rope_bad_position(r, internal::bad_index_row(key));
@@ -191,14 +193,15 @@ void forward_by_token(const QkNormRopeParams& p, QkRow<T> row_fn) {
 }
 
 // The instruction set's row function into O (T, or float32), or null for the portable path.
-template <typename T, typename O = T>
+// Stream: its rows written with streaming stores (qk_norm_rope_row).
+template <typename T, typename O = T, bool Stream = false>
 QkRow<T, O> vector_row(Isa isa) {
 #if EMBROPE_CPU_X86
   if constexpr (std::is_same_v<T, detail::BFloat16>) {
-    if (isa == Isa::avx512_bf16) return avx512_bf16::qk_norm_rope_row<T, O>;
+    if (isa == Isa::avx512_bf16) return avx512_bf16::qk_norm_rope_row<T, O, Stream>;
   }
-  if (isa >= Isa::avx512) return avx512::qk_norm_rope_row<T, O>;
-  if (isa == Isa::avx2) return avx2::qk_norm_rope_row<T, O>;
+  if (isa >= Isa::avx512) return avx512::qk_norm_rope_row<T, O, Stream>;
+  if (isa == Isa::avx2) return avx2::qk_norm_rope_row<T, O, Stream>;
 #endif
   (void)isa;
   return nullptr;
@@ -311,7 +314,15 @@ void apply_qk_norm_rope(const QkNormRopeParams& p) {
   dispatch(p, [&](auto t, auto c) {
     using T = typename decltype(t)::type;
     using C = typename decltype(c)::type;
-    if (const QkRow<T> row_fn = vector_row<T>(isa)) return forward_by_token<T, C>(p, row_fn);
+    // A large output apart from the input is written with streaming stores (simd.hpp's
+    // kStreamingOutputBytes); in place, the rows' lines are read anyway.
+    const internal::RopeParams& r = p.rope;
+    const std::int64_t output_bytes = r.batch * r.seq * internal::rope_rotated_heads(r) *
+                                      r.head_dim * static_cast<std::int64_t>(sizeof(T));
+    const bool stream = r.q.out != r.q.in && output_bytes >= kStreamingOutputBytes;
+    if (const QkRow<T> row_fn = stream ? vector_row<T, T, true>(isa) : vector_row<T>(isa)) {
+      return forward_by_token<T, C>(p, row_fn, stream);
+    }
     forward<T, C>(p);
   });
 }

@@ -213,10 +213,8 @@ void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
   }
   std::int64_t first_bad = internal::kNoBadIndex;
   const bool threaded = p.rows * dim >= (1 << 15);
-  // An output past 16 MiB will not stay in cache: write it with streaming stores (the vector
-  // bodies; a copy then moves only the bytes it must, as memcpy does).
-  const bool stream =
-      p.rows * dim * static_cast<std::int64_t>(sizeof(T)) >= (std::int64_t{1} << 24);
+  // A large output is written with streaming stores (the vector bodies; simd.hpp).
+  const bool stream = p.rows * dim * static_cast<std::int64_t>(sizeof(T)) >= kStreamingOutputBytes;
 
 #pragma omp parallel reduction(min : first_bad) if (threaded)
   {
@@ -351,11 +349,7 @@ void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
 #pragma omp simd
       for (std::int64_t j = 0; j < dim; ++j) out[j] = from_float<T>(a[j]);
     }
-#if EMBROPE_CPU_X86
-    // Streaming stores are weakly ordered: fence them before the team joins and the caller
-    // reads the output.
-    if (stream && vector != nullptr) _mm_sfence();
-#endif
+    if (stream && vector != nullptr) fence_streaming_stores();
   }
 
   internal::lower_bad_index(p.bad, first_bad, internal::BadIndexOp::embed, [&](std::int64_t key) {

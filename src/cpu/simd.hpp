@@ -467,3 +467,21 @@ struct Avx512Bf16 : Avx512 {
 
 }  // namespace embrope::cpu::simd
 #endif
+
+namespace embrope::cpu {
+
+// An output of at least this many bytes is written with streaming stores where a vector body
+// can (embed; qk-norm + RoPE out of place): it will not stay in cache, and a streaming store
+// writes its line without first reading it for ownership, so a pass moves the bytes it must,
+// as memcpy does past a similar size.
+inline constexpr std::int64_t kStreamingOutputBytes = std::int64_t{1} << 24;
+
+// Streaming stores are weakly ordered: each thread that made them fences them before the team
+// joins and the caller reads the output.
+inline void fence_streaming_stores() {
+#if EMBROPE_CPU_X86
+  _mm_sfence();
+#endif
+}
+
+}  // namespace embrope::cpu
