@@ -555,8 +555,9 @@ std::vector<T> rounded(const std::vector<float>& x) {
 // stores), the inputs left as they were.
 template <typename T, typename W, typename O = T>
 void qk_norm_rope_case(embrope::RopeLayout layout, std::int64_t dim, std::int64_t rotary,
-                       bool unit_offset, std::int64_t tokens = 37, bool out_of_place = false) {
-  const std::int64_t hq = 3, hk = 2, max_positions = 64;
+                       bool unit_offset, std::int64_t tokens = 37, bool out_of_place = false,
+                       std::int64_t hq = 3, std::int64_t hk = 2) {
+  const std::int64_t max_positions = 64;
   std::vector<T> q = make_values<T>(static_cast<std::size_t>(tokens * hq * dim), true, 31);
   std::vector<T> k = make_values<T>(static_cast<std::size_t>(tokens * hk * dim), true, 32);
   std::vector<W> wq = make_values<W>(static_cast<std::size_t>(dim), true, 33);
@@ -583,7 +584,8 @@ void qk_norm_rope_case(embrope::RopeLayout layout, std::int64_t dim, std::int64_
   const Tensor tk(k.data(), dtype_of<T>(), {tokens, hk, dim});
   const Tensor tp(positions.data(), DType::int64, {tokens});
   std::string what = std::string("qk_norm_rope ") + name_of<T>() + " weight " + name_of<W>() +
-                     " D " + std::to_string(dim) + " R " + std::to_string(rotary) +
+                     " heads " + std::to_string(hq) + " + " + std::to_string(hk) + " D " +
+                     std::to_string(dim) + " R " + std::to_string(rotary) +
                      (layout == embrope::RopeLayout::neox ? " neox" : " interleaved");
   if constexpr (std::is_same_v<O, T>) {
     if (out_of_place) {
@@ -750,6 +752,12 @@ void all_cases_of() {
   qk_norm_rope_case<T, float>(embrope::RopeLayout::neox, 128, 128, false, past_16_mib, true);
   qk_norm_rope_case<T, T>(embrope::RopeLayout::interleaved, 64, 64, true, 2 * past_16_mib, true);
   qk_norm_rope_case<T, float>(embrope::RopeLayout::neox, 128, 128, true, 37, true);
+  // More head rows than a vector body takes at once (16): groups of 16 and 6, q's rows and k's
+  // (with their own weights) in one group; in place, out of place, and into float8.
+  qk_norm_rope_case<T, T>(embrope::RopeLayout::neox, 128, 128, false, 37, false, 19, 3);
+  qk_norm_rope_case<T, float>(embrope::RopeLayout::interleaved, 64, 64, true, 37, true, 19, 3);
+  qk_norm_rope_case<T, float, embrope::detail::Float8E4M3>(embrope::RopeLayout::neox, 128, 128,
+                                                           false, 37, false, 19, 3);
 }
 
 }  // namespace

@@ -22,6 +22,10 @@ namespace embrope::cpu {
 using detail::from_float;
 using detail::to_float;
 
+// Head rows handed to a vector body's qk_norm_rope_rows at once: a token's rows in groups of
+// this many (Qwen3's 32 + 8 heads: three groups).
+constexpr int kQkRowGroup = 16;
+
 // The rotation of apply_rope's vector body, then the norm's.
 #define EMBROPE_VECTOR_BODY "float8.inc"
 #include "vector_bodies.hpp"
@@ -93,11 +97,11 @@ void forward(const QkNormRopeParams& p) {
 }
 
 // The vector path (x86 with AVX2 or AVX-512): tokens in parallel; per token the cos/sin row
-// widened once (as apply_rope.inc widens it), per call the weight factors; each head row by an
-// instruction set's qk_norm_rope_row.
+// widened once (as apply_rope.inc widens it), per call the weight factors; the head rows, up
+// to kQkRowGroup at once, by an instruction set's qk_norm_rope_rows.
 template <typename T, typename O = T>
-using QkRow = void (*)(const T*, O*, std::int64_t, std::int64_t, RopeLayout, const float*,
-                       const float*, const float*, float, float*);
+using QkRows = void (*)(const T* const*, O* const*, const float* const*, int, std::int64_t,
+                        std::int64_t, RopeLayout, const float*, const float*, float, float*);
 
 // Floats of a token's scratch: cos, sin (rotary_dim each), then the row scratch (256 partials
 // + head_dim).
@@ -115,9 +119,10 @@ void weight_factors(const QkNormRopeParams& p, float* weights) {
 }
 
 // Token t (its position valid): the cos/sin row widened once (as apply_rope.inc widens it)
-// into buffer, then row(h, cos_w, sin_w, scratch) for each head row h.
-template <typename C, typename Row>
-void for_each_row(const QkNormRopeParams& p, std::int64_t t, float* buffer, Row&& row) {
+// into buffer, then group(h0, n, cos_w, sin_w, scratch) for each group of n head rows from h0
+// (n at most kQkRowGroup).
+template <typename C, typename Group>
+void for_each_row_group(const QkNormRopeParams& p, std::int64_t t, float* buffer, Group&& group) {
   const internal::RopeParams& r = p.rope;
   const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
   const std::int64_t half = r.rotary_dim / 2;
@@ -140,26 +145,56 @@ void for_each_row(const QkNormRopeParams& p, std::int64_t t, float* buffer, Row&
       sin_w[2 * i + 1] = sn;
     }
   }
-  for (std::int64_t h = 0; h < heads; ++h) row(h, cos_w, sin_w, scratch);
+  for (std::int64_t h0 = 0; h0 < heads; h0 += kQkRowGroup) {
+    group(h0, static_cast<int>(std::min<std::int64_t>(kQkRowGroup, heads - h0)), cos_w, sin_w,
+          scratch);
+  }
 }
 
-// Token t's head rows by the instruction set's row_fn.
+// Head rows h0 .. h0 + n - 1 of token t: their inputs, outputs (the rows' own, or with row_f
+// float32 rows there, one per row, which a float8 output then scales and rounds) and weight
+// factors.
+template <typename T, typename O = T>
+struct RowGroup {
+  const T* in[kQkRowGroup];
+  O* out[kQkRowGroup];
+  const float* weight[kQkRowGroup];
+
+  RowGroup(const internal::RopeParams& r, std::int64_t t, std::int64_t h0, int n,
+           const float* weights, O* row_f = nullptr) {
+    const std::int64_t b = t / r.seq, s = t % r.seq;
+    for (int q = 0; q < n; ++q) {
+      const std::int64_t h = h0 + q;
+      if (row_f != nullptr) {  // the row's own output is not of type O: not formed
+        in[q] = internal::rope_row<T>(r, b, s, h).in;
+        out[q] = row_f + q * r.head_dim;
+      } else {
+        const internal::RopeRow<T, O> row = internal::rope_row<T, O>(r, b, s, h);
+        in[q] = row.in;
+        out[q] = row.out;
+      }
+      weight[q] = weights + (h < r.q.heads ? 0 : r.head_dim);
+    }
+  }
+};
+
+// Token t's head rows by the instruction set's rows_fn.
 template <typename T, typename C>
-void forward_token(const QkNormRopeParams& p, std::int64_t t, QkRow<T> row_fn, const float* weights,
-                   float* buffer) {
+void forward_token(const QkNormRopeParams& p, std::int64_t t, QkRows<T> rows_fn,
+                   const float* weights, float* buffer) {
   const internal::RopeParams& r = p.rope;
-  const std::int64_t b = t / r.seq, s = t % r.seq;
-  for_each_row<C>(
-      p, t, buffer, [&](std::int64_t h, const float* cos_w, const float* sin_w, float* scratch) {
-        const internal::RopeRow<T> row = internal::rope_row<T>(r, b, s, h);
-        row_fn(row.in, row.out, r.head_dim, r.rotary_dim, r.layout,
-               weights + (h < r.q.heads ? 0 : r.head_dim), cos_w, sin_w, p.norm.eps, scratch);
+  for_each_row_group<C>(
+      p, t, buffer,
+      [&](std::int64_t h0, int n, const float* cos_w, const float* sin_w, float* scratch) {
+        const RowGroup<T> g(r, t, h0, n, weights);
+        rows_fn(g.in, g.out, g.weight, n, r.head_dim, r.rotary_dim, r.layout, cos_w, sin_w,
+                p.norm.eps, scratch);
       });
 }
 
-// stream: row_fn writes with streaming stores, fenced here.
+// stream: rows_fn writes with streaming stores, fenced here.
 template <typename T, typename C>
-void forward_by_token(const QkNormRopeParams& p, QkRow<T> row_fn, bool stream) {
+void forward_by_token(const QkNormRopeParams& p, QkRows<T> rows_fn, bool stream) {
   const internal::RopeParams& r = p.rope;
   const std::int64_t tokens = r.batch * r.seq;
   const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
@@ -183,7 +218,7 @@ void forward_by_token(const QkNormRopeParams& p, QkRow<T> row_fn, bool stream) {
             std::min(first_bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
         continue;
       }
-      forward_token<T, C>(p, t, row_fn, weights.data(), buffer.data());
+      forward_token<T, C>(p, t, rows_fn, weights.data(), buffer.data());
     }
     if (stream) fence_streaming_stores();
   }
@@ -192,16 +227,16 @@ void forward_by_token(const QkNormRopeParams& p, QkRow<T> row_fn, bool stream) {
   });
 }
 
-// The instruction set's row function into O (T, or float32), or null for the portable path.
-// Stream: its rows written with streaming stores (qk_norm_rope_row).
+// The instruction set's rows function into O (T, or float32), or null for the portable path.
+// Stream: its rows written with streaming stores (qk_norm_rope_rows).
 template <typename T, typename O = T, bool Stream = false>
-QkRow<T, O> vector_row(Isa isa) {
+QkRows<T, O> vector_rows(Isa isa) {
 #if EMBROPE_CPU_X86
   if constexpr (std::is_same_v<T, detail::BFloat16>) {
-    if (isa == Isa::avx512_bf16) return avx512_bf16::qk_norm_rope_row<T, O, Stream>;
+    if (isa == Isa::avx512_bf16) return avx512_bf16::qk_norm_rope_rows<T, O, Stream>;
   }
-  if (isa >= Isa::avx512) return avx512::qk_norm_rope_row<T, O, Stream>;
-  if (isa == Isa::avx2) return avx2::qk_norm_rope_row<T, O, Stream>;
+  if (isa >= Isa::avx512) return avx512::qk_norm_rope_rows<T, O, Stream>;
+  if (isa == Isa::avx2) return avx2::qk_norm_rope_rows<T, O, Stream>;
 #endif
   (void)isa;
   return nullptr;
@@ -320,8 +355,8 @@ void apply_qk_norm_rope(const QkNormRopeParams& p) {
     const std::int64_t output_bytes = r.batch * r.seq * internal::rope_rotated_heads(r) *
                                       r.head_dim * static_cast<std::int64_t>(sizeof(T));
     const bool stream = r.q.out != r.q.in && output_bytes >= kStreamingOutputBytes;
-    if (const QkRow<T> row_fn = stream ? vector_row<T, T, true>(isa) : vector_row<T>(isa)) {
-      return forward_by_token<T, C>(p, row_fn, stream);
+    if (const QkRows<T> rows_fn = stream ? vector_rows<T, T, true>(isa) : vector_rows<T>(isa)) {
+      return forward_by_token<T, C>(p, rows_fn, stream);
     }
     forward<T, C>(p);
   });
@@ -332,8 +367,8 @@ void qk_norm_weight_factors(const internal::QkNormRopeParams& p, float* weights)
 }
 
 std::int64_t qk_norm_token_floats(const internal::QkNormRopeParams& p) {
-  // The token's scratch, and a float8 output's float32 row.
-  return token_floats(p.rope) + p.rope.head_dim;
+  // The token's scratch, and a float8 output's float32 rows (a group of them).
+  return token_floats(p.rope) + kQkRowGroup * p.rope.head_dim;
 }
 
 void qk_norm_rope_one_token(const internal::QkNormRopeParams& token, const float* weights,
@@ -352,30 +387,32 @@ void qk_norm_rope_one_token(const internal::QkNormRopeParams& token, const float
       return internal::dispatch_float8_dtype(r.out_dtype, [&](auto o) {
         using O = typename decltype(o)::type;
         const QuantizeValues<float, O> quantize_row = quantize_values_for<float, O>(isa);
-        const auto quantize = [&](std::int64_t h) {
-          quantize_row(row_f, internal::rope_row<T, O>(r, 0, 0, h).out, r.head_dim,
+        const auto quantize = [&](std::int64_t h, const float* row) {
+          quantize_row(row, internal::rope_row<T, O>(r, 0, 0, h).out, r.head_dim,
                        internal::rope_out_scale(r, h));
         };
-        if (const QkRow<T, float> row_fn = vector_row<T, float>(isa)) {
-          return for_each_row<C>(
-              token, 0, buffer,
-              [&](std::int64_t h, const float* cos_w, const float* sin_w, float* row_scratch) {
-                row_fn(internal::rope_row<T>(r, 0, 0, h).in, row_f, r.head_dim, r.rotary_dim,
-                       r.layout, weights + (h < r.q.heads ? 0 : r.head_dim), cos_w, sin_w,
-                       token.norm.eps, row_scratch);
-                quantize(h);
-              });
+        if (const QkRows<T, float> rows_fn = vector_rows<T, float>(isa)) {
+          return for_each_row_group<C>(token, 0, buffer,
+                                       [&](std::int64_t h0, int n, const float* cos_w,
+                                           const float* sin_w, float* row_scratch) {
+                                         const RowGroup<T, float> g(r, 0, h0, n, weights, row_f);
+                                         rows_fn(g.in, g.out, g.weight, n, r.head_dim, r.rotary_dim,
+                                                 r.layout, cos_w, sin_w, token.norm.eps,
+                                                 row_scratch);
+                                         for (int q = 0; q < n; ++q)
+                                           quantize(h0 + q, row_f + q * r.head_dim);
+                                       });
         }
         const internal::TokenPositions pos = internal::token_positions(r, 0, 0);
         for (std::int64_t h = 0; h < internal::rope_rotated_heads(r); ++h) {
           forward_row<T, C, float>(token, h < r.q.heads, internal::rope_row<T>(r, 0, 0, h).in,
                                    row_f, pos, sin_sign);
-          quantize(h);
+          quantize(h, row_f);
         }
       });
     }
-    if (const QkRow<T> row_fn = vector_row<T>(isa)) {
-      return forward_token<T, C>(token, 0, row_fn, weights, buffer);
+    if (const QkRows<T> rows_fn = vector_rows<T>(isa)) {
+      return forward_token<T, C>(token, 0, rows_fn, weights, buffer);
     }
     const internal::TokenPositions pos = internal::token_positions(r, 0, 0);
     for (std::int64_t h = 0; h < internal::rope_rotated_heads(r); ++h) {

@@ -104,6 +104,7 @@ struct Avx2 {
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V sqrt(V a) { return _mm256_sqrt_ps(a); }
   // (x0, x1, x2, x3, ...) -> (x1, x0, x3, x2, ...): the partner of each interleaved pair.
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static V swap_pairs(V x) {
     return _mm256_permute_ps(x, 0xb1);
@@ -267,6 +268,7 @@ struct Avx512 {
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V sqrt(V a) { return _mm512_sqrt_ps(a); }
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static V swap_pairs(V x) {
     return _mm512_permute_ps(x, 0xb1);
   }
