@@ -135,7 +135,7 @@ EMBROPE_HD float factor_value(std::uint32_t bits, DType dtype) {
     case DType::bfloat16:
       return detail::to_float(detail::BFloat16{static_cast<std::uint16_t>(bits)});
     case DType::int8:
-      return static_cast<float>(static_cast<std::int8_t>(bits));
+      return detail::small_int_to_float(static_cast<std::int8_t>(bits));
     case DType::int32:
       return static_cast<float>(static_cast<std::int32_t>(bits));
     default: {
