@@ -49,6 +49,21 @@ const char* name_of() {
   return embrope::dtype_name(dtype_of<T>());
 }
 
+// n values of T from a 64-byte boundary plus `offset` elements (a vector's storage need not be
+// aligned: glibc puts large blocks 16 bytes past a page), so that outputs past 16 MiB are
+// aligned for the streaming stores and take them, or, with an offset, are not and do not.
+template <typename T>
+struct AlignedValues {
+  std::vector<T> storage;
+  T* data;
+  AlignedValues(std::size_t n, T fill, std::size_t offset = 0)
+      : storage(n + offset + 64 / sizeof(T), fill) {
+    const std::size_t misalignment = reinterpret_cast<std::uintptr_t>(storage.data()) % 64;
+    data = storage.data() + (64 - misalignment) % 64 / sizeof(T) + offset;
+  }
+  std::vector<T> values(std::size_t n) const { return std::vector<T>(data, data + n); }
+};
+
 template <typename T>
 std::uint32_t bits_of(T v) {
   std::uint32_t u = 0;
@@ -418,14 +433,10 @@ void embed_quantized_case(const QuantCase& c) {
     options.position_table = Tensor(position_table.data(), dtype_of<T>(), {max_positions, dim});
     options.position_ids = Tensor(position_ids.data(), DType::int64, {rows});
   }
-  // The output 64-byte aligned (a vector's storage need not be), so that the rows of a call
-  // past 16 MiB are aligned for the streaming stores and take them.
-  std::vector<T> storage(want.size() + 64 / sizeof(T));
-  const std::size_t misalignment = reinterpret_cast<std::uintptr_t>(storage.data()) % 64;
-  T* const aligned = storage.data() + (64 - misalignment) % 64 / sizeof(T);
+  const AlignedValues<T> aligned(want.size(), T{});
   embrope::embed(table, Tensor(ids.data(), DType::int64, {rows}),
-                 Tensor(aligned, dtype_of<T>(), {rows, dim}), options);
-  const std::vector<T> out(aligned, aligned + want.size());
+                 Tensor(aligned.data, dtype_of<T>(), {rows, dim}), options);
+  const std::vector<T> out = aligned.values(want.size());
   compare(std::string("embed quantized format ") + std::to_string(static_cast<int>(c.format)) +
               " -> " + name_of<T>() + " D " + std::to_string(dim) + " groups " +
               std::to_string(c.groups) + " rows " + std::to_string(rows) +
@@ -551,11 +562,13 @@ std::vector<T> rounded(const std::vector<float>& x) {
 // vector bodies' sums of squares, rstd and rotations against detail/'s scalar forms. With a
 // float8 O: apply_qk_norm_rope_append_kv's float8 q_out (value * scale, rounded once) and its
 // float8 cache (k rounded to T, then divided by k_scale), each a vector body of float8.inc.
-// out_of_place: q and k written to q_out and k_out (past kStreamingOutputBytes with streaming
+// Output::aligned and ::one_element_past: q and k written to q_out and k_out from a 64-byte
+// boundary (past kStreamingOutputBytes with streaming stores) or an element past it (ordinary
 // stores), the inputs left as they were.
+enum class Output { in_place, aligned, one_element_past };
 template <typename T, typename W, typename O = T>
 void qk_norm_rope_case(embrope::RopeLayout layout, std::int64_t dim, std::int64_t rotary,
-                       bool unit_offset, std::int64_t tokens = 37, bool out_of_place = false,
+                       bool unit_offset, std::int64_t tokens = 37, Output output = Output::in_place,
                        std::int64_t hq = 3, std::int64_t hk = 2) {
   const std::int64_t max_positions = 64;
   std::vector<T> q = make_values<T>(static_cast<std::size_t>(tokens * hq * dim), true, 31);
@@ -588,15 +601,18 @@ void qk_norm_rope_case(embrope::RopeLayout layout, std::int64_t dim, std::int64_
                      std::to_string(dim) + " R " + std::to_string(rotary) +
                      (layout == embrope::RopeLayout::neox ? " neox" : " interleaved");
   if constexpr (std::is_same_v<O, T>) {
-    if (out_of_place) {
+    if (output != Output::in_place) {
       const std::vector<T> q_in = q, k_in = k;
-      std::vector<T> q_out(q.size(), from_float<T>(7.0f)), k_out(k.size(), from_float<T>(7.0f));
-      options.q_out = Tensor(q_out.data(), dtype_of<T>(), {tokens, hq, dim});
-      options.k_out = Tensor(k_out.data(), dtype_of<T>(), {tokens, hk, dim});
+      const std::size_t offset = output == Output::aligned ? 0 : 1;
+      const AlignedValues<T> q_out(q.size(), from_float<T>(7.0f), offset);
+      const AlignedValues<T> k_out(k.size(), from_float<T>(7.0f), offset);
+      options.q_out = Tensor(q_out.data, dtype_of<T>(), {tokens, hq, dim});
+      options.k_out = Tensor(k_out.data, dtype_of<T>(), {tokens, hk, dim});
       embrope::apply_qk_norm_rope(tq, tk, tp, cache, norm, options);
-      what += " out of place, T " + std::to_string(tokens);
-      compare(what + " q_out", q_out, rounded<T>(want_q));
-      compare(what + " k_out", k_out, rounded<T>(want_k));
+      what += std::string(" out of place") + (offset ? " (an element past 64 B)" : "") + ", T " +
+              std::to_string(tokens);
+      compare(what + " q_out", q_out.values(q.size()), rounded<T>(want_q));
+      compare(what + " k_out", k_out.values(k.size()), rounded<T>(want_k));
       compare(what + " q", q, q_in);
       compare(what + " k", k, k_in);
       return;
@@ -746,18 +762,23 @@ void all_cases_of() {
     qk_norm_rope_case<T, float, embrope::detail::Float8E4M3>(layout, 128, 128, false);
     qk_norm_rope_case<T, T, embrope::detail::Float8E5M2>(layout, 80, 64, true);
   }
-  // Out of place, the output past 16 MiB (the rows in registers with streaming stores) and
-  // below it.
+  // Out of place, the output past 16 MiB (the rows in registers with streaming stores; not
+  // aligned for them, ordinary stores) and below it.
   const std::int64_t past_16_mib = (std::int64_t{1} << 24) / (5 * 128 * sizeof(T)) + 1;
-  qk_norm_rope_case<T, float>(embrope::RopeLayout::neox, 128, 128, false, past_16_mib, true);
-  qk_norm_rope_case<T, T>(embrope::RopeLayout::interleaved, 64, 64, true, 2 * past_16_mib, true);
-  qk_norm_rope_case<T, float>(embrope::RopeLayout::neox, 128, 128, true, 37, true);
+  qk_norm_rope_case<T, float>(embrope::RopeLayout::neox, 128, 128, false, past_16_mib,
+                              Output::aligned);
+  qk_norm_rope_case<T, T>(embrope::RopeLayout::interleaved, 64, 64, true, 2 * past_16_mib,
+                          Output::aligned);
+  qk_norm_rope_case<T, float>(embrope::RopeLayout::neox, 128, 128, false, past_16_mib,
+                              Output::one_element_past);
+  qk_norm_rope_case<T, float>(embrope::RopeLayout::neox, 128, 128, true, 37, Output::aligned);
   // More head rows than a vector body takes at once (16): groups of 16 and 6, q's rows and k's
   // (with their own weights) in one group; in place, out of place, and into float8.
-  qk_norm_rope_case<T, T>(embrope::RopeLayout::neox, 128, 128, false, 37, false, 19, 3);
-  qk_norm_rope_case<T, float>(embrope::RopeLayout::interleaved, 64, 64, true, 37, true, 19, 3);
+  qk_norm_rope_case<T, T>(embrope::RopeLayout::neox, 128, 128, false, 37, Output::in_place, 19, 3);
+  qk_norm_rope_case<T, float>(embrope::RopeLayout::interleaved, 64, 64, true, 37, Output::aligned,
+                              19, 3);
   qk_norm_rope_case<T, float, embrope::detail::Float8E4M3>(embrope::RopeLayout::neox, 128, 128,
-                                                           false, 37, false, 19, 3);
+                                                           false, 37, Output::in_place, 19, 3);
 }
 
 }  // namespace

@@ -36,11 +36,11 @@ EMBROPE_HD constexpr int gguf_block_bytes(GgufBlock f) {
 }
 
 // A quantized integer (|q| < 2^22: every q, scale and min here has at most 8 bits) as float32,
-// exactly. On the GPU by an integer add and a float subtract, both full rate, where the I2F
-// conversion issues at a quarter of that or less on sm_80-sm_90 (the CUDA C++ Programming
-// Guide's throughput table: 16 conversions per clock per SM against 64-128 adds): the bits of
-// 1.5 * 2^23 + q are that float exactly (its last place is 1), and subtracting 1.5 * 2^23 is
-// exact (Sterbenz; the trick of FasterTransformer's and LMDeploy's int-to-float dequantizers).
+// exactly. On the GPU by an integer add and a float subtract, which issue at 64 and 128 per
+// clock per SM on sm_90, where the I2F conversion issues at 16 (the CUDA C++ Programming
+// Guide's throughput table): the bits of 1.5 * 2^23 + q are that float exactly (its last place
+// is 1), and subtracting 1.5 * 2^23 is exact (Sterbenz; the trick of FasterTransformer's and
+// LMDeploy's int-to-float dequantizers).
 EMBROPE_HD float small_int_to_float(int q) {
 #if defined(__CUDA_ARCH__)
   constexpr std::uint32_t kMagicBits = 0x4B400000u;  // 12582912.0f = 1.5 * 2^23
