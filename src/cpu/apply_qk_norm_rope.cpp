@@ -97,11 +97,21 @@ void forward(const QkNormRopeParams& p) {
 }
 
 // The vector path (x86 with AVX2 or AVX-512): tokens in parallel; per token the cos/sin row
-// widened once (as apply_rope.inc widens it), per call the weight factors; the head rows, up
+// widened once by apply_rope.inc's widen_token, per call the weight factors; the head rows, up
 // to kQkRowGroup at once, by an instruction set's qk_norm_rope_rows.
 template <typename T, typename O = T>
 using QkRows = void (*)(const T* const*, O* const*, const float* const*, int, std::int64_t,
                         std::int64_t, RopeLayout, const float*, const float*, float, float*);
+using WidenToken = void (*)(const internal::RopeParams&, std::int64_t, std::int64_t, float*,
+                            float*);
+
+// An instruction set's functions for the vector path, or null ones for the portable path.
+template <typename T, typename O = T>
+struct VectorBody {
+  QkRows<T, O> rows = nullptr;
+  WidenToken widen = nullptr;
+  explicit operator bool() const { return rows != nullptr; }
+};
 
 // Floats of a token's scratch: cos, sin (rotary_dim each), then the row scratch (256 partials
 // + head_dim).
@@ -118,33 +128,18 @@ void weight_factors(const QkNormRopeParams& p, float* weights) {
   }
 }
 
-// Token t (its position valid): the cos/sin row widened once (as apply_rope.inc widens it)
-// into buffer, then group(h0, n, cos_w, sin_w, scratch) for each group of n head rows from h0
-// (n at most kQkRowGroup).
-template <typename C, typename Group>
-void for_each_row_group(const QkNormRopeParams& p, std::int64_t t, float* buffer, Group&& group) {
+// Token t (its position valid): the cos/sin row widened once by widen into buffer, then
+// group(h0, n, cos_w, sin_w, scratch) for each group of n head rows from h0 (n at most
+// kQkRowGroup).
+template <typename Group>
+void for_each_row_group(const QkNormRopeParams& p, std::int64_t t, WidenToken widen, float* buffer,
+                        Group&& group) {
   const internal::RopeParams& r = p.rope;
   const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
-  const std::int64_t half = r.rotary_dim / 2;
-  const float sin_sign = r.inverse ? -1.0f : 1.0f;
-  const bool neox = r.layout == RopeLayout::neox;
   float* const cos_w = buffer;
   float* const sin_w = cos_w + r.rotary_dim;
   float* const scratch = sin_w + r.rotary_dim;
-  const std::int64_t b = t / r.seq, s = t % r.seq;
-  const internal::TokenPositions pos = internal::token_positions(r, b, s);
-  for (std::int64_t i = 0; i < half; ++i) {
-    float c, sn;
-    internal::rope_pair_cos_sin<C>(r, pos, i, sin_sign, c, sn);
-    if (neox) {
-      cos_w[i] = c;
-      sin_w[i] = sn;
-    } else {
-      cos_w[2 * i] = cos_w[2 * i + 1] = c;
-      sin_w[2 * i] = -sn;
-      sin_w[2 * i + 1] = sn;
-    }
-  }
+  widen(r, t / r.seq, t % r.seq, cos_w, sin_w);
   for (std::int64_t h0 = 0; h0 < heads; h0 += kQkRowGroup) {
     group(h0, static_cast<int>(std::min<std::int64_t>(kQkRowGroup, heads - h0)), cos_w, sin_w,
           scratch);
@@ -178,23 +173,23 @@ struct RowGroup {
   }
 };
 
-// Token t's head rows by the instruction set's rows_fn.
-template <typename T, typename C>
-void forward_token(const QkNormRopeParams& p, std::int64_t t, QkRows<T> rows_fn,
+// Token t's head rows by the instruction set's body.
+template <typename T>
+void forward_token(const QkNormRopeParams& p, std::int64_t t, const VectorBody<T>& body,
                    const float* weights, float* buffer) {
   const internal::RopeParams& r = p.rope;
-  for_each_row_group<C>(
-      p, t, buffer,
+  for_each_row_group(
+      p, t, body.widen, buffer,
       [&](std::int64_t h0, int n, const float* cos_w, const float* sin_w, float* scratch) {
         const RowGroup<T> g(r, t, h0, n, weights);
-        rows_fn(g.in, g.out, g.weight, n, r.head_dim, r.rotary_dim, r.layout, cos_w, sin_w,
-                p.norm.eps, scratch);
+        body.rows(g.in, g.out, g.weight, n, r.head_dim, r.rotary_dim, r.layout, cos_w, sin_w,
+                  p.norm.eps, scratch);
       });
 }
 
-// stream: rows_fn writes with streaming stores, fenced here.
-template <typename T, typename C>
-void forward_by_token(const QkNormRopeParams& p, QkRows<T> rows_fn, bool stream) {
+// stream: body.rows writes with streaming stores, fenced here.
+template <typename T>
+void forward_by_token(const QkNormRopeParams& p, const VectorBody<T>& body, bool stream) {
   const internal::RopeParams& r = p.rope;
   const std::int64_t tokens = r.batch * r.seq;
   const std::int64_t heads = r.q.heads + (r.has_k ? r.k.heads : 0);
@@ -218,7 +213,7 @@ void forward_by_token(const QkNormRopeParams& p, QkRows<T> rows_fn, bool stream)
             std::min(first_bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
         continue;
       }
-      forward_token<T, C>(p, t, rows_fn, weights.data(), buffer.data());
+      forward_token<T>(p, t, body, weights.data(), buffer.data());
     }
     if (stream) fence_streaming_stores();
   }
@@ -227,19 +222,21 @@ void forward_by_token(const QkNormRopeParams& p, QkRows<T> rows_fn, bool stream)
   });
 }
 
-// The instruction set's rows function into O (T, or float32), or null for the portable path.
-// Stream: its rows written with streaming stores (qk_norm_rope_rows).
-template <typename T, typename O = T, bool Stream = false>
-QkRows<T, O> vector_rows(Isa isa) {
+// The instruction set's body with rows into O (T, or float32) and tables of C, or a null one
+// for the portable path. Stream: its rows written with streaming stores (qk_norm_rope_rows).
+template <typename T, typename C, typename O = T, bool Stream = false>
+VectorBody<T, O> vector_body(Isa isa) {
 #if EMBROPE_CPU_X86
   if constexpr (std::is_same_v<T, detail::BFloat16>) {
-    if (isa == Isa::avx512_bf16) return avx512_bf16::qk_norm_rope_rows<T, O, Stream>;
+    if (isa == Isa::avx512_bf16) {
+      return {avx512_bf16::qk_norm_rope_rows<T, O, Stream>, avx512_bf16::widen_token<C>};
+    }
   }
-  if (isa >= Isa::avx512) return avx512::qk_norm_rope_rows<T, O, Stream>;
-  if (isa == Isa::avx2) return avx2::qk_norm_rope_rows<T, O, Stream>;
+  if (isa >= Isa::avx512) return {avx512::qk_norm_rope_rows<T, O, Stream>, avx512::widen_token<C>};
+  if (isa == Isa::avx2) return {avx2::qk_norm_rope_rows<T, O, Stream>, avx2::widen_token<C>};
 #endif
   (void)isa;
-  return nullptr;
+  return {};
 }
 
 // The gradient of one head row: dy (the output's gradient) in, dx out (may be dy's row), x
@@ -355,8 +352,9 @@ void apply_qk_norm_rope(const QkNormRopeParams& p) {
     const std::int64_t output_bytes = r.batch * r.seq * internal::rope_rotated_heads(r) *
                                       r.head_dim * static_cast<std::int64_t>(sizeof(T));
     const bool stream = r.q.out != r.q.in && output_bytes >= kStreamingOutputBytes;
-    if (const QkRows<T> rows_fn = stream ? vector_rows<T, T, true>(isa) : vector_rows<T>(isa)) {
-      return forward_by_token<T, C>(p, rows_fn, stream);
+    if (const VectorBody<T> body =
+            stream ? vector_body<T, C, T, true>(isa) : vector_body<T, C>(isa)) {
+      return forward_by_token<T>(p, body, stream);
     }
     forward<T, C>(p);
   });
@@ -391,17 +389,17 @@ void qk_norm_rope_one_token(const internal::QkNormRopeParams& token, const float
           quantize_row(row, internal::rope_row<T, O>(r, 0, 0, h).out, r.head_dim,
                        internal::rope_out_scale(r, h));
         };
-        if (const QkRows<T, float> rows_fn = vector_rows<T, float>(isa)) {
-          return for_each_row_group<C>(token, 0, buffer,
-                                       [&](std::int64_t h0, int n, const float* cos_w,
-                                           const float* sin_w, float* row_scratch) {
-                                         const RowGroup<T, float> g(r, 0, h0, n, weights, row_f);
-                                         rows_fn(g.in, g.out, g.weight, n, r.head_dim, r.rotary_dim,
-                                                 r.layout, cos_w, sin_w, token.norm.eps,
-                                                 row_scratch);
-                                         for (int q = 0; q < n; ++q)
-                                           quantize(h0 + q, row_f + q * r.head_dim);
-                                       });
+        if (const VectorBody<T, float> body = vector_body<T, C, float>(isa)) {
+          return for_each_row_group(token, 0, body.widen, buffer,
+                                    [&](std::int64_t h0, int n, const float* cos_w,
+                                        const float* sin_w, float* row_scratch) {
+                                      const RowGroup<T, float> g(r, 0, h0, n, weights, row_f);
+                                      body.rows(g.in, g.out, g.weight, n, r.head_dim, r.rotary_dim,
+                                                r.layout, cos_w, sin_w, token.norm.eps,
+                                                row_scratch);
+                                      for (int q = 0; q < n; ++q)
+                                        quantize(h0 + q, row_f + q * r.head_dim);
+                                    });
         }
         const internal::TokenPositions pos = internal::token_positions(r, 0, 0);
         for (std::int64_t h = 0; h < internal::rope_rotated_heads(r); ++h) {
@@ -411,8 +409,8 @@ void qk_norm_rope_one_token(const internal::QkNormRopeParams& token, const float
         }
       });
     }
-    if (const QkRows<T> rows_fn = vector_rows<T>(isa)) {
-      return forward_token<T, C>(token, 0, rows_fn, weights, buffer);
+    if (const VectorBody<T> body = vector_body<T, C>(isa)) {
+      return forward_token<T>(token, 0, body, weights, buffer);
     }
     const internal::TokenPositions pos = internal::token_positions(r, 0, 0);
     for (std::int64_t h = 0; h < internal::rope_rotated_heads(r); ++h) {

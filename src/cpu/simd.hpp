@@ -478,6 +478,14 @@ namespace embrope::cpu {
 // as memcpy does past a similar size.
 inline constexpr std::int64_t kStreamingOutputBytes = std::int64_t{1} << 24;
 
+// Whether an instruction set's I::stream may write a vector of T at p: aligned to the vector's
+// size (I::kStreamAlign bytes of float32, half of that of 16-bit values), as a streaming store
+// requires.
+template <typename I, typename T>
+EMBROPE_SIMD_INLINE bool stream_aligned(const T* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % (I::kStreamAlign * sizeof(T) / sizeof(float)) == 0;
+}
+
 // Streaming stores are weakly ordered: each thread that made them fences them before the team
 // joins and the caller reads the output.
 inline void fence_streaming_stores() {
