@@ -8,9 +8,11 @@
 //   interleaved: VEC consecutive elements), threadIdx.y a head; the chunk's cos/sin are
 //   loaded once per token into registers and reused across the block's heads. Token-parallel
 //   (each block loops over all heads of its tokens) when there are enough tokens to fill
-//   the GPU, head-parallel (blocks split a token's heads) for decode-sized calls.
-// - rope_kernel, the general path (any rotary dim, unaligned pointers or strides, a
-//   float16/bfloat16 cos/sin table): one warp per (token, head) row, scalar accesses.
+//   the GPU, head-parallel (blocks split a token's heads) for decode-sized calls. The cos/sin
+//   table is float32, or of the activations' own 16-bit dtype (vLLM's and SGLang's bfloat16
+//   cos_sin_cache) for a rotary dim of 128 or the generic size and chunks of one stream.
+// - rope_kernel, the general path (any rotary dim, unaligned pointers or strides, any other
+//   cos/sin table): one warp per (token, head) row, scalar accesses.
 // Each thread owns whole rotation pairs, so in place is race-free in both. Both are templated
 // on the output element type O: T, or a float8 type for quantized outputs (RoPE + FP8 as
 // FlashInfer's rope_quantize_fp8: value * scale rounded once, the non-rotary tensors q_nope and
@@ -140,8 +142,10 @@ void launch(const internal::RopeParams& p, cudaStream_t stream) {
 // arithmetic and loop bounds fold), or 0 for any other size (read from the parameters).
 // kMixedStreams: some chunk's pairs take their angles from different mrope streams
 // (load_cos_sin then reads those pair by pair); only with kRotaryDim 0, and launched only
-// when needed, since that fallback more than doubles the kernel's registers.
-template <typename T, typename O, RopeLayout kLayout, int kRotaryDim, bool kMixedStreams>
+// when needed, since that fallback more than doubles the kernel's registers. C: the cos/sin
+// table's element type (float, or T).
+template <typename T, typename O, typename C, RopeLayout kLayout, int kRotaryDim,
+          bool kMixedStreams>
 __global__ void __launch_bounds__(256)
     rope_vector_kernel(const __grid_constant__ internal::RopeParams p,
                        std::int64_t heads_per_block) {
@@ -169,7 +173,7 @@ __global__ void __launch_bounds__(256)
     const bool bad = internal::rope_bad_stream(p, b, s) >= 0;
     float c[kPairs], sn[kPairs];
     if (!bad) {
-      load_cos_sin<true, kMixedStreams>(p, b, s, pair0, c, sn);
+      load_cos_sin<true, kMixedStreams, C>(p, b, s, pair0, c, sn);
     } else if (threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.y == 0) {
       report_bad_row(p.bad, internal::bad_index_key(t, internal::BadIndexArg::positions));
     }
@@ -221,14 +225,15 @@ __global__ void __launch_bounds__(256)
   if (last_block_done(p.bad)) describe_bad_rope_position(p);
 }
 
-// The fast path needs: a float32 table, whole 16-byte chunks everywhere (rotary part,
-// pass-through part, every pointer and stride; a float8 output's chunks aligned to their
-// size), and at most 256 threads per head row.
-template <typename T, typename O>
+// The fast path needs: a table of C (float32; or T's 16-bit dtype, T's own outputs) aligned
+// for load_cos_sin's vector loads, whole 16-byte chunks everywhere (rotary part, pass-through
+// part, every pointer and stride; a float8 output's chunks aligned to their size), and at
+// most 256 threads per head row.
+template <typename T, typename O, typename C>
 bool fits_vector_path(const internal::RopeParams& p) {
   constexpr std::int64_t vec = kVec16<T>;
-  if (p.table_dtype != DType::float32) return false;
   const bool neox = p.layout == RopeLayout::neox;
+  if (!table_fits_vector_loads<C>(p, neox ? vec : vec / 2)) return false;
   if (neox ? (p.rotary_dim / 2) % vec != 0 : p.rotary_dim % vec != 0) return false;
   if (p.head_dim % vec != 0) return false;
   const std::int64_t chunks = neox ? p.rotary_dim / 2 / vec : p.rotary_dim / vec;
@@ -239,18 +244,11 @@ bool fits_vector_path(const internal::RopeParams& p) {
            x.out_stride_s % vec == 0 && x.out_stride_h % vec == 0;
   };
   if (!heads_ok(p.q) || (p.has_k && !heads_ok(p.k))) return false;
-  if ((p.q_nope.heads > 0 && (!heads_ok(p.q_nope) || p.q_nope_dim % vec != 0)) ||
-      (p.k_nope.heads > 0 && (!heads_ok(p.k_nope) || p.k_nope_dim % vec != 0))) {
-    return false;
-  }
-  const std::int64_t pairs = neox ? vec : vec / 2;  // floats of cos per chunk
-  const std::size_t table_align = static_cast<std::size_t>(pairs >= 4 ? 16 : 4 * pairs);
-  return is_aligned(p.cos, table_align) && is_aligned(p.sin, table_align) &&
-         p.cos_stride % (pairs >= 4 ? 4 : pairs) == 0 &&
-         p.sin_stride % (pairs >= 4 ? 4 : pairs) == 0;
+  return (p.q_nope.heads == 0 || (heads_ok(p.q_nope) && p.q_nope_dim % vec == 0)) &&
+         (p.k_nope.heads == 0 || (heads_ok(p.k_nope) && p.k_nope_dim % vec == 0));
 }
 
-template <typename T, typename O, RopeLayout kLayout>
+template <typename T, typename O, typename C, RopeLayout kLayout>
 void launch_vector(const internal::RopeParams& p, cudaStream_t stream) {
   constexpr std::int64_t vec = kVec16<T>;
   const std::int64_t chunks =
@@ -263,49 +261,73 @@ void launch_vector(const internal::RopeParams& p, cudaStream_t stream) {
   const std::int64_t heads_per_block = shape.rows_per_split;
   // Templated on the common rotary dims (full rotary of heads of 64, 80, 96, 128 and 256, and
   // the partial 32 of GPT-NeoX/Pythia and 64 of GPT-J); any other size, float8 outputs and
-  // chunks that straddle mrope streams take the generic one.
-  if (!chunks_share_stream(p, kChunkPairs<kLayout, kVec16<T>>)) {
-    rope_vector_kernel<T, O, kLayout, 0, true><<<grid, block, 0, stream>>>(p, heads_per_block);
-  } else if constexpr (!std::is_same_v<O, T>) {
-    rope_vector_kernel<T, O, kLayout, 0, false><<<grid, block, 0, stream>>>(p, heads_per_block);
+  // chunks that straddle mrope streams take the generic one. A 16-bit table: 128 (Llama,
+  // Qwen, Mistral heads) or the generic size, its chunks of one stream (launch_for_table).
+  const auto kernel = [&](auto rotary_dim, auto mixed_streams) {
+    rope_vector_kernel<T, O, C, kLayout, decltype(rotary_dim)::value,
+                       decltype(mixed_streams)::value>
+        <<<grid, block, 0, stream>>>(p, heads_per_block);
+  };
+  using Mixed = std::true_type;
+  using OneStream = std::false_type;
+  if constexpr (std::is_same_v<C, float>) {
+    if (!chunks_share_stream(p, kChunkPairs<kLayout, kVec16<T>>)) {
+      kernel(std::integral_constant<int, 0>{}, Mixed{});
+      return check_launch("rope_vector_kernel");
+    }
+  }
+  if constexpr (!std::is_same_v<O, T>) {
+    kernel(std::integral_constant<int, 0>{}, OneStream{});
+  } else if constexpr (!std::is_same_v<C, float>) {
+    if (p.rotary_dim == 128) {
+      kernel(std::integral_constant<int, 128>{}, OneStream{});
+    } else {
+      kernel(std::integral_constant<int, 0>{}, OneStream{});
+    }
   } else {
     switch (p.rotary_dim) {
       case 32:
-        rope_vector_kernel<T, T, kLayout, 32, false>
-            <<<grid, block, 0, stream>>>(p, heads_per_block);
+        kernel(std::integral_constant<int, 32>{}, OneStream{});
         break;
       case 64:
-        rope_vector_kernel<T, T, kLayout, 64, false>
-            <<<grid, block, 0, stream>>>(p, heads_per_block);
+        kernel(std::integral_constant<int, 64>{}, OneStream{});
         break;
       case 80:
-        rope_vector_kernel<T, T, kLayout, 80, false>
-            <<<grid, block, 0, stream>>>(p, heads_per_block);
+        kernel(std::integral_constant<int, 80>{}, OneStream{});
         break;
       case 96:
-        rope_vector_kernel<T, T, kLayout, 96, false>
-            <<<grid, block, 0, stream>>>(p, heads_per_block);
+        kernel(std::integral_constant<int, 96>{}, OneStream{});
         break;
       case 128:
-        rope_vector_kernel<T, T, kLayout, 128, false>
-            <<<grid, block, 0, stream>>>(p, heads_per_block);
+        kernel(std::integral_constant<int, 128>{}, OneStream{});
         break;
       case 256:
-        rope_vector_kernel<T, T, kLayout, 256, false>
-            <<<grid, block, 0, stream>>>(p, heads_per_block);
+        kernel(std::integral_constant<int, 256>{}, OneStream{});
         break;
       default:
-        rope_vector_kernel<T, T, kLayout, 0, false><<<grid, block, 0, stream>>>(p, heads_per_block);
+        kernel(std::integral_constant<int, 0>{}, OneStream{});
     }
   }
   check_launch("rope_vector_kernel");
 }
 
+// The fast path for a float32 table; for a table of T's own 16-bit dtype into T when its
+// chunks share one stream (a chunk straddling mrope streams reads pair by pair, which the
+// general path does anyway); else the general path.
 template <typename T, typename O>
 void launch_for_table(const internal::RopeParams& p, cudaStream_t stream) {
-  if (fits_vector_path<T, O>(p)) {
-    if (p.layout == RopeLayout::neox) return launch_vector<T, O, RopeLayout::neox>(p, stream);
-    return launch_vector<T, O, RopeLayout::interleaved>(p, stream);
+  const auto vector = [&](auto c) {
+    using C = decltype(c);
+    if (p.layout == RopeLayout::neox) return launch_vector<T, O, C, RopeLayout::neox>(p, stream);
+    return launch_vector<T, O, C, RopeLayout::interleaved>(p, stream);
+  };
+  if (fits_vector_path<T, O, float>(p)) return vector(float{});
+  if constexpr (std::is_same_v<O, T> && !std::is_same_v<T, float>) {
+    const bool one_stream =
+        p.layout == RopeLayout::neox
+            ? chunks_share_stream(p, kChunkPairs<RopeLayout::neox, kVec16<T>>)
+            : chunks_share_stream(p, kChunkPairs<RopeLayout::interleaved, kVec16<T>>);
+    if (fits_vector_path<T, O, T>(p) && one_stream) return vector(T{});
   }
   internal::dispatch_value_dtype(
       p.table_dtype, [&](auto c) { launch<T, typename decltype(c)::type, O>(p, stream); });

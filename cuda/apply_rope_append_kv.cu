@@ -34,8 +34,10 @@ using detail::to_float;
 
 // (256, 1): with the bound alone ptxas aimed at a tighter register budget and spilled around
 // the float8 path's IEEE division (a slow-path call) in four instantiations; with one block
-// per SM allowed it uses 55-115 registers and no local memory.
-template <typename T, RopeLayout kLayout, bool kVector>
+// per SM allowed it uses 55-115 registers and no local memory. C: the cos/sin table's element
+// type on the vector path (float, or T: a 16-bit table of the activations' dtype); the general
+// path reads a table of any value dtype pair by pair (C unused, float).
+template <typename T, RopeLayout kLayout, bool kVector, typename C = float>
 __global__ void __launch_bounds__(256, 1)
     append_kv_kernel(const __grid_constant__ internal::RopeAppendKvParams p,
                      std::int64_t rows_per_split) {
@@ -67,7 +69,7 @@ __global__ void __launch_bounds__(256, 1)
     // The vector path's thread owns rotary chunk threadIdx.x: its cos/sin, once per token.
     float c[kPairs] = {}, sn[kPairs] = {};
     if (kVector && !token.bad_position && threadIdx.x < rotary_chunks) {
-      load_cos_sin<kVector>(r, b, s, threadIdx.x * kPairs, c, sn);
+      load_cos_sin<kVector, true, C>(r, b, s, threadIdx.x * kPairs, c, sn);
     }
     for (std::int64_t h = row_begin + threadIdx.y; h < row_end; h += blockDim.y) {
       if (h >= q_heads + 2 * kv_heads) {
@@ -164,15 +166,16 @@ __global__ void __launch_bounds__(256, 1)
   if (last_block_done(r.bad)) describe_bad_token(p);
 }
 
-// The vector path needs a float32 table, whole 16-byte chunks everywhere (rotary part, head
-// dims of k and v, every pointer and stride of q, k, v and the outputs, and the caches'
-// chunks of kVec elements aligned to their size), and at most 256 rotary chunks.
-template <typename T>
+// The vector path needs a table of C (float32, or T's 16-bit dtype) aligned for
+// load_cos_sin's vector loads, whole 16-byte chunks everywhere (rotary part, head dims of k
+// and v, every pointer and stride of q, k, v and the outputs, and the caches' chunks of kVec
+// elements aligned to their size), and at most 256 rotary chunks.
+template <typename T, typename C>
 bool fits_vector_path(const internal::RopeAppendKvParams& p) {
   constexpr std::int64_t vec = kVec16<T>;
   const internal::RopeParams& r = p.rope;
-  if (r.table_dtype != DType::float32) return false;
   const bool neox = r.layout == RopeLayout::neox;
+  if (!table_fits_vector_loads<C>(r, neox ? vec : vec / 2)) return false;
   const std::int64_t chunks = neox ? r.rotary_dim / 2 / vec : r.rotary_dim / vec;
   if ((neox ? (r.rotary_dim / 2) % vec : r.rotary_dim % vec) != 0 || chunks > 256) return false;
   if (r.head_dim % vec != 0 || p.v_cache.head_dim % vec != 0) return false;
@@ -193,14 +196,10 @@ bool fits_vector_path(const internal::RopeAppendKvParams& p) {
       return false;
     }
   }
-  const std::int64_t pairs = neox ? vec : vec / 2;  // floats of cos per chunk
-  const std::int64_t floats = pairs >= 4 ? 4 : pairs;
-  return is_aligned(r.cos, static_cast<std::size_t>(4 * floats)) &&
-         is_aligned(r.sin, static_cast<std::size_t>(4 * floats)) && r.cos_stride % floats == 0 &&
-         r.sin_stride % floats == 0;
+  return true;
 }
 
-template <typename T, RopeLayout kLayout, bool kVector>
+template <typename T, RopeLayout kLayout, bool kVector, typename C = float>
 void launch(const internal::RopeAppendKvParams& p, cudaStream_t stream) {
   const internal::RopeParams& r = p.rope;
   constexpr std::int64_t vec = kVector ? kVec16<T> : (kLayout == RopeLayout::neox ? 1 : 2);
@@ -209,17 +208,23 @@ void launch(const internal::RopeAppendKvParams& p, cudaStream_t stream) {
   const std::int64_t chunks =
       kVector ? (kLayout == RopeLayout::neox ? r.rotary_dim / 2 : r.rotary_dim) / vec : 32;
   const RowsLaunch shape = rows_launch(r.batch * r.seq, rows, chunks);
-  append_kv_kernel<T, kLayout, kVector>
+  append_kv_kernel<T, kLayout, kVector, C>
       <<<shape.grid, shape.block, 0, stream>>>(p, shape.rows_per_split);
   check_launch("append_kv_kernel");
 }
 
+// The vector path with a float32 table, or one of T's 16-bit dtype; else the general path.
 template <typename T>
 void launch_for(const internal::RopeAppendKvParams& p, cudaStream_t stream) {
   const bool neox = p.rope.layout == RopeLayout::neox;
-  if (fits_vector_path<T>(p)) {
-    if (neox) return launch<T, RopeLayout::neox, true>(p, stream);
-    return launch<T, RopeLayout::interleaved, true>(p, stream);
+  const auto vector = [&](auto c) {
+    using C = decltype(c);
+    if (neox) return launch<T, RopeLayout::neox, true, C>(p, stream);
+    return launch<T, RopeLayout::interleaved, true, C>(p, stream);
+  };
+  if (fits_vector_path<T, float>(p)) return vector(float{});
+  if constexpr (!std::is_same_v<T, float>) {
+    if (fits_vector_path<T, T>(p)) return vector(T{});
   }
   if (neox) return launch<T, RopeLayout::neox, false>(p, stream);
   launch<T, RopeLayout::interleaved, false>(p, stream);

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "../src/apply_rope_params.hpp"
+#include "../src/dispatch.hpp"
 #include "common.cuh"
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
@@ -24,16 +25,17 @@
 namespace embrope::gpu {
 
 // cos and sin (sin negated for inverse) of the kPairs pairs from pair0 of token (b, s).
-// kVector: the table is float32 with every chunk's row aligned (the vector paths' condition),
-// read with one vector load each when the chunk's pairs share one stream (always without
-// mrope); otherwise pair by pair, from a table of any value dtype, each pair's stream
+// kVector: the table is of C (float32, or the 16-bit activations' own dtype, as vLLM's and
+// SGLang's cos_sin_cache) with every chunk's row aligned (the vector paths' condition), read
+// with one vector load each when the chunk's pairs share one stream (always without mrope);
+// otherwise pair by pair, from a table of any value dtype, each pair's stream
 // position read where it is used (holding the three stream positions in registers across
 // the unrolled pairs, as the scalar kernels do, made ptxas spill the float16 neox chunk).
 // kMixedStreams = false: the launcher has checked that every chunk shares one stream
 // (chunks_share_stream), and the pair-by-pair fallback is left out of the kernel. It costs
 // registers even where it never runs: bfloat16 neox rope_vector_kernel took 122 registers with
 // it and 48 without, which on an H100 is 3 resident blocks of 160 threads per SM against 8.
-template <bool kVector, bool kMixedStreams = true, int kPairs>
+template <bool kVector, bool kMixedStreams = true, typename C = float, int kPairs>
 __device__ __forceinline__ void load_cos_sin(const internal::RopeParams& r, std::int64_t b,
                                              std::int64_t s, std::int64_t pair0, float (&c)[kPairs],
                                              float (&sn)[kPairs]) {
@@ -54,8 +56,8 @@ __device__ __forceinline__ void load_cos_sin(const internal::RopeParams& r, std:
       const std::int64_t row = internal::load_index(r.positions, r.position_dtype,
                                                     stream * r.position_stride_stream + token);
       if constexpr (kVector) {
-        c[j] = static_cast<const float*>(r.cos)[row * r.cos_stride + pair0 + j];
-        sn[j] = static_cast<const float*>(r.sin)[row * r.sin_stride + pair0 + j];
+        c[j] = detail::to_float(static_cast<const C*>(r.cos)[row * r.cos_stride + pair0 + j]);
+        sn[j] = detail::to_float(static_cast<const C*>(r.sin)[row * r.sin_stride + pair0 + j]);
       } else {
         c[j] = internal::load_vector_value(r.cos, r.table_dtype, row * r.cos_stride + pair0 + j);
         sn[j] = internal::load_vector_value(r.sin, r.table_dtype, row * r.sin_stride + pair0 + j);
@@ -68,8 +70,13 @@ __device__ __forceinline__ void load_cos_sin(const internal::RopeParams& r, std:
       // (Without kMixedStreams stream is never -1; reading stream 0 then keeps a broken
       // launcher check in bounds.)
       const std::int64_t row = internal::rope_position(r, b, s, stream < 0 ? 0 : stream);
-      load_floats<kPairs>(static_cast<const float*>(r.cos) + row * r.cos_stride + pair0, c);
-      load_floats<kPairs>(static_cast<const float*>(r.sin) + row * r.sin_stride + pair0, sn);
+      if constexpr (std::is_same_v<C, float>) {
+        load_floats<kPairs>(static_cast<const float*>(r.cos) + row * r.cos_stride + pair0, c);
+        load_floats<kPairs>(static_cast<const float*>(r.sin) + row * r.sin_stride + pair0, sn);
+      } else {  // kPairs values of C: one 8- or 16-byte load each
+        load_chunk<C, kPairs>(static_cast<const C*>(r.cos) + row * r.cos_stride + pair0, c);
+        load_chunk<C, kPairs>(static_cast<const C*>(r.sin) + row * r.sin_stride + pair0, sn);
+      }
     } else if constexpr (kMixedStreams) {
       by_pair();
     }
@@ -85,6 +92,20 @@ __device__ __forceinline__ void load_cos_sin(const internal::RopeParams& r, std:
 // pairs), interleaved ones kVec consecutive elements (kVec / 2 pairs).
 template <RopeLayout kLayout, int kVec>
 constexpr int kChunkPairs = kLayout == RopeLayout::neox ? kVec : kVec / 2;
+
+// Whether load_cos_sin's vector loads (kVector) fit the call's table for chunks of `pairs`
+// pairs: a table of C whose chunks, in every row, are aligned to the loads (float32: float4s,
+// or one float2 for 2 pairs; a 16-bit C: one chunk of 8 or 16 bytes).
+template <typename C>
+bool table_fits_vector_loads(const internal::RopeParams& r, std::int64_t pairs) {
+  if (r.table_dtype != internal::value_dtype<C>()) return false;
+  const std::int64_t align =
+      std::min<std::int64_t>(16, pairs * static_cast<std::int64_t>(sizeof(C)));
+  const std::int64_t step = align / static_cast<std::int64_t>(sizeof(C));  // values per load
+  return is_aligned(r.cos, static_cast<std::size_t>(align)) &&
+         is_aligned(r.sin, static_cast<std::size_t>(align)) && r.cos_stride % step == 0 &&
+         r.sin_stride % step == 0;
+}
 
 // Whether every chunk of `pairs_per_chunk` pairs takes its angles from one position stream:
 // always without mrope; with mrope when no chunk straddles a section (Qwen2-VL's 16/24/24

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "embrope/detail/numeric_types.hpp"
@@ -31,6 +32,19 @@ decltype(auto) dispatch_value_dtype(DType dtype, F&& f) {
     default:
       throw Error(ErrorCode::internal, std::string("value dtype dispatch: ") + dtype_name(dtype) +
                                            " is not a value dtype");
+  }
+}
+
+// The DType of a value storage type: dispatch_value_dtype's inverse.
+template <typename T>
+constexpr DType value_dtype() {
+  if constexpr (std::is_same_v<T, float>) {
+    return DType::float32;
+  } else if constexpr (std::is_same_v<T, detail::Half>) {
+    return DType::float16;
+  } else {
+    static_assert(std::is_same_v<T, detail::BFloat16>, "not a value storage type");
+    return DType::bfloat16;
   }
 }
 

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -46,6 +47,9 @@ struct AppendCase {
   // [T, Hq, 24] held apart (apply_rope_append_kv).
   DType q_dtype = DType::float32;  // float8: the q_out dtype
   bool q_nope = false;
+  // A caller's cos/sin table of this dtype (random values, apply_rope_append_kv) in place of
+  // the RopeCache.
+  std::optional<DType> table_dtype;
 };
 
 std::string describe(const AppendCase& c) {
@@ -132,6 +136,16 @@ void run_case(const AppendCase& c) {
 
   const embrope::RopeConfig config{c.rotary_dim, 10000.0, 256};
   embrope::RopeCache cpu_cache(config), gpu_cache(config, Device::cuda(0));
+  const DType table_dtype = c.table_dtype.value_or(DType::float32);
+  const std::int64_t table_values = 256 * (c.rotary_dim / 2);
+  Buffer cos(c.table_dtype ? table_values * embrope::dtype_size(table_dtype) : 0),
+      sin(c.table_dtype ? table_values * embrope::dtype_size(table_dtype) : 0);
+  if (c.table_dtype) {
+    fill_random(cos, table_dtype, table_values, 17 + t);
+    fill_random(sin, table_dtype, table_values, 18 + t);
+    cos.upload();
+    sin.upload();
+  }
   auto run = [&](bool gpu) {
     const Device dev = gpu ? Device::cuda(0) : Device::cpu();
     // Fresh inputs (q is rotated in place) and poisoned outputs on the side that runs.
@@ -188,6 +202,10 @@ void run_case(const AppendCase& c) {
       n.unit_offset = c.unit_offset;
       embrope::apply_qk_norm_rope_append_kv(q_t, k_t, v_t, p_t, gpu ? gpu_cache : cpu_cache, kv, s,
                                             n, o);
+    } else if (c.table_dtype) {
+      embrope::apply_rope_append_kv(q_t, k_t, v_t, p_t,
+                                    tensor(cos, table_dtype, {256, c.rotary_dim / 2}),
+                                    tensor(sin, table_dtype, {256, c.rotary_dim / 2}), kv, s, o);
     } else {
       embrope::apply_rope_append_kv(q_t, k_t, v_t, p_t, gpu ? gpu_cache : cpu_cache, kv, s, o);
     }
@@ -256,6 +274,30 @@ TEST_CASE("GPU apply_rope_append_kv: dtypes, cache dtypes, layouts, page sizes",
   wide.combined = true;
   wide.tokens = reduced ? 8 : 40;
   run_case(wide);
+}
+
+// A 16-bit table with activations of its dtype takes the vector path too (its chunks one 8- or
+// 16-byte load; mrope chunks straddling a section, head dim 80's sections of 20/10/10 pairs,
+// pair by pair); other pairings the general path.
+TEST_CASE("GPU apply_rope_append_kv with caller cos/sin tables of every value dtype", "[gpu]") {
+  for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+    for (DType table : {DType::float32, DType::float16, DType::bfloat16}) {
+      for (bool interleaved : {false, true}) {
+        for (bool mrope : {false, true}) {
+          AppendCase c;
+          c.dtype = c.cache_dtype = dtype;
+          c.table_dtype = table;
+          c.interleaved = interleaved;
+          c.mrope = mrope;
+          c.tokens = 20;
+          c.hq = 4;
+          c.hk = 2;
+          c.head_dim = c.rotary_dim = c.v_dim = mrope ? 80 : 128;
+          run_case(c);
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("GPU apply_rope_append_kv: general path, partial rotary, mrope, outputs, contiguous",
