@@ -482,7 +482,7 @@ inline constexpr std::int64_t kStreamingOutputBytes = std::int64_t{1} << 24;
 // size (I::kStreamAlign bytes of float32, half of that of 16-bit values), as a streaming store
 // requires.
 template <typename I, typename T>
-EMBROPE_SIMD_INLINE bool stream_aligned(const T* p) {
+inline bool stream_aligned(const T* p) {
   return reinterpret_cast<std::uintptr_t>(p) % (I::kStreamAlign * sizeof(T) / sizeof(float)) == 0;
 }
 
