@@ -374,21 +374,32 @@ __global__ void __launch_bounds__(kThreadsPerBlock,
   }
 }
 
-// embed with a norm: 32 lanes per row, lane l owning elements 256 t + 8 l + w of the row, so
-// that its 8 running sums are partials 8 l + w of detail/norm_math.hpp; the partials are then
-// combined by halving in shared memory, the order of the CPU. Up to three passes over the row
-// (layer_norm's sum, the squared deviations, the output), each recomputing the float32 sum of the
-// tables' rows (L1/L2 hits after the first) rather than holding D floats per row. kVector: rows in
-// whole 16-byte chunks and D a multiple of 8 (16-bit values: one load per lane per pass
-// step; float32: two). The output pass takes the weight and bias from the call's NormFactors.
-// Blocks of kNormBlockRows rows (64 threads): the barriers of the reduction need every
-// thread of the block in every step, so the block walks its rows in lockstep, with inactive
-// slots (past the last row, or bad rows) contributing zero partials. At most 64 registers
-// (16 blocks per multiprocessor); the sinusoidal paths 128.
+// embed with a norm: 32 lanes per row, lane l owning elements 256 t + 8 l + w of the row (step
+// t), so that its 8 running sums are partials 8 l + w of detail/norm_math.hpp; the partials are
+// then combined by halving in shared memory, the order of the CPU. Up to three passes over the
+// row (layer_norm's sum, the squared deviations, the output). kHeldSteps > 0: the lane's
+// float32 sums of the tables' rows for steps t < kHeldSteps (D <= 256 kHeldSteps) are computed
+// once, every load of the row issued before the first sum, and held in registers for the
+// later passes; 0: each pass recomputes them (L1/L2 hits after the first), for any D. Holding
+// them took the model's L1 sectors per DRAM sector from 6.1 (bfloat16) and 8.1 (float32) to
+// 4.1: what is left is the weight and bias (and a type row), which every row reads. kVector: rows
+// in whole 16-byte chunks and D a multiple of 8 (16-bit values: one load per lane per step;
+// float32: two). The output pass takes the weight and bias from the call's NormFactors. Blocks of
+// kNormBlockRows rows (64 threads): the barriers of the reduction need every thread of the block in
+// every step, so the block walks its rows in lockstep, with inactive slots (past the last row, or
+// bad rows) contributing zero partials. Registers: 64 (16 blocks per multiprocessor) without held
+// steps, 128 for the sinusoidal paths, up to 96, 128 and 200 for 4, 8 and 16 held steps
+// (kNormMinBlocks: no spills).
 constexpr int kNormThreadsPerBlock = kNormBlockRows * detail::kNormLanes;
+template <bool kSinusoidal, int kHeldSteps>
+constexpr int kNormMinBlocks = kHeldSteps > 8   ? 5
+                               : kHeldSteps > 4 ? 8
+                               : kHeldSteps > 0 ? 10
+                               : kSinusoidal    ? 8
+                                                : 16;
 // kQuantized: the token table is p.quant (kVector false).
-template <typename T, bool kVector, bool kSinusoidal, bool kQuantized>
-__global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
+template <typename T, bool kVector, bool kSinusoidal, bool kQuantized, int kHeldSteps = 0>
+__global__ void __launch_bounds__(kNormThreadsPerBlock, kNormMinBlocks<kSinusoidal, kHeldSteps>)
     embed_norm_kernel(const __grid_constant__ internal::EmbedParams p,
                       const SinusoidTable sinusoids, const NormFactors factors) {
   constexpr int kLanes = detail::kNormLanes;
@@ -396,6 +407,8 @@ __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
   constexpr int kRowsPerBlock = kNormBlockRows;
   constexpr int kLoad = kVector ? kVec16<T> : 1;  // elements per access
   static_assert(kWidth % kVec16<T> == 0, "a lane's elements are whole 16-byte chunks");
+  static_assert(kHeldSteps == 0 || (kVector && !kSinusoidal && !kQuantized),
+                "rows held in registers: the 16-byte path of learned or no positions");
   const int lane = threadIdx.x;
   const int slot = threadIdx.y;
   const std::int64_t dim = p.dim;
@@ -434,8 +447,36 @@ __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
         }
       }
     };
+    // held[t]: the lane's sums at step t, its first element step_start(t) (with kHeldSteps 0,
+    // one step, unused). for_each_step(step) calls step(j0, v) for each of the lane's steps,
+    // v its sums, held or recomputed.
+    float held[kHeldSteps > 0 ? kHeldSteps : 1][kWidth];
+    auto step_start = [&](int t) {
+      return lane * kWidth + t * static_cast<std::int64_t>(kLanes * kWidth);
+    };
+    auto for_each_step = [&](auto step) {
+      if constexpr (kHeldSteps > 0) {
+#pragma unroll
+        for (int t = 0; t < kHeldSteps; ++t) {
+          if (step_start(t) < dim) step(step_start(t), held[t]);
+        }
+      } else {
+        float v[kWidth];
+        for (std::int64_t j0 = lane * kWidth; j0 < dim; j0 += kLanes * kWidth) {
+          values(j0, v);
+          step(j0, v);
+        }
+      }
+    };
+    if constexpr (kHeldSteps > 0) {
+      if (good) {
+#pragma unroll
+        for (int t = 0; t < kHeldSteps; ++t) {
+          if (step_start(t) < dim) values(step_start(t), held[t]);
+        }
+      }
+    }
     float part[kWidth];
-    float v[kWidth];
 
     // Pass 1 (layer_norm): the sum, for the mean.
     detail::NormStats stats;
@@ -443,11 +484,10 @@ __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
 #pragma unroll
       for (int w = 0; w < kWidth; ++w) part[w] = 0.0f;
       if (good) {
-        for (std::int64_t j0 = lane * kWidth; j0 < dim; j0 += kLanes * kWidth) {
-          values(j0, v);
+        for_each_step([&](std::int64_t, const float* v) {
 #pragma unroll
           for (int w = 0; w < kWidth; ++w) part[w] += v[w];  // zeros past D add nothing
-        }
+        });
       }
       stats.mean = detail::norm_mean(reduce(part), dim);
     }
@@ -456,8 +496,7 @@ __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
 #pragma unroll
     for (int w = 0; w < kWidth; ++w) part[w] = 0.0f;
     if (good) {
-      for (std::int64_t j0 = lane * kWidth; j0 < dim; j0 += kLanes * kWidth) {
-        values(j0, v);
+      for_each_step([&](std::int64_t j0, const float* v) {
 #pragma unroll
         for (int w = 0; w < kWidth; ++w) {
           if (kVector || j0 + w < dim) part[w] += detail::norm_square_term(v[w], stats.mean);
@@ -468,14 +507,13 @@ __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
                                   v[w]);
           }
         }
-      }
+      });
     }
     stats.rstd = detail::norm_rstd(reduce(part), dim, p.norm_eps);
 
     // Pass 3: the normalised row, rounded once.
     if (!good) continue;
-    for (std::int64_t j0 = lane * kWidth; j0 < dim; j0 += kLanes * kWidth) {
-      values(j0, v);
+    for_each_step([&](std::int64_t j0, const float* v) {
       float weight[kWidth], bias[kWidth];
       if constexpr (kVector) {  // j0 a multiple of 8, the rows on 256 bytes: whole float4s
         load_floats<kWidth>(factors.weight + j0, weight);
@@ -504,7 +542,7 @@ __global__ void __launch_bounds__(kNormThreadsPerBlock, kSinusoidal ? 8 : 16)
       } else {
         for (int w = 0; w < kWidth && j0 + w < dim; ++w) out[j0 + w] = result[w];
       }
-    }
+    });
   }
   if (last_block_done(p.bad)) {
     const std::int64_t key = current_key(p.bad);
@@ -546,8 +584,20 @@ void launch_norm(const internal::EmbedParams& p, const SinusoidTable& sinusoids,
   // (embed_quantized_<type>.cu) instantiate no vector kernel.
   if constexpr (!kQuantized) {
     if (fits_vector_path<T>(p) && p.dim % detail::kNormLaneWidth == 0) {
+      // Learned or no positions: the row held in registers when D fits 4, 8 or 16 steps of
+      // 256 (BERT's 768 and 1024 in 4, Llama-sized 4096 in 16).
+      const std::int64_t steps = (p.dim + detail::kNormPartials - 1) / detail::kNormPartials;
       if (sinusoidal) {
         embed_norm_kernel<T, true, true, false><<<grid, block, 0, stream>>>(p, sinusoids, factors);
+      } else if (steps <= 4) {
+        embed_norm_kernel<T, true, false, false, 4>
+            <<<grid, block, 0, stream>>>(p, sinusoids, factors);
+      } else if (steps <= 8) {
+        embed_norm_kernel<T, true, false, false, 8>
+            <<<grid, block, 0, stream>>>(p, sinusoids, factors);
+      } else if (steps <= 16) {
+        embed_norm_kernel<T, true, false, false, 16>
+            <<<grid, block, 0, stream>>>(p, sinusoids, factors);
       } else {
         embed_norm_kernel<T, true, false, false><<<grid, block, 0, stream>>>(p, sinusoids, factors);
       }

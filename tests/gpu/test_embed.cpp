@@ -263,13 +263,16 @@ TEST_CASE("GPU embed: vocab shards, explicit positions, split sinusoids, strided
 TEST_CASE("GPU embed + layer_norm / rms_norm equals the CPU", "[gpu][embed][norm]") {
   // 19 rows: blocks of 2 rows with an idle slot in the last. D 64 and 384: the 16-byte path
   // (one and two lane steps); 1000: the 16-byte path with a partial last step; 100 (not a
-  // multiple of 8): the scalar path, with a partial last step. Row 5 has a bad id (zero
-  // rows, reported).
+  // multiple of 8): the scalar path, with a partial last step. With learned positions the
+  // 16-byte path holds the row in 4 (D 64-1000), 8 (1800) or 16 (4000) steps of 256, some
+  // lanes with a step fewer; 4360 (17 steps) re-reads it. Row 5 has a bad id (zero rows,
+  // reported).
   for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
     for (auto norm : {embrope::Normalization::layer_norm, embrope::Normalization::rms_norm}) {
       for (auto positions :
            {embrope::PositionEncoding::learned, embrope::PositionEncoding::sinusoidal}) {
-        for (std::int64_t dim : {64, 100, 384, 1000}) {
+        for (std::int64_t dim : {64, 100, 384, 1000, 1800, 4000, 4360}) {
+          if (dim > 1000 && positions != embrope::PositionEncoding::learned) continue;
           for (bool pre_f32 : {false, true}) {
             INFO("dtype " << embrope::dtype_name(dtype) << " norm " << static_cast<int>(norm)
                           << " positions " << static_cast<int>(positions) << " D " << dim

@@ -216,19 +216,24 @@ TEST_CASE("GPU embed_backward deterministic: bitwise reproducible, equal to the 
 
 TEST_CASE("GPU embed_backward atomic: float32 within the summation bound of the CPU",
           "[gpu][embed_backward]") {
-  for (DType dtype : {DType::float32, DType::bfloat16}) {
-    for (int pattern = 0; pattern < 2; ++pattern) {
-      BackwardCase s = gpu_case();
-      s.dtype = dtype;
-      const std::int64_t rows = 4096;
-      s.ids_shape = {rows};
-      s.mode = embrope::BackwardMode::atomic;
-      std::mt19937_64 rng(91);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        s.ids.push_back(pattern == 0 ? static_cast<std::int64_t>(rng() % s.vocab) : 11);
+  // D 64: whole steps of a lane's elements; 100: a partial last step.
+  for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+    for (std::int64_t dim : {64, 100}) {
+      for (int pattern = 0; pattern < 2; ++pattern) {
+        INFO("dtype " << embrope::dtype_name(dtype) << " D " << dim << " pattern " << pattern);
+        BackwardCase s = gpu_case();
+        s.dtype = dtype;
+        s.dim = dim;
+        const std::int64_t rows = 4096;
+        s.ids_shape = {rows};
+        s.mode = embrope::BackwardMode::atomic;
+        std::mt19937_64 rng(91);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          s.ids.push_back(pattern == 0 ? static_cast<std::int64_t>(rng() % s.vocab) : 11);
+        }
+        const BackwardResults r = run_backward_case(s);
+        compare_gradients(r, DType::float32);
       }
-      const BackwardResults r = run_backward_case(s);
-      compare_gradients(r, DType::float32);
     }
   }
 }
