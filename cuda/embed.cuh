@@ -379,7 +379,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock,
 // then combined by halving in shared memory, the order of the CPU. Up to three passes over the
 // row (layer_norm's sum, the squared deviations, the output). kHeldSteps > 0: the lane's
 // float32 sums of the tables' rows for steps t < kHeldSteps (D <= 256 kHeldSteps) are computed
-// once, every load of the row issued before the first sum, and held in registers for the
+// once, before the first pass (no store between the row's loads, so they can all be in
+// flight together: 2 KB per warp in the SASS scan), and held in registers for the
 // later passes; 0: each pass recomputes them (L1/L2 hits after the first), for any D. Holding
 // them took the model's L1 sectors per DRAM sector from 6.1 (bfloat16) and 8.1 (float32) to
 // 4.1: what is left is the weight and bias (and a type row), which every row reads. kVector: rows

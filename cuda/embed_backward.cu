@@ -449,9 +449,10 @@ __global__ void __launch_bounds__(256) norm_gradients_kernel(std::int64_t dim, s
 // One warp per grad_out row: weight * row added into each float32 gradient row. A lane takes
 // kAtomicUnroll elements of the row per step, element base + 32 u + lane for u < kAtomicUnroll
 // (16 bytes of T), all loaded before the first add, so that each warp-wide atomicAdd covers 32
-// consecutive floats: four whole sectors. With a lane's 16-byte chunk of consecutive elements
-// each one touched 16 sectors for 4 bytes of each (12.5% of the sectors' bytes in the memory
-// model; an H100 and an H200 ran the atomic gradient at 14-17% of a copy). sm_90's vector atomics
+// consecutive floats: 4 sectors (5 where the gradient row is not on 32 bytes). With a lane's
+// 16-byte chunk of consecutive elements each one touched 16 sectors for 8 bytes of each
+// (float32 grad_out) or 32 for 4 (16-bit; in the memory model; an H100 and an H200 ran the
+// atomic gradient at 14-17% of a copy). sm_90's vector atomics
 // would cover the same sectors; the coalesced scalar form needs no alignment and runs on the
 // emulated device, which has no vector atomics.
 template <typename T>

@@ -740,7 +740,8 @@ void all_cases_of() {
     embed_quantized_case<T>({QuantFormat::int4, 1024, 32, i8, past_16_mib});
     embed_quantized_case<T>({QuantFormat::int8, 1024, 1, none, past_16_mib});
   }
-  for (std::int64_t dim : {76, 384, 1000}) {
+  // 300: a whole block of 256 partials, then whole vectors and scalars (AVX2 and AVX-512).
+  for (std::int64_t dim : {76, 300, 384, 1000}) {
     embed_norm_case<T, float>(embrope::Normalization::layer_norm, false, dim);
     embed_norm_case<T, T>(embrope::Normalization::layer_norm, true, dim);
     embed_norm_case<T, T>(embrope::Normalization::rms_norm, false, dim);

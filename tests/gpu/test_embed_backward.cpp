@@ -216,9 +216,10 @@ TEST_CASE("GPU embed_backward deterministic: bitwise reproducible, equal to the 
 
 TEST_CASE("GPU embed_backward atomic: float32 within the summation bound of the CPU",
           "[gpu][embed_backward]") {
-  // D 64: whole steps of a lane's elements; 100: a partial last step.
+  // A warp's step is 32 kVec16 elements (128 of float32, 256 of 16-bit values): D 64 and 100
+  // are one partial step, 300 whole steps and a partial one.
   for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
-    for (std::int64_t dim : {64, 100}) {
+    for (std::int64_t dim : {64, 100, 300}) {
       for (int pattern = 0; pattern < 2; ++pattern) {
         INFO("dtype " << embrope::dtype_name(dtype) << " D " << dim << " pattern " << pattern);
         BackwardCase s = gpu_case();
