@@ -198,6 +198,8 @@ struct Avx2 {
 
   // No 16-bit lane permute (AVX-512's table lookups below).
   static constexpr bool has_table_lookup = false;
+  // No store of several bfloat16 vectors at once (Avx512Bf16::store_vectors).
+  static constexpr bool has_bf16_store_vectors = false;
 
   // Streaming (non-temporal) stores, for outputs too large to stay in cache: no read for
   // ownership of the line. p aligned to the store's size (32 bytes of float32, 16 of 16-bit
@@ -352,6 +354,7 @@ struct Avx512 {
   // order); 32 16-bit values from the first 16 of a table's (VPERMW); 16 float32 values from a
   // table's 16 lanes (VPERMPS); 64 bytes stored, or streamed to a 64-byte aligned p.
   static constexpr bool has_table_lookup = true;
+  static constexpr bool has_bf16_store_vectors = false;
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI nibble_word_pairs(const std::uint8_t* p) {
     const VI bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return or_i(_mm512_srli_epi32(bytes, 4), _mm512_slli_epi32(and_i(bytes, set1_i(0x0f)), 16));
@@ -451,6 +454,30 @@ struct Avx512Bf16 : Avx512 {
     }
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits(_mm512_cvtneps_pbh(v)));
   }
+  // K consecutive vectors at p: one test for subnormals across all of them (a branch per K
+  // vectors, where store takes one per vector), then two vectors per VCVTNE2PS2BF16 and a
+  // 64-byte store (K odd: the last one by itself). The same bits as K calls of store: a row
+  // holding a subnormal is stored vector by vector with Avx512's integer rounding.
+  static constexpr bool has_bf16_store_vectors = true;
+  template <int K>
+  EMBROPE_TARGET_AVX512_BF16 EMBROPE_SIMD_INLINE static void store_vectors(BFloat16* p,
+                                                                           const V (&v)[K]) {
+    __mmask16 subnormal = 0;
+#pragma GCC unroll 16
+    for (int k = 0; k < K; ++k) subnormal |= _mm512_fpclass_ps_mask(v[k], 0x20);
+    if (__builtin_expect(subnormal != 0, 0)) {
+      for (int k = 0; k < K; ++k) Avx512::store(p + k * width, v[k]);
+      return;
+    }
+#pragma GCC unroll 16
+    for (int k = 0; k + 1 < K; k += 2) {  // lower half v[k], upper half v[k + 1]
+      _mm512_storeu_si512(p + k * width, bits512(_mm512_cvtne2ps_pbh(v[k + 1], v[k])));
+    }
+    if constexpr (K % 2 == 1) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + (K - 1) * width),
+                          bits(_mm512_cvtneps_pbh(v[K - 1])));
+    }
+  }
   EMBROPE_TARGET_AVX512_BF16 EMBROPE_SIMD_INLINE static void stream(BFloat16* p, V v) {
     alignas(32) BFloat16 staged[width];
     store(staged, v);
@@ -464,6 +491,11 @@ struct Avx512Bf16 : Avx512 {
   EMBROPE_TARGET_AVX512_BF16 EMBROPE_SIMD_INLINE static __m256i bits(Bf16Vector x) {
     static_assert(sizeof(Bf16Vector) == sizeof(__m256i));
     return (__m256i)x;
+  }
+  template <typename Bf16Vector>
+  EMBROPE_TARGET_AVX512_BF16 EMBROPE_SIMD_INLINE static __m512i bits512(Bf16Vector x) {
+    static_assert(sizeof(Bf16Vector) == sizeof(__m512i));
+    return (__m512i)x;
   }
 };
 
