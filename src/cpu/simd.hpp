@@ -454,14 +454,15 @@ struct Avx512Bf16 : Avx512 {
     }
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits(_mm512_cvtneps_pbh(v)));
   }
-  // K consecutive vectors at p: one test for subnormals across all of them (a branch per K
-  // vectors, where store takes one per vector), then two vectors per VCVTNE2PS2BF16 and a
-  // 64-byte store (K odd: the last one by itself). The same bits as K calls of store: a row
-  // holding a subnormal is stored vector by vector with Avx512's integer rounding.
+  // K (even) consecutive vectors at p: one test for subnormals across all of them (a branch per
+  // K vectors, where store takes one per vector), then two vectors per VCVTNE2PS2BF16 and a
+  // 64-byte store. The same bits as K calls of store: a row holding a subnormal is stored
+  // vector by vector with Avx512's integer rounding.
   static constexpr bool has_bf16_store_vectors = true;
   template <int K>
   EMBROPE_TARGET_AVX512_BF16 EMBROPE_SIMD_INLINE static void store_vectors(BFloat16* p,
                                                                            const V (&v)[K]) {
+    static_assert(K % 2 == 0, "store_vectors takes pairs of vectors");
     __mmask16 subnormal = 0;
 #pragma GCC unroll 16
     for (int k = 0; k < K; ++k) subnormal |= _mm512_fpclass_ps_mask(v[k], 0x20);
@@ -470,12 +471,8 @@ struct Avx512Bf16 : Avx512 {
       return;
     }
 #pragma GCC unroll 16
-    for (int k = 0; k + 1 < K; k += 2) {  // lower half v[k], upper half v[k + 1]
+    for (int k = 0; k < K; k += 2) {  // lower half v[k], upper half v[k + 1]
       _mm512_storeu_si512(p + k * width, bits512(_mm512_cvtne2ps_pbh(v[k + 1], v[k])));
-    }
-    if constexpr (K % 2 == 1) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + (K - 1) * width),
-                          bits(_mm512_cvtneps_pbh(v[K - 1])));
     }
   }
   EMBROPE_TARGET_AVX512_BF16 EMBROPE_SIMD_INLINE static void stream(BFloat16* p, V v) {
