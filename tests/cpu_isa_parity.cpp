@@ -125,10 +125,16 @@ void compare(const std::string& what, const std::vector<T>& got, const std::vect
 // to twenty whole vectors. tiny: every value scaled by 2^-120 first, so that some results are
 // float32 subnormals (which bfloat16 keeps and VCVTNEPS2BF16 would flush): about 1% of a
 // bfloat16 row's, in a third to three quarters of the rows, beside rows with none.
+// nan_table: a float32 table whose entries hold, here and there, NaNs with payload bits in their
+// low 16 (0x7fc0ffff, 0xffc08001), which an arithmetic NaN of 16-bit inputs never has:
+// rounding such a NaN as a number changes its high half, so the rows holding one must take the
+// stores' NaN paths. Cosines only (GPT-J's widened sines are negated, which flips a NaN's
+// sign: a difference numerics.md allows); with role 2 every value of q is finite (one NaN per
+// operation: IEEE 754 leaves the choice between two to the hardware).
 template <typename T, typename C>
 void rope_case(embrope::RopeLayout layout, bool inverse, bool in_place, int role,
                std::int64_t dim = 76, std::int64_t rotary = 68, std::int64_t tokens = 1800,
-               bool tiny = false) {
+               bool tiny = false, bool nan_table = false) {
   const std::int64_t heads = 3, half = rotary / 2;
   const std::int64_t positions_count = 97;
   const std::size_t n = static_cast<std::size_t>(tokens * heads * dim);
@@ -144,6 +150,12 @@ void rope_case(embrope::RopeLayout layout, bool inverse, bool in_place, int role
   }
   std::vector<C> cos = make_values<C>(static_cast<std::size_t>(positions_count * half), true, 3);
   std::vector<C> sin = make_values<C>(static_cast<std::size_t>(positions_count * half), true, 4);
+  if constexpr (std::is_same_v<C, float>) {
+    for (std::size_t e = 0; nan_table && e < cos.size(); e += 1) {
+      const std::uint32_t payload = e % 23 == 0 ? 0x7fc0ffffu : e % 29 == 1 ? 0xffc08001u : 0;
+      if (payload != 0) std::memcpy(&cos[e], &payload, 4);
+    }
+  }
   std::vector<std::int64_t> positions(static_cast<std::size_t>(tokens));
   for (std::int64_t t = 0; t < tokens; ++t) positions[t] = (t * 31 + 5) % positions_count;
 
@@ -173,8 +185,9 @@ void rope_case(embrope::RopeLayout layout, bool inverse, bool in_place, int role
                       Tensor(sin.data(), dtype_of<C>(), {positions_count, half}), options);
   compare(std::string("apply_rope ") + name_of<T>() + " table " + name_of<C>() +
               (neox ? " neox" : " interleaved") + (inverse ? " inverse" : "") +
-              (in_place ? " in place" : " out of place") + (tiny ? " tiny" : "") + " role " +
-              std::to_string(role) + " D " + std::to_string(dim) + " R " + std::to_string(rotary),
+              (in_place ? " in place" : " out of place") + (tiny ? " tiny" : "") +
+              (nan_table ? " NaN table" : "") + " role " + std::to_string(role) + " D " +
+              std::to_string(dim) + " R " + std::to_string(rotary),
           in_place ? q : out, want);
 }
 
@@ -700,6 +713,11 @@ void all_cases_of() {
     // Subnormal results in rows of whole vectors (one test for a row of bfloat16 on AVX512_BF16).
     for (std::int64_t rotary : {32, 64, 128}) {
       rope_case<T, float>(layout, false, true, 0, rotary, rotary, 200, true);
+    }
+    // NaNs whose rounding as numbers would change their high half, in rows of whole vectors
+    // (one NaN test for a row of bfloat16 on AVX-512) and in others.
+    for (std::int64_t rotary : {32, 64, 68, 128}) {
+      rope_case<T, float>(layout, false, true, 2, rotary, rotary, 200, false, true);
     }
     rope_float8_case<T, embrope::detail::Float8E4M3>(layout, DType::float8_e4m3fn);
     rope_float8_case<T, embrope::detail::Float8E5M2>(layout, DType::float8_e5m2);

@@ -210,7 +210,7 @@ struct Avx2 {
 
   // No 16-bit lane permute (AVX-512's table lookups below).
   static constexpr bool has_table_lookup = false;
-  // No store of several bfloat16 vectors at once (Avx512Bf16::store_vectors).
+  // No store of several bfloat16 vectors at once (Avx512::store_vectors).
   static constexpr bool has_bf16_store_vectors = false;
 
   // Streaming (non-temporal) stores, for outputs too large to stay in cache: no read for
@@ -275,13 +275,17 @@ struct Avx512 {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm256_mask_blend_epi16(nan, rounded, _mm512_cvtepi32_epi16(quiet)));
   }
-  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static void store(BFloat16* p, V v) {
+  // float_to_bfloat16's rounding of a number: u + 0x7fff + ((u >> 16) & 1), the result's bits
+  // the high half.
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static __m512i bfloat16_rounded(V v) {
     const __m512i u = _mm512_castps_si512(v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
-    const __m512i quiet = _mm512_or_si512(u, _mm512_set1_epi32(0x400000));
+    return _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static void store(BFloat16* p, V v) {
+    const __m512i quiet = _mm512_or_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x400000));
     const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    const __m512i chosen = _mm512_mask_blend_epi32(nan, rounded, quiet);
+    const __m512i chosen = _mm512_mask_blend_epi32(nan, bfloat16_rounded(v), quiet);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm512_cvtepi32_epi16(_mm512_srli_epi32(chosen, 16)));
   }
@@ -375,7 +379,35 @@ struct Avx512 {
   // order); 32 16-bit values from the first 16 of a table's (VPERMW); 16 float32 values from a
   // table's 16 lanes (VPERMPS); 64 bytes stored, or streamed to a 64-byte aligned p.
   static constexpr bool has_table_lookup = true;
-  static constexpr bool has_bf16_store_vectors = false;
+
+  // K (even) consecutive bfloat16 vectors at p: one test for NaNs across all of them, then per
+  // pair of vectors bfloat16_rounded and the high
+  // words of both taken in order by one VPERMT2W into a 64-byte store, where store takes a NaN
+  // blend, a shift and a VPMOVDW per vector. The same bits as K calls of store: a row holding a
+  // NaN is stored vector by vector.
+  static constexpr bool has_bf16_store_vectors = true;
+  template <int K>
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static void store_vectors(BFloat16* p,
+                                                                      const V (&v)[K]) {
+    static_assert(K % 2 == 0, "store_vectors takes pairs of vectors");
+    __mmask16 nan = 0;
+#pragma GCC unroll 16
+    for (int k = 0; k < K; ++k) nan |= _mm512_cmp_ps_mask(v[k], v[k], _CMP_UNORD_Q);
+    if (__builtin_expect(nan != 0, 0)) {
+      for (int k = 0; k < K; ++k) store(p + k * width, v[k]);
+      return;
+    }
+    // Word j of the result: word 2j + 1 of (lower, upper), the high half of float j.
+    const __m512i high_words =
+        _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27,
+                         25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+#pragma GCC unroll 16
+    for (int k = 0; k < K; k += 2) {
+      _mm512_storeu_si512(p + k * width,
+                          _mm512_permutex2var_epi16(bfloat16_rounded(v[k]), high_words,
+                                                    bfloat16_rounded(v[k + 1])));
+    }
+  }
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI nibble_word_pairs(const std::uint8_t* p) {
     const VI bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return or_i(_mm512_srli_epi32(bytes, 4), _mm512_slli_epi32(and_i(bytes, set1_i(0x0f)), 16));
@@ -479,7 +511,6 @@ struct Avx512Bf16 : Avx512 {
   // K vectors, where store takes one per vector), then two vectors per VCVTNE2PS2BF16 and a
   // 64-byte store. The same bits as K calls of store: a row holding a subnormal is stored
   // vector by vector with Avx512's integer rounding.
-  static constexpr bool has_bf16_store_vectors = true;
   template <int K>
   EMBROPE_TARGET_AVX512_BF16 EMBROPE_SIMD_INLINE static void store_vectors(BFloat16* p,
                                                                            const V (&v)[K]) {
