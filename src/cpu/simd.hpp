@@ -100,14 +100,18 @@ struct Avx2 {
         _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_blendv_epi8(rounded, pack16(quiet), nan16));
   }
-  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void store(BFloat16* p, V v) {
-    // float_to_bfloat16: u + 0x7fff + ((u >> 16) & 1), or u | 0x400000 for a NaN, then >> 16.
+  // float_to_bfloat16's rounding of a number: u + 0x7fff + ((u >> 16) & 1), the result's bits
+  // the high half.
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static __m256i bfloat16_rounded(V v) {
     const __m256i u = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
-    const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    return _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void store(BFloat16* p, V v) {
+    // float_to_bfloat16: bfloat16_rounded, or u | 0x400000 for a NaN, then >> 16.
+    const __m256i quiet = _mm256_or_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x400000));
     const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    const __m256i chosen = _mm256_blendv_epi8(rounded, quiet, nan);
+    const __m256i chosen = _mm256_blendv_epi8(bfloat16_rounded(v), quiet, nan);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), pack16(_mm256_srli_epi32(chosen, 16)));
   }
 
@@ -210,8 +214,48 @@ struct Avx2 {
 
   // No 16-bit lane permute (AVX-512's table lookups below).
   static constexpr bool has_table_lookup = false;
-  // No store of several 16-bit vectors at once (Avx512::store_vectors).
-  static constexpr bool has_store_vectors = false;
+  // store_vectors(p, v): K consecutive 16-bit vectors at p, the same bits as K calls of store,
+  // with one NaN test and branch for the row (rotate_whole_vectors' rows of results in
+  // registers); a row holding a NaN is stored vector by vector.
+  static constexpr bool has_store_vectors = true;
+  // float16: VCVTPS2PH alone.
+  template <int K>
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void store_vectors(Half* p, const V (&v)[K]) {
+    if (__builtin_expect(any_nan(v), 0)) {
+      for (int k = 0; k < K; ++k) store(p + k * width, v[k]);
+      return;
+    }
+#pragma GCC unroll 16
+    for (int k = 0; k < K; ++k) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p + k * width),
+                       _mm256_cvtps_ph(v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+  }
+  // bfloat16, K even: bfloat16_rounded on each vector, the high halves of a pair packed by
+  // VPACKUSDW (per 128-bit lane) and put in order by VPERMQ into a 32-byte store.
+  template <int K>
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void store_vectors(BFloat16* p, const V (&v)[K]) {
+    static_assert(K % 2 == 0, "store_vectors takes pairs of vectors");
+    if (__builtin_expect(any_nan(v), 0)) {
+      for (int k = 0; k < K; ++k) store(p + k * width, v[k]);
+      return;
+    }
+#pragma GCC unroll 16
+    for (int k = 0; k < K; k += 2) {
+      const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(bfloat16_rounded(v[k]), 16),
+                                                 _mm256_srli_epi32(bfloat16_rounded(v[k + 1]), 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + k * width),
+                          _mm256_permute4x64_epi64(packed, 0xd8));
+    }
+  }
+  // Whether any lane of the K vectors is a NaN.
+  template <int K>
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static bool any_nan(const V (&v)[K]) {
+    __m256 nan = _mm256_cmp_ps(v[0], v[0], _CMP_UNORD_Q);
+#pragma GCC unroll 16
+    for (int k = 1; k < K; ++k) nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[k], v[k], _CMP_UNORD_Q));
+    return _mm256_movemask_ps(nan) != 0;
+  }
 
   // Streaming (non-temporal) stores, for outputs too large to stay in cache: no read for
   // ownership of the line. p aligned to the store's size (32 bytes of float32, 16 of 16-bit
@@ -380,8 +424,7 @@ struct Avx512 {
   // table's 16 lanes (VPERMPS); 64 bytes stored, or streamed to a 64-byte aligned p.
   static constexpr bool has_table_lookup = true;
 
-  // store_vectors(p, v): K consecutive 16-bit vectors at p, the same bits as K calls of store,
-  // with one test and branch for the row (rotate_whole_vectors' rows of results in registers).
+  // As Avx2's store_vectors.
   static constexpr bool has_store_vectors = true;
   // float16: one test for NaNs across the K vectors, then VCVTPS2PH alone; a row holding a NaN
   // takes store_quieting_nans vector by vector. Llama-3-8B float16 RoPE at 1,024 tokens
