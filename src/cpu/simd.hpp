@@ -216,9 +216,7 @@ struct Avx2 {
   static constexpr bool has_table_lookup = false;
   // store_vectors(p, v): K consecutive 16-bit vectors at p, the same bits as K calls of store,
   // with one NaN test and branch for the row (rotate_whole_vectors' rows of results in
-  // registers); a row holding a NaN is stored vector by vector.
-  static constexpr bool has_store_vectors = true;
-  // float16: VCVTPS2PH alone.
+  // registers); a row holding a NaN is stored vector by vector. float16: VCVTPS2PH alone.
   template <int K>
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void store_vectors(Half* p, const V (&v)[K]) {
     if (__builtin_expect(any_nan(v), 0)) {
@@ -424,12 +422,10 @@ struct Avx512 {
   // table's 16 lanes (VPERMPS); 64 bytes stored, or streamed to a 64-byte aligned p.
   static constexpr bool has_table_lookup = true;
 
-  // As Avx2's store_vectors.
-  static constexpr bool has_store_vectors = true;
-  // float16: one test for NaNs across the K vectors, then VCVTPS2PH alone; a row holding a NaN
-  // takes store_quieting_nans vector by vector. Llama-3-8B float16 RoPE at 1,024 tokens
-  // 1.09x, Pythia 1.03-1.06x (against a NaN test per vector; three of three alternations, 2
-  // cores; benchmarks/results/cpu-2026-12-06-f16-store-nan-branch/).
+  // store_vectors: as Avx2's. float16: one test for NaNs across the K vectors, then VCVTPS2PH
+  // alone; a row holding a NaN takes store_quieting_nans vector by vector. Llama-3-8B float16 RoPE
+  // at 1,024 tokens 1.09x, Pythia 1.03-1.06x (against a NaN test per vector; three of three
+  // alternations, 2 cores; benchmarks/results/cpu-2026-12-06-f16-store-nan-branch/).
   template <int K>
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static void store_vectors(Half* p, const V (&v)[K]) {
     __mmask16 nan = 0;
