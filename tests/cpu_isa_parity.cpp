@@ -715,8 +715,8 @@ void all_cases_of() {
       rope_case<T, float>(layout, false, true, 0, rotary, rotary, 200, true);
     }
     // NaNs whose rounding as numbers would change their high half, in rows of whole vectors
-    // (one NaN test for a row of 16-bit results on AVX2 and AVX-512, or for a pair of vectors
-    // in rows longer than rotate_row_unrolled's) and in others.
+    // (one NaN test for a row of 16-bit results on AVX2 and AVX-512, or for a pair of bfloat16
+    // vectors in rows longer than rotate_row_unrolled's) and in others.
     for (std::int64_t rotary : {32, 64, 68, 128, 160, 256}) {
       rope_case<T, float>(layout, false, true, 2, rotary, rotary, 200, false, true);
     }

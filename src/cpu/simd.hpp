@@ -78,8 +78,9 @@ struct Avx2 {
   // F16C rounds to nearest even like float_to_half, but keeps a NaN's payload bits where
   // float_to_half gives the quiet NaN 0x7e00 with the sign: a vector holding a NaN is stored by
   // store_quieting_nans, the others by VCVTPS2PH alone (one test and branch per vector, where
-  // the blend took six instructions on every vector): float16 RoPE of Llama-3-8B at 1,024
-  // tokens (in L3) 1.12-1.20x (2 cores, AVX-512;
+  // the blend took two packs, an extract and a VPBLENDVB on every vector): float16 RoPE of
+  // Llama-3-8B at 1,024 tokens (in L3) 1.71x with the kernels capped at AVX2, 1.12-1.20x on
+  // AVX-512, where the blend took six instructions (2 cores;
   // benchmarks/results/cpu-2026-12-06-f16-store-nan-branch/).
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void store(Half* p, V v) {
     if (__builtin_expect(_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0, 0)) {
@@ -215,8 +216,9 @@ struct Avx2 {
   // No 16-bit lane permute (AVX-512's table lookups below).
   static constexpr bool has_table_lookup = false;
   // store_vectors(p, v): K consecutive 16-bit vectors at p, the same bits as K calls of store,
-  // with one NaN test and branch for the row (rotate_whole_vectors' rows of results in
-  // registers); a row holding a NaN is stored vector by vector. float16: VCVTPS2PH alone.
+  // with one NaN test and branch for them (results held in registers: rotate_whole_vectors'
+  // rows, rotate_row's pairs); a row holding a NaN is stored vector by vector. float16:
+  // VCVTPS2PH alone.
   template <int K>
   EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void store_vectors(Half* p, const V (&v)[K]) {
     if (__builtin_expect(any_nan(v), 0)) {
