@@ -215,38 +215,26 @@ struct Avx2 {
 
   // No 16-bit lane permute (AVX-512's table lookups below).
   static constexpr bool has_table_lookup = false;
-  // store_vectors(p, v): K consecutive 16-bit vectors at p, the same bits as K calls of store,
-  // with one NaN test and branch for them (results held in registers: rotate_whole_vectors'
-  // rows, rotate_row's pairs); a row holding a NaN is stored vector by vector. float16:
-  // VCVTPS2PH alone.
-  template <int K>
-  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void store_vectors(Half* p, const V (&v)[K]) {
-    if (__builtin_expect(any_nan(v), 0)) {
-      for (int k = 0; k < K; ++k) store(p + k * width, v[k]);
-      return;
-    }
-#pragma GCC unroll 16
-    for (int k = 0; k < K; ++k) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(p + k * width),
-                       _mm256_cvtps_ph(v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    }
+  // The pieces of a row's store of K vectors at once (apply_rope.inc's store_vectors: one test
+  // for the row, then two vectors per store_pair_fast; a row failing the test is stored vector
+  // by vector). store_pair_fast(p, a, b): a at p, b after it, with store's bits wherever
+  // fast_pairs_exact holds for them. float16: VCVTPS2PH alone. bfloat16: bfloat16_rounded on
+  // each vector, the high halves packed by VPACKUSDW (per 128-bit lane) and put in order by
+  // VPERMQ into a 32-byte store. Both exact for every value but a NaN.
+  template <typename T, int K>
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static bool fast_pairs_exact(const T*, const V (&v)[K]) {
+    return !any_nan(v);
   }
-  // bfloat16, K even: bfloat16_rounded on each vector, the high halves of a pair packed by
-  // VPACKUSDW (per 128-bit lane) and put in order by VPERMQ into a 32-byte store.
-  template <int K>
-  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void store_vectors(BFloat16* p, const V (&v)[K]) {
-    static_assert(K % 2 == 0, "store_vectors takes pairs of vectors");
-    if (__builtin_expect(any_nan(v), 0)) {
-      for (int k = 0; k < K; ++k) store(p + k * width, v[k]);
-      return;
-    }
-#pragma GCC unroll 16
-    for (int k = 0; k < K; k += 2) {
-      const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(bfloat16_rounded(v[k]), 16),
-                                                 _mm256_srli_epi32(bfloat16_rounded(v[k + 1]), 16));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + k * width),
-                          _mm256_permute4x64_epi64(packed, 0xd8));
-    }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void store_pair_fast(Half* p, V a, V b) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p + width),
+                     _mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  EMBROPE_TARGET_AVX2 EMBROPE_SIMD_INLINE static void store_pair_fast(BFloat16* p, V a, V b) {
+    const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(bfloat16_rounded(a), 16),
+                                               _mm256_srli_epi32(bfloat16_rounded(b), 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_permute4x64_epi64(packed, 0xd8));
   }
   // Whether any lane of the K vectors is a NaN.
   template <int K>
@@ -424,50 +412,38 @@ struct Avx512 {
   // table's 16 lanes (VPERMPS); 64 bytes stored, or streamed to a 64-byte aligned p.
   static constexpr bool has_table_lookup = true;
 
-  // store_vectors: as Avx2's. float16: one test for NaNs across the K vectors, then VCVTPS2PH
-  // alone; a row holding a NaN takes store_quieting_nans vector by vector. Llama-3-8B float16 RoPE
-  // at 1,024 tokens 1.09x, Pythia 1.03-1.06x (against a NaN test per vector; three of three
-  // alternations, 2 cores; benchmarks/results/cpu-2026-12-06-f16-store-nan-branch/).
-  template <int K>
-  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static void store_vectors(Half* p, const V (&v)[K]) {
-    __mmask16 nan = 0;
-#pragma GCC unroll 16
-    for (int k = 0; k < K; ++k) nan |= _mm512_cmp_ps_mask(v[k], v[k], _CMP_UNORD_Q);
-    if (__builtin_expect(nan != 0, 0)) {
-      for (int k = 0; k < K; ++k) store_quieting_nans(p + k * width, v[k]);
-      return;
-    }
-#pragma GCC unroll 16
-    for (int k = 0; k < K; ++k) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + k * width),
-                          _mm512_cvtps_ph(v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    }
+  // As Avx2's (apply_rope.inc's store_vectors). float16: VCVTPS2PH alone, where store takes a
+  // NaN test per vector: Llama-3-8B float16 RoPE at 1,024 tokens 1.09x, Pythia 1.03-1.06x
+  // (three of three alternations, 2 cores;
+  // benchmarks/results/cpu-2026-12-06-f16-store-nan-branch/). bfloat16: bfloat16_rounded on
+  // each vector and the high words of both taken in order by one VPERMT2W into a 64-byte
+  // store, where store takes a NaN blend, a shift and a VPMOVDW per vector.
+  template <typename T, int K>
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static bool fast_pairs_exact(const T*,
+                                                                         const V (&v)[K]) {
+    return !any_nan(v);
   }
-  // bfloat16, K even: one test for NaNs across the K vectors, then per pair of vectors
-  // bfloat16_rounded and the high words of both taken in order by one VPERMT2W into a 64-byte
-  // store, where store takes a NaN blend, a shift and a VPMOVDW per vector; a row holding a NaN
-  // is stored vector by vector.
-  template <int K>
-  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static void store_vectors(BFloat16* p,
-                                                                      const V (&v)[K]) {
-    static_assert(K % 2 == 0, "store_vectors takes pairs of vectors");
-    __mmask16 nan = 0;
-#pragma GCC unroll 16
-    for (int k = 0; k < K; ++k) nan |= _mm512_cmp_ps_mask(v[k], v[k], _CMP_UNORD_Q);
-    if (__builtin_expect(nan != 0, 0)) {
-      for (int k = 0; k < K; ++k) store(p + k * width, v[k]);
-      return;
-    }
-    // Word j of the result: word 2j + 1 of (lower, upper), the high half of float j.
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static void store_pair_fast(Half* p, V a, V b) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + width),
+                        _mm512_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static void store_pair_fast(BFloat16* p, V a, V b) {
+    // Word j of the result: word 2j + 1 of (a, b), the high half of float j.
     const __m512i high_words =
         _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27,
                          25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    _mm512_storeu_si512(
+        p, _mm512_permutex2var_epi16(bfloat16_rounded(a), high_words, bfloat16_rounded(b)));
+  }
+  // Whether any lane of the K vectors is a NaN.
+  template <int K>
+  EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static bool any_nan(const V (&v)[K]) {
+    __mmask16 nan = 0;
 #pragma GCC unroll 16
-    for (int k = 0; k < K; k += 2) {
-      _mm512_storeu_si512(p + k * width,
-                          _mm512_permutex2var_epi16(bfloat16_rounded(v[k]), high_words,
-                                                    bfloat16_rounded(v[k + 1])));
-    }
+    for (int k = 0; k < K; ++k) nan |= _mm512_cmp_ps_mask(v[k], v[k], _CMP_UNORD_Q);
+    return nan != 0;
   }
   EMBROPE_TARGET_AVX512 EMBROPE_SIMD_INLINE static VI nibble_word_pairs(const std::uint8_t* p) {
     const VI bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -558,8 +534,9 @@ struct Avx512 {
 // nearest even and quiets a NaN as (u | 0x400000) >> 16, as float_to_bfloat16 does, but it
 // takes a float32 subnormal as zero; a vector holding one takes Avx512's integer rounding.
 struct Avx512Bf16 : Avx512 {
+  using Avx512::fast_pairs_exact;
   using Avx512::store;
-  using Avx512::store_vectors;
+  using Avx512::store_pair_fast;
   using Avx512::stream;
 
   EMBROPE_TARGET_AVX512_BF16 EMBROPE_SIMD_INLINE static void store(BFloat16* p, V v) {
@@ -569,25 +546,20 @@ struct Avx512Bf16 : Avx512 {
     }
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits(_mm512_cvtneps_pbh(v)));
   }
-  // K (even) consecutive vectors at p: one test for subnormals across all of them (a branch per
-  // K vectors, where store takes one per vector), then two vectors per VCVTNE2PS2BF16 and a
-  // 64-byte store. The same bits as K calls of store: a row holding a subnormal is stored
-  // vector by vector with Avx512's integer rounding.
+  // As Avx2's (apply_rope.inc's store_vectors): one test for subnormals across the row (a
+  // branch per row, where store takes one per vector), then two vectors per VCVTNE2PS2BF16 and
+  // a 64-byte store.
   template <int K>
-  EMBROPE_TARGET_AVX512_BF16 EMBROPE_SIMD_INLINE static void store_vectors(BFloat16* p,
-                                                                           const V (&v)[K]) {
-    static_assert(K % 2 == 0, "store_vectors takes pairs of vectors");
+  EMBROPE_TARGET_AVX512_BF16 EMBROPE_SIMD_INLINE static bool fast_pairs_exact(const BFloat16*,
+                                                                              const V (&v)[K]) {
     __mmask16 subnormal = 0;
 #pragma GCC unroll 16
     for (int k = 0; k < K; ++k) subnormal |= _mm512_fpclass_ps_mask(v[k], 0x20);
-    if (__builtin_expect(subnormal != 0, 0)) {
-      for (int k = 0; k < K; ++k) Avx512::store(p + k * width, v[k]);
-      return;
-    }
-#pragma GCC unroll 16
-    for (int k = 0; k < K; k += 2) {  // lower half v[k], upper half v[k + 1]
-      _mm512_storeu_si512(p + k * width, bits512(_mm512_cvtne2ps_pbh(v[k + 1], v[k])));
-    }
+    return subnormal == 0;
+  }
+  EMBROPE_TARGET_AVX512_BF16 EMBROPE_SIMD_INLINE static void store_pair_fast(BFloat16* p, V a,
+                                                                             V b) {
+    _mm512_storeu_si512(p, bits512(_mm512_cvtne2ps_pbh(b, a)));  // lower half a, upper half b
   }
   EMBROPE_TARGET_AVX512_BF16 EMBROPE_SIMD_INLINE static void stream(BFloat16* p, V v) {
     alignas(32) BFloat16 staged[width];
