@@ -710,8 +710,9 @@ void all_cases_of() {
       rope_case<T, float>(layout, false, true, 0, rotary + 16, rotary, 400);
       rope_case<T, BFloat16>(layout, true, false, 1, rotary, rotary, 400);
     }
-    // Subnormal results in rows of whole vectors (one test for a row of bfloat16 on AVX512_BF16).
-    for (std::int64_t rotary : {32, 64, 128}) {
+    // Subnormal results in rows of whole vectors (one test for a row of bfloat16 on AVX512_BF16;
+    // at 256, AVX-512's longer rows: one for each half's pair of vectors).
+    for (std::int64_t rotary : {32, 64, 128, 256}) {
       rope_case<T, float>(layout, false, true, 0, rotary, rotary, 200, true);
     }
     // NaNs whose rounding as numbers would change their high half, in rows of whole vectors
