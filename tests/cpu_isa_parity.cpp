@@ -705,20 +705,23 @@ void all_cases_of() {
       rope_case<T, BFloat16>(layout, true, true, role);
     }
     // Rows of whole vectors, the unrolled bodies' (apply_rope.inc's rotate_row_unrolled) and
-    // the loop's past them, partial (GPT-J: 64 of 256) and full, in place and out of place.
-    for (std::int64_t rotary : {16, 24, 32, 48, 64, 80, 96, 128, 160}) {
+    // the loop's past them, partial (GPT-J: 64 of 256) and full, in place and out of place; neox
+    // halves of one to four whole vectors and a part (rotate_neox_row_overlapping: 24, 40, 56,
+    // 72 on AVX2; 48, 80, 112, 144 on AVX-512).
+    for (std::int64_t rotary : {16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144, 160}) {
       rope_case<T, float>(layout, false, true, 0, rotary + 16, rotary, 400);
       rope_case<T, BFloat16>(layout, true, false, 1, rotary, rotary, 400);
     }
     // Subnormal results in rows of whole vectors (one test for a row of bfloat16 on AVX512_BF16;
-    // at 256, AVX-512's longer rows: one for each half's pair of vectors).
-    for (std::int64_t rotary : {32, 64, 128, 256}) {
+    // at 256, AVX-512's longer rows: one for each half's pair of vectors; at 72, 80 and 144 the
+    // overlapping rows' even number of whole vectors per half).
+    for (std::int64_t rotary : {32, 64, 72, 80, 128, 144, 256}) {
       rope_case<T, float>(layout, false, true, 0, rotary, rotary, 200, true);
     }
     // NaNs whose rounding as numbers would change their high half, in rows of whole vectors
     // (one NaN test for a row of 16-bit results on AVX2 and AVX-512, or for a pair of bfloat16
     // vectors in rows longer than rotate_row_unrolled's) and in others.
-    for (std::int64_t rotary : {32, 64, 68, 128, 160, 256}) {
+    for (std::int64_t rotary : {32, 64, 68, 80, 112, 128, 160, 256}) {
       rope_case<T, float>(layout, false, true, 2, rotary, rotary, 200, false, true);
     }
     rope_float8_case<T, embrope::detail::Float8E4M3>(layout, DType::float8_e4m3fn);
