@@ -154,6 +154,18 @@ struct Term {
   bool is_element;  // a dimension of the view (not the bytes within one element)
 };
 
+// The equation's terms: two views' dimensions and the bytes within an element, held in place
+// (no allocation: an op checks two dozen pairs of views per call, and at decode a few of them are
+// views side by side in one buffer, which need the search).
+struct Terms {
+  static constexpr int kCapacity = 2 * kMaxDims + 1;
+  Term term[kCapacity];
+  int count = 0;
+  void push(const Term& t) { term[count++] = t; }
+  Term* begin() { return term; }
+  Term* end() { return term + count; }
+};
+
 Wide floor_div(Wide a, Wide b) {  // b > 0
   Wide q = a / b;
   if (a % b != 0 && a < 0) --q;
@@ -165,26 +177,26 @@ Wide floor_div(Wide a, Wide b) {  // b > 0
 // few candidates per term; a pathological one that exhausts the budget counts as sharing.
 class LatticeSearch {
  public:
-  LatticeSearch(std::vector<Term> terms, bool need_element) : need_element_(need_element) {
-    std::sort(terms.begin(), terms.end(),
+  LatticeSearch(const Terms& terms, bool need_element)
+      : terms_(terms), need_element_(need_element) {
+    std::sort(terms_.begin(), terms_.end(),
               [](const Term& x, const Term& y) { return x.stride > y.stride; });
-    terms_ = std::move(terms);
-    rest_lo_.assign(terms_.size() + 1, 0);
-    rest_hi_.assign(terms_.size() + 1, 0);
-    for (std::size_t j = terms_.size(); j-- > 0;) {
-      rest_lo_[j] = rest_lo_[j + 1] + terms_[j].lo * terms_[j].stride;
-      rest_hi_[j] = rest_hi_[j + 1] + terms_[j].hi * terms_[j].stride;
+    const int n = terms_.count;
+    rest_lo_[n] = rest_hi_[n] = 0;
+    for (int j = n; j-- > 0;) {
+      rest_lo_[j] = rest_lo_[j + 1] + terms_.term[j].lo * terms_.term[j].stride;
+      rest_hi_[j] = rest_hi_[j + 1] + terms_.term[j].hi * terms_.term[j].stride;
     }
   }
   // True when a solution exists (or the budget ran out).
   bool solvable(Wide delta) { return search(0, delta, false); }
 
  private:
-  bool search(std::size_t j, Wide delta, bool element_moved) {
+  bool search(int j, Wide delta, bool element_moved) {
     if (++visited_ > kBudget) return true;
     if (delta < rest_lo_[j] || delta > rest_hi_[j]) return false;
-    if (j == terms_.size()) return delta == 0 && (element_moved || !need_element_);
-    const Term& t = terms_[j];
+    if (j == terms_.count) return delta == 0 && (element_moved || !need_element_);
+    const Term& t = terms_.term[j];
     const Wide first = std::max(t.lo, -floor_div(-(delta - rest_hi_[j + 1]), t.stride));
     const Wide last = std::min(t.hi, floor_div(delta - rest_lo_[j + 1], t.stride));
     for (Wide k = first; k <= last; ++k) {
@@ -196,8 +208,8 @@ class LatticeSearch {
   }
 
   static constexpr long kBudget = 1 << 16;
-  std::vector<Term> terms_;
-  std::vector<Wide> rest_lo_, rest_hi_;
+  Terms terms_;
+  Wide rest_lo_[Terms::kCapacity + 1], rest_hi_[Terms::kCapacity + 1];
   bool need_element_;
   long visited_ = 0;
 };
@@ -215,7 +227,7 @@ Wide address(const Tensor& t) {
 
 // Adds the dimensions of t, each coefficient range scaled by `sign` (+1 or -1), merging
 // dimensions of equal byte stride (k1 s + k2 s ranges over (k1 + k2) s).
-void add_dims(std::vector<Term>& terms, const Tensor& t, int sign) {
+void add_dims(Terms& terms, const Tensor& t, int sign) {
   const Wide size = dtype_size(t.dtype());
   for (int d = 0; d < t.ndim(); ++d) {
     if (t.shape(d) <= 1 || t.stride(d) == 0) continue;
@@ -229,20 +241,23 @@ void add_dims(std::vector<Term>& terms, const Tensor& t, int sign) {
       same->lo += lo;
       same->hi += hi;
     } else {
-      terms.push_back({stride, lo, hi, true});
+      terms.push({stride, lo, hi, true});
     }
   }
 }
 
-// One past the last byte of a non-empty view whose strides are non-negative (validated), or
-// -1 when a stride is negative (no bound from this test).
-Wide end_address(const Tensor& t) {
-  Wide end = address(t) + dtype_size(t.dtype());
+// The address of the last byte of a non-empty view that passed check_view: its strides are
+// non-negative, its reach at most 2^60 elements and its last byte within the address space,
+// so the sum cannot wrap. In machine words: overlap() asks it of every pair of views an op
+// checks (two dozen for a cache append), most of them separate buffers.
+std::uintptr_t last_byte(const Tensor& t) {
+  const auto size = static_cast<std::uintptr_t>(dtype_size(t.dtype()));
+  std::uintptr_t reach = size - 1;
   for (int d = 0; d < t.ndim(); ++d) {
-    if (t.stride(d) < 0) return -1;
-    end += static_cast<Wide>(t.shape(d) - 1) * t.stride(d) * dtype_size(t.dtype());
+    reach += static_cast<std::uintptr_t>(t.shape(d) - 1) *
+             static_cast<std::uintptr_t>(t.stride(d)) * size;
   }
-  return end;
+  return reinterpret_cast<std::uintptr_t>(t.data()) + reach;
 }
 
 // True when t's dimensions, ordered by stride, each step over the whole extent of the ones
@@ -279,20 +294,20 @@ bool same_view(const Tensor& a, const Tensor& b) {
 
 Overlap overlap(const Tensor& a, const Tensor& b) {
   if (is_empty(a) || is_empty(b)) return Overlap::none;
-  if (same_view(a, b)) return Overlap::same_view;
   // Disjoint byte ranges cannot share a byte (the usual case: separate buffers).
-  const Wide end_a = end_address(a), end_b = end_address(b);
-  if (end_a >= 0 && end_b >= 0 && (end_a <= address(b) || end_b <= address(a))) {
+  if (last_byte(a) < reinterpret_cast<std::uintptr_t>(b.data()) ||
+      last_byte(b) < reinterpret_cast<std::uintptr_t>(a.data())) {
     return Overlap::none;
   }
+  if (same_view(a, b)) return Overlap::same_view;
   // A byte of a at address(a) + sum i_d sa_d + x equals one of b at address(b) +
   // sum j_d sb_d + y (x, y within an element) exactly when
   // sum i_d sa_d - sum j_d sb_d + (x - y) == address(b) - address(a).
-  std::vector<Term> terms;
+  Terms terms;
   add_dims(terms, a, +1);
   add_dims(terms, b, -1);
-  terms.push_back({1, -(dtype_size(b.dtype()) - 1), dtype_size(a.dtype()) - 1, false});
-  LatticeSearch search(std::move(terms), false);
+  terms.push({1, -(dtype_size(b.dtype()) - 1), dtype_size(a.dtype()) - 1, false});
+  LatticeSearch search(terms, false);
   return search.solvable(address(b) - address(a)) ? Overlap::partial : Overlap::none;
 }
 
@@ -312,7 +327,7 @@ void check_no_overlap(const char* op, const char* out_name, const Tensor& out, c
 
 void check_no_self_overlap(const char* op, const char* name, const Tensor& t) {
   if (is_empty(t) || plainly_distinct(t)) return;
-  std::vector<Term> terms;
+  Terms terms;
   for (int d = 0; d < t.ndim(); ++d) {
     if (t.shape(d) <= 1) continue;
     const Wide stride = static_cast<Wide>(t.stride(d)) * dtype_size(t.dtype());
@@ -324,13 +339,13 @@ void check_no_self_overlap(const char* op, const char* name, const Tensor& t) {
            "element",
            name, t.stride(d), d);
     }
-    terms.push_back({stride, -(t.shape(d) - 1), t.shape(d) - 1, true});
+    terms.push({stride, -(t.shape(d) - 1), t.shape(d) - 1, true});
   }
   const Wide size = dtype_size(t.dtype());
-  terms.push_back({1, -(size - 1), size - 1, false});
+  terms.push({1, -(size - 1), size - 1, false});
   // Two distinct elements share a byte: a nonzero index difference lands within one
   // element's bytes.
-  LatticeSearch search(std::move(terms), true);
+  LatticeSearch search(terms, true);
   if (search.solvable(0)) {
     fail(op,
          "{} of shape {} overlaps itself (its strides map two elements to one address); an "

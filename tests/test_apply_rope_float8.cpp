@@ -398,6 +398,25 @@ TEST_CASE("apply_rope float8 non-rotary tensors: a bad position, and the argumen
   RopeOptions overlap = o;
   overlap.q_nope_out = ref::view(q_out, 0, {t, h, nope});  // inside q_out
   expect(overlap, {"q_nope_out", "overlaps"});
+  // Two outputs end to end in one buffer, in either order: sharing the one byte where they meet
+  // is an overlap (validate.cpp's byte-range test, at its boundary); starting just past it is not.
+  ref::Buffer joined(DType::float8_e4m3fn, t * h * (r + nope));
+  for (bool q_out_first : {true, false}) {
+    for (std::int64_t shift : {-1, 0}) {  // the second view's start against the first's end
+      const std::int64_t first_dim = q_out_first ? r : nope, second_dim = q_out_first ? nope : r;
+      const Tensor first = ref::view(joined, 0, {t, h, first_dim});
+      const Tensor second = ref::view(joined, t * h * first_dim + shift, {t, h, second_dim});
+      RopeOptions placed = o;
+      placed.q_out = q_out_first ? first : second;
+      placed.q_nope_out = q_out_first ? second : first;
+      INFO("q_out first: " << q_out_first << ", shift " << shift);
+      if (shift < 0) {
+        expect(placed, {"q_nope_out", "overlaps", "q_out"});
+      } else {
+        CHECK_NOTHROW(embrope::apply_rope(qt, std::nullopt, pt, cache, placed));
+      }
+    }
+  }
   RopeOptions no_k = o;
   no_k.k_nope = ref::view(qn, 0, {t, h, nope});
   no_k.k_nope_out = ref::view(qn_out, 0, {t, h, nope});

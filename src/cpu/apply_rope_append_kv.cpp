@@ -6,6 +6,7 @@
 // the cache dtype), and its v rows copied or converted. Conversions: detail/numeric_types.hpp.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "../backend.hpp"
@@ -160,25 +161,30 @@ void append_kv(const internal::RopeAppendKvParams& p) {
   normalized.norm = p.norm;
   const std::size_t widened_floats =
       static_cast<std::size_t>(p.qk_norm ? qk_norm_token_floats(normalized) : 3 * r.rotary_dim);
-  const std::size_t scratch_elements = static_cast<std::size_t>(kv_heads * r.head_dim);
+  // Rotated k goes through the scratch rows only on its way to a cache of another dtype, and
+  // they are left uninitialised (each row is written whole before it is read): a std::vector of
+  // 16-bit values was filled element by element, 0.3 us of a 1.6 us decode call for
+  // Llama-3-8B's 8 kv heads, in every call.
+  const std::size_t scratch_elements =
+      direct || k_written ? 0 : static_cast<std::size_t>(kv_heads * r.head_dim);
   std::int64_t first_bad = internal::kNoBadIndex;
   const std::int64_t elements =
       tokens * ((r.q.heads + kv_heads) * r.head_dim + kv_heads * p.v_cache.head_dim +
                 r.q_nope.heads * r.q_nope_dim);
   if (tokens <= 1 || elements < (1 << 15)) {
     std::vector<float> widened(widened_floats);
-    std::vector<T> scratch(scratch_elements);
+    const std::unique_ptr<T[]> scratch(new T[scratch_elements]);
     for (std::int64_t t = 0; t < tokens; ++t) {
-      first_bad = std::min(first_bad, token(t, widened.data(), scratch.data()));
+      first_bad = std::min(first_bad, token(t, widened.data(), scratch.get()));
     }
   } else {
 #pragma omp parallel reduction(min : first_bad)
     {
       std::vector<float> widened(widened_floats);
-      std::vector<T> scratch(scratch_elements);
+      const std::unique_ptr<T[]> scratch(new T[scratch_elements]);
 #pragma omp for EMBROPE_TOKEN_SCHEDULE
       for (std::int64_t t = 0; t < tokens; ++t) {
-        first_bad = std::min(first_bad, token(t, widened.data(), scratch.data()));
+        first_bad = std::min(first_bad, token(t, widened.data(), scratch.get()));
       }
     }
   }
