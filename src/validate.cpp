@@ -177,8 +177,8 @@ Wide floor_div(Wide a, Wide b) {  // b > 0
 // few candidates per term; a pathological one that exhausts the budget counts as sharing.
 class LatticeSearch {
  public:
-  LatticeSearch(const Terms& terms, bool need_element)
-      : terms_(terms), need_element_(need_element) {
+  LatticeSearch(const Terms& terms, bool need_element) : need_element_(need_element) {
+    for (int j = 0; j < terms.count; ++j) terms_.push(terms.term[j]);
     std::sort(terms_.begin(), terms_.end(),
               [](const Term& x, const Term& y) { return x.stride > y.stride; });
     const int n = terms_.count;

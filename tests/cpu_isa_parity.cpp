@@ -713,8 +713,8 @@ void all_cases_of() {
       rope_case<T, BFloat16>(layout, true, false, 1, rotary, rotary, 400);
     }
     // Subnormal results in rows of whole vectors (one test for a row of bfloat16 on AVX512_BF16;
-    // at 256, AVX-512's longer rows: one for each half's pair of vectors; at 72, 80 and 144 the
-    // overlapping rows' even number of whole vectors per half).
+    // at 256, AVX-512's longer rows: one for each half's pair of vectors; at 72, 80 and 144 on
+    // AVX-512 (72 on AVX2) the overlapping rows' even number of whole vectors per half).
     for (std::int64_t rotary : {32, 64, 72, 80, 128, 144, 256}) {
       rope_case<T, float>(layout, false, true, 0, rotary, rotary, 200, true);
     }
