@@ -707,8 +707,10 @@ void all_cases_of() {
     // Rows of whole vectors, the unrolled bodies' (apply_rope.inc's rotate_row_unrolled) and
     // the loop's past them, partial (GPT-J: 64 of 256) and full, in place and out of place; neox
     // halves of one to four whole vectors and a part (rotate_neox_row_overlapping: 24, 40, 56,
-    // 72 on AVX2; 48, 80, 112, 144 on AVX-512).
-    for (std::int64_t rotary : {16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 144, 160}) {
+    // 72 on AVX2; 48, 80, 112, 144 on AVX-512) and of more (rotate_row's loop with the same
+    // overlapping last vector: 88 on AVX2, 176 on AVX-512).
+    for (std::int64_t rotary :
+         {16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 112, 128, 144, 160, 176}) {
       rope_case<T, float>(layout, false, true, 0, rotary + 16, rotary, 400);
       rope_case<T, BFloat16>(layout, true, false, 1, rotary, rotary, 400);
     }
