@@ -29,6 +29,8 @@ constexpr int kQkRowGroup = 16;
 // The rotation of apply_rope's vector body, then the norm's.
 #define EMBROPE_VECTOR_BODY "float8.inc"
 #include "vector_bodies.hpp"
+#define EMBROPE_VECTOR_BODY "store_vectors.inc"
+#include "vector_bodies.hpp"
 #define EMBROPE_VECTOR_BODY "apply_rope.inc"
 #include "vector_bodies.hpp"
 #define EMBROPE_VECTOR_BODY "apply_qk_norm_rope.inc"

@@ -22,6 +22,8 @@ using detail::to_float;
 
 #define EMBROPE_VECTOR_BODY "float8.inc"
 #include "vector_bodies.hpp"
+#define EMBROPE_VECTOR_BODY "store_vectors.inc"
+#include "vector_bodies.hpp"
 #define EMBROPE_VECTOR_BODY "apply_rope.inc"
 #include "vector_bodies.hpp"
 #include "float8.hpp"

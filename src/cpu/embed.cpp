@@ -90,6 +90,8 @@ struct VectorBody {  // embed.inc of one instruction set (its vector_body<T>())
 
 }  // namespace
 
+#define EMBROPE_VECTOR_BODY "store_vectors.inc"
+#include "vector_bodies.hpp"
 #define EMBROPE_VECTOR_BODY "embed.inc"
 #include "vector_bodies.hpp"
 
