@@ -256,12 +256,13 @@ void rope_float8_case(embrope::RopeLayout layout, DType out_dtype) {
 enum class Positions { none, learned, sinusoidal, sinusoidal_split };
 
 template <typename T>
-void embed_case(float scale, Positions positions_kind, bool types, std::int64_t rows = 2000) {
+void embed_case(float scale, Positions positions_kind, bool types, std::int64_t rows = 2000,
+                std::int64_t dim = 76) {
   const bool learned = positions_kind == Positions::learned;
   const bool sinusoidal =
       positions_kind == Positions::sinusoidal || positions_kind == Positions::sinusoidal_split;
   const bool split = positions_kind == Positions::sinusoidal_split;
-  const std::int64_t vocab = 1000, dim = 76, max_positions = 50;
+  const std::int64_t vocab = 1000, max_positions = 50;
   std::vector<T> table = make_values<T>(static_cast<std::size_t>(vocab * dim), false, 5);
   std::vector<T> position_table =
       make_values<T>(static_cast<std::size_t>(max_positions * dim), true, 6);
@@ -316,9 +317,10 @@ void embed_case(float scale, Positions positions_kind, bool types, std::int64_t 
   embrope::embed(Tensor(table.data(), dtype_of<T>(), {vocab, dim}),
                  Tensor(ids.data(), DType::int64, {rows}),
                  Tensor(out.data(), dtype_of<T>(), {rows, dim}), options);
-  compare(std::string("embed ") + name_of<T>() + " rows " + std::to_string(rows) + " scale " +
-              std::to_string(scale) + (learned ? " learned" : "") +
-              (sinusoidal ? " sinusoidal" : "") + (split ? " split" : "") + (types ? " types" : ""),
+  compare(std::string("embed ") + name_of<T>() + " D " + std::to_string(dim) + " rows " +
+              std::to_string(rows) + " scale " + std::to_string(scale) +
+              (learned ? " learned" : "") + (sinusoidal ? " sinusoidal" : "") +
+              (split ? " split" : "") + (types ? " types" : ""),
           out, want);
 }
 
@@ -738,6 +740,12 @@ void all_cases_of() {
   embed_case<T>(1.0f, Positions::none, true);
   embed_case<T>(1.0f, Positions::sinusoidal, false);
   embed_case<T>(0.5f, Positions::sinusoidal_split, true);
+  // 16-bit rows go two vectors at a time (store_row), then one, then scalars: D 76 is pairs and
+  // a tail of 12 on AVX-512 (pairs, a vector and 4 on AVX2); D 92 pairs, a vector and 12 on
+  // AVX-512 (pairs, a vector and 4 on AVX2).
+  for (float scale : {0x1.3p-110f, 0.75f}) embed_case<T>(scale, Positions::none, false, 2000, 92);
+  embed_case<T>(3.0f, Positions::learned, true, 2000, 92);
+  embed_case<T>(1.0f, Positions::sinusoidal, false, 2000, 92);
   // Outputs past 16 MiB: streaming stores, on the rows aligned for them.
   embed_case<T>(1.0f, Positions::none, false, 120000);
   embed_case<T>(0.75f, Positions::learned, true, 120000);
@@ -774,7 +782,7 @@ void all_cases_of() {
     embed_quantized_case<T>({QuantFormat::int8, 1024, 1, none, past_16_mib});
   }
   // 300: a whole block of 256 partials, then whole vectors and scalars (AVX2 and AVX-512).
-  for (std::int64_t dim : {76, 300, 384, 1000}) {
+  for (std::int64_t dim : {76, 92, 300, 384, 1000}) {
     embed_norm_case<T, float>(embrope::Normalization::layer_norm, false, dim);
     embed_norm_case<T, T>(embrope::Normalization::layer_norm, true, dim);
     embed_norm_case<T, T>(embrope::Normalization::rms_norm, false, dim);

@@ -215,9 +215,9 @@ struct Avx2 {
 
   // No 16-bit lane permute (AVX-512's table lookups below).
   static constexpr bool has_table_lookup = false;
-  // The pieces of a row's store of K vectors at once (apply_rope.inc's store_vectors: one test
-  // for the row, then two vectors per store_pair_fast; a row failing the test is stored vector
-  // by vector). store_pair_fast(p, a, b): a at p, b after it, with store's bits wherever
+  // The pieces of a store of K vectors at once (store_vectors.inc's store_vectors: one test for
+  // the K vectors, then two vectors per store_pair_fast; if the test fails, all K are stored
+  // vector by vector). store_pair_fast(p, a, b): a at p, b after it, with store's bits wherever
   // fast_pairs_exact holds for them. float16: VCVTPS2PH alone. bfloat16: bfloat16_rounded on
   // each vector, the high halves packed by VPACKUSDW (per 128-bit lane) and put in order by
   // VPERMQ into a 32-byte store. Both exact for every value but a NaN.
@@ -412,7 +412,7 @@ struct Avx512 {
   // table's 16 lanes (VPERMPS); 64 bytes stored, or streamed to a 64-byte aligned p.
   static constexpr bool has_table_lookup = true;
 
-  // As Avx2's (apply_rope.inc's store_vectors). float16: VCVTPS2PH alone, where store takes a
+  // As Avx2's (store_vectors.inc's store_vectors). float16: VCVTPS2PH alone, where store takes a
   // NaN test per vector: Llama-3-8B float16 RoPE at 1,024 tokens 1.09x, Pythia 1.03-1.06x
   // (three of three alternations, 2 cores;
   // benchmarks/results/cpu-2026-12-06-f16-store-nan-branch/). bfloat16: bfloat16_rounded on
@@ -546,9 +546,9 @@ struct Avx512Bf16 : Avx512 {
     }
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits(_mm512_cvtneps_pbh(v)));
   }
-  // As Avx2's (apply_rope.inc's store_vectors): one test for subnormals across the row (a
-  // branch per row, where store takes one per vector), then two vectors per VCVTNE2PS2BF16 and
-  // a 64-byte store.
+  // As Avx2's (store_vectors.inc's store_vectors): one test for subnormals across the K
+  // vectors (one branch for them, where store takes one per vector), then two vectors per
+  // VCVTNE2PS2BF16 and a 64-byte store.
   template <int K>
   EMBROPE_TARGET_AVX512_BF16 EMBROPE_SIMD_INLINE static bool fast_pairs_exact(const BFloat16*,
                                                                               const V (&v)[K]) {

@@ -1,8 +1,12 @@
-// usage: embed_calls dtype(bf16|f16|f32) tokens vocab cached(0|1) norm(0|1) calls
+// usage: embed_calls dtype(bf16|f16|f32) tokens vocab cached(0|1) norm(0|1) calls [sinusoidal]
+// Learned positions, or sinusoidal ones with a last argument "sinusoidal". The last column
+// printed is the median over tokens, times two: per row and core on two threads.
 // Built against the installed library: c++ -O2 -mf16c -std=c++17 embed_calls.cpp -lembrope
 #include <embrope/embrope.hpp>
 #include <immintrin.h>
 #include <chrono>
+#include <cstdlib>
+#include <string>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -55,6 +59,10 @@ int main(int argc, char** argv) {
   o.positions = PositionEncoding::learned;
   o.position_table = Tensor(ptable.data(), dtype, {P, D}, Device{});
   o.position_ids = Tensor(pos.data(), DType::int64, {T}, Device{});
+  if (argc > 7 && std::string(argv[7]) == "sinusoidal") {
+    o.positions = PositionEncoding::sinusoidal;
+    o.position_table.reset();
+  }
   if (norm) {
     o.norm = Normalization::layer_norm;
     o.norm_eps = 1e-12f;
