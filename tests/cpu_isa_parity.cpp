@@ -588,12 +588,25 @@ enum class Output { in_place, aligned, one_element_past };
 template <typename T, typename W, typename O = T>
 void qk_norm_rope_case(embrope::RopeLayout layout, std::int64_t dim, std::int64_t rotary,
                        bool unit_offset, std::int64_t tokens = 37, Output output = Output::in_place,
-                       std::int64_t hq = 3, std::int64_t hk = 2) {
+                       std::int64_t hq = 3, std::int64_t hk = 2, bool special_weights = false) {
   const std::int64_t max_positions = 64;
   std::vector<T> q = make_values<T>(static_cast<std::size_t>(tokens * hq * dim), true, 31);
   std::vector<T> k = make_values<T>(static_cast<std::size_t>(tokens * hk * dim), true, 32);
   std::vector<W> wq = make_values<W>(static_cast<std::size_t>(dim), true, 33);
   std::vector<W> wk = make_values<W>(static_cast<std::size_t>(dim), true, 34);
+  if constexpr (std::is_same_v<W, float>) {
+    // float32 weights whose products reach the stores' special paths: q's scaled by 2^-130, so
+    // that its outputs are float32 subnormals (which bfloat16 keeps and VCVTNEPS2BF16 would
+    // flush), and one NaN in each weight with payload bits in its low 16 (rounding it as a
+    // number would change its high half), in the first half of the rotated pairs only, so that
+    // no operation meets two NaNs.
+    if (special_weights) {
+      for (float& w : wq) w *= 0x1p-130f;
+      const std::uint32_t nan_q = 0x7fc0ffffu, nan_k = 0xffc08001u;
+      std::memcpy(&wq[5], &nan_q, sizeof nan_q);
+      std::memcpy(&wk[9], &nan_k, sizeof nan_k);
+    }
+  }
   std::vector<std::int64_t> positions(tokens);
   for (std::int64_t t = 0; t < tokens; ++t) positions[t] = (t * 11) % max_positions;
   const embrope::RopeCache cache({rotary, 10000.0, max_positions});
@@ -618,7 +631,8 @@ void qk_norm_rope_case(embrope::RopeLayout layout, std::int64_t dim, std::int64_
   std::string what = std::string("qk_norm_rope ") + name_of<T>() + " weight " + name_of<W>() +
                      " heads " + std::to_string(hq) + " + " + std::to_string(hk) + " D " +
                      std::to_string(dim) + " R " + std::to_string(rotary) +
-                     (layout == embrope::RopeLayout::neox ? " neox" : " interleaved");
+                     (layout == embrope::RopeLayout::neox ? " neox" : " interleaved") +
+                     (special_weights ? " (subnormal q, NaN weights)" : "");
   if constexpr (std::is_same_v<O, T>) {
     if (output != Output::in_place) {
       const std::vector<T> q_in = q, k_in = k;
@@ -821,6 +835,14 @@ void all_cases_of() {
                               19, 3);
   qk_norm_rope_case<T, float, embrope::detail::Float8E4M3>(embrope::RopeLayout::neox, 128, 128,
                                                            false, 37, Output::in_place, 19, 3);
+  // Rows in registers stored by the special paths (a 16-bit neox row of K vectors takes one
+  // test for all K: store_vectors), in place and out of place, and the interleaved rows.
+  for (auto layout : {embrope::RopeLayout::neox, embrope::RopeLayout::interleaved}) {
+    for (std::int64_t dim : {64, 128}) {
+      qk_norm_rope_case<T, float>(layout, dim, dim, false, 37, Output::in_place, 3, 2, true);
+      qk_norm_rope_case<T, float>(layout, dim, dim, false, 37, Output::aligned, 3, 2, true);
+    }
+  }
 }
 
 }  // namespace
