@@ -598,8 +598,9 @@ void qk_norm_rope_case(embrope::RopeLayout layout, std::int64_t dim, std::int64_
     // float32 weights whose products reach the stores' special paths: q's scaled by 2^-130, so
     // that its outputs are float32 subnormals (which bfloat16 keeps and VCVTNEPS2BF16 would
     // flush), and one NaN in each weight with payload bits in its low 16 (rounding it as a
-    // number would change its high half), in the first half of the rotated pairs only, so that
-    // no operation meets two NaNs.
+    // number would change its high half), at elements whose rotation partners (4 and 8 when
+    // interleaved, 5 + D / 2 and 9 + D / 2 for neox) are finite, so that no operation meets two
+    // NaNs. Ignored for weights of T.
     if (special_weights) {
       for (float& w : wq) w *= 0x1p-130f;
       const std::uint32_t nan_q = 0x7fc0ffffu, nan_k = 0xffc08001u;
