@@ -594,18 +594,21 @@ void qk_norm_rope_case(embrope::RopeLayout layout, std::int64_t dim, std::int64_
   std::vector<T> k = make_values<T>(static_cast<std::size_t>(tokens * hk * dim), true, 32);
   std::vector<W> wq = make_values<W>(static_cast<std::size_t>(dim), true, 33);
   std::vector<W> wk = make_values<W>(static_cast<std::size_t>(dim), true, 34);
-  if constexpr (std::is_same_v<W, float>) {
+  if (special_weights) {
     // float32 weights whose products reach the stores' special paths: q's scaled by 2^-130, so
     // that its outputs are float32 subnormals (which bfloat16 keeps and VCVTNEPS2BF16 would
     // flush), and one NaN in each weight with payload bits in its low 16 (rounding it as a
     // number would change its high half), at elements whose rotation partners (4 and 8 when
     // interleaved, 5 + D / 2 and 9 + D / 2 for neox) are finite, so that no operation meets two
-    // NaNs. Ignored for weights of T.
-    if (special_weights) {
+    // NaNs. Weights of T cannot hold them: such a case is a mistake in this file.
+    if constexpr (std::is_same_v<W, float>) {
       for (float& w : wq) w *= 0x1p-130f;
       const std::uint32_t nan_q = 0x7fc0ffffu, nan_k = 0xffc08001u;
       std::memcpy(&wq[5], &nan_q, sizeof nan_q);
       std::memcpy(&wk[9], &nan_k, sizeof nan_k);
+    } else {
+      std::fprintf(stderr, "qk_norm_rope_case: special_weights needs float32 weights\n");
+      std::abort();
     }
   }
   std::vector<std::int64_t> positions(tokens);
