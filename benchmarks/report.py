@@ -190,11 +190,16 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
     in the tensor's dtype, out of place). Lookup: F.embedding; learned and sinusoidal
     positions: F.embedding plus a gathered position table (a sinusoid table precomputed, as a
     torch model would hold it). RoPE with float8 outputs: the same, then each output scaled,
-    clamped to the finite range and converted (``.to(torch.float8_e4m3fn)``)."""
+    clamped to the finite range and converted (``.to(torch.float8_e4m3fn)``). RoPE backward:
+    autograd's gradients through forward_native. RoPE + KV append: forward_native, then k and v
+    written into the paged cache by index_copy_ (vLLM's reshape_and_cache_flash). Embedding
+    backward: aten's embedding_dense_backward, as autograd calls it for F.embedding."""
     if case["op"].startswith("embed_quantized "):
         return quantized_embed_eager_seconds(torch, case, device, vocab)
     quantized = case["op"] in ("rope_fp8", "qk_norm_rope_append_kv_fp8", "mla_rope_fp8")
-    base = case["dtype"].split("->")[0] if quantized else case["dtype"]
+    # "->fp8e4m3": float8 outputs, or for rope_append_kv a float8 cache.
+    base = (case["dtype"].split("->")[0] if quantized or case["op"] == "rope_append_kv"
+            else case["dtype"])
     if base not in ("f32", "f16", "bf16"):
         return None  # a float8 KV cache: no eager counterpart here
     dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[base]
@@ -202,7 +207,7 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
     sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
     if case["op"] == "axial_rope":
         return axial_eager_seconds(torch, case, dtype, device, sync)
-    if case["op"] in ("rope", "rope_fp8"):
+    if case["op"] in ("rope", "rope_fp8", "rope_append_kv", "rope_backward"):
         if case["shape"] not in ROPE_SHAPES:
             return None
         hq, hk, dim, rotary, interleaved = ROPE_SHAPES[case["shape"]]
@@ -224,10 +229,45 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
         def quantize(x, scale):  # as bench.cpp's rope_fp8 case: e4m3, q x 0.5, k x 2
             return (x * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
 
-        def run():
+        def rope(q, k):
             cos, sin = cache.index_select(0, positions).chunk(2, dim=-1)
             cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-            q_out, k_out = rotate(q, cos, sin), rotate(k, cos, sin)
+            return rotate(q, cos, sin), rotate(k, cos, sin)
+
+        if case["op"] == "rope_backward":
+            # Training's backward of the same rotation: autograd's gradient of q and k through
+            # forward_native's graph (built once; the gradients' time alone).
+            q_leaf, k_leaf = q.detach().requires_grad_(), k.detach().requires_grad_()
+            outputs = rope(q_leaf, k_leaf)
+            return time_median(lambda: torch.autograd.grad(
+                outputs, (q_leaf, k_leaf), (q, k), retain_graph=True), sync)
+        if case["op"] == "rope_append_kv":
+            # Then k and v written at their slots as vLLM's reshape_and_cache_flash does
+            # (index_copy_ into the paged cache; a float8 cache: each part scaled by 1, clamped
+            # and converted, as bench.cpp's fused case with k_scale = v_scale = 1).
+            float8 = case["dtype"].endswith("->fp8e4m3")
+            v = tensor(torch, "v", (tokens, hk, dim), dtype, device)
+            pages = (tokens + 15) // 16
+            k_cache = torch.zeros(pages * 16, hk, dim, dtype=torch.uint8 if float8 else dtype,
+                                  device=device)
+            v_cache = torch.zeros_like(k_cache)
+            slots = torch.arange(tokens, device=device)
+
+            def as_cache(x):
+                if not float8:
+                    return x
+                return x.float().clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+
+            def run_append():
+                q_out, k_out = rope(q, k)
+                k_cache.index_copy_(0, slots, as_cache(k_out))
+                v_cache.index_copy_(0, slots, as_cache(v))
+                return q_out
+
+            return time_median(run_append, sync)
+
+        def run():
+            q_out, k_out = rope(q, k)
             if quantized:
                 return quantize(q_out, 0.5), quantize(k_out, 2.0)
             return q_out, k_out
@@ -298,6 +338,14 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
         return time_median(
             lambda: functional.embedding(ids, table) + functional.embedding(positions,
                                                                             position_table), sync)
+    if case["op"].startswith("embed_backward "):
+        # F.embedding's backward (aten's embedding_dense_backward, what autograd calls): the
+        # table's gradient [V, D], in grad_out's dtype.
+        dim = int(case["shape"].split("=")[1])
+        grad_out = tensor(torch, "grad_out", (tokens, dim), dtype, device)
+        ids = tensor(torch, "ids", (tokens,), None, device, integers=vocab)
+        return time_median(lambda: torch.ops.aten.embedding_dense_backward(
+            grad_out, ids, vocab, -1, False), sync)
     if case["op"].startswith("embed_layer_norm "):  # learned positions, then LayerNorm
         dim = int(case["shape"].split("=")[1])
         table = tensor(torch, "table", (vocab, dim), dtype, device)
@@ -318,8 +366,8 @@ def quantized_embed_eager_seconds(torch, case: dict, device: str, vocab: int) ->
     """A quantized table's lookup as eager PyTorch code does it (torchao's embedding of a
     quantized weight): the whole table dequantized to bfloat16, then F.embedding. The tables are
     bench.cpp's: int8 with a float32 scale per row, int4 packed two per byte with a float32
-    scale and an int8 zero point per group of 32, float8_e4m3fn with a scale per row. GGUF
-    blocks have no PyTorch dequantizer (None)."""
+    scale and an int8 zero point per group of 32, float8_e4m3fn with a scale per row; GGUF
+    blocks (Q8_0, Q4_K, Q6_K) by gguf_dequantize, the gguf package's steps in torch."""
     fmt = case["op"].split()[1]
     dim = int(case["shape"].split("=")[1])
     tokens = case["tokens"]
@@ -349,7 +397,50 @@ def quantized_embed_eager_seconds(torch, case: dict, device: str, vocab: int) ->
         scale = tensor(torch, "quant_row_scales", (vocab, 1), torch.float32, device)
         return time_median(lambda: functional.embedding(
             ids, (q.float() * scale).to(torch.bfloat16)), sync)
+    if fmt in GGUF_BLOCKS:
+        values, block_bytes = GGUF_BLOCKS[fmt]
+        blocks = torch.full((vocab * dim // values, block_bytes), 0x11, dtype=torch.uint8,
+                            device=device)
+        return time_median(lambda: functional.embedding(
+            ids, gguf_dequantize(torch, fmt, blocks).view(vocab, dim).to(torch.bfloat16)), sync)
     return None
+
+
+GGUF_BLOCKS = {"q8_0": (32, 34), "q4_k": (256, 144), "q6_k": (256, 210)}  # values, bytes
+
+
+def gguf_dequantize(torch, fmt: str, blocks):
+    """llama.cpp's blocks (uint8 [n, block bytes]) to float32 [n, values] in PyTorch eager: the
+    steps of the gguf package's dequantize_blocks (gguf/quants.py), tensor for tensor."""
+    n = blocks.shape[0]
+
+    def half(b):  # a block's float16 field
+        return b.contiguous().view(torch.float16).float()
+
+    def shifts(*bits):
+        return torch.tensor(bits, dtype=torch.uint8, device=blocks.device)
+
+    if fmt == "q8_0":  # d, then 32 int8 values: d * q
+        return blocks[:, 2:].contiguous().view(torch.int8).float() * half(blocks[:, :2])
+    if fmt == "q4_k":  # d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
+        d, dmin = half(blocks[:, 0:2]), half(blocks[:, 2:4])
+        packed = blocks[:, 4:16].reshape(n, 3, 4)
+        s_d, s_m, s_md = packed[:, 0], packed[:, 1], packed[:, 2]
+        sc = torch.cat((s_d & 0x3F, (s_md & 0x0F) | ((s_d >> 2) & 0x30)), -1).float()
+        mn = torch.cat((s_m & 0x3F, (s_md >> 4) | ((s_m >> 2) & 0x30)), -1).float()
+        qs = blocks[:, 16:].reshape(n, 4, 1, 32) >> shifts(0, 4).reshape(1, 1, 2, 1)
+        qs = (qs & 0x0F).reshape(n, 8, 32).float()
+        return ((d * sc).reshape(n, 8, 1) * qs - (dmin * mn).reshape(n, 8, 1)).reshape(n, 256)
+    if fmt == "q6_k":  # 128 bytes of low nibbles, 64 of high pairs, 16 int8 scales, d
+        scales = blocks[:, 192:208].contiguous().view(torch.int8).float()
+        d = (half(blocks[:, 208:210]) * scales).reshape(n, 16, 1)
+        ql = blocks[:, :128].reshape(n, 2, 1, 64) >> shifts(0, 4).reshape(1, 1, 2, 1)
+        ql = (ql & 0x0F).reshape(n, 8, 32)
+        qh = blocks[:, 128:192].reshape(n, 2, 1, 32) >> shifts(0, 2, 4, 6).reshape(1, 1, 4, 1)
+        qh = (qh & 0x03).reshape(n, 8, 32)
+        q = (ql | (qh << 4)).to(torch.int8) - 32
+        return (d * q.reshape(n, 16, 16).float()).reshape(n, 256)
+    raise ValueError(f"gguf_dequantize: no format {fmt}")
 
 
 def mla_eager_seconds(torch, op: str, tokens: int, dtype, device: str, sync) -> float:
@@ -468,7 +559,9 @@ NOTE = ("ceiling: a pass of the op's own access pattern over the same bytes on t
         "then scale, clamp and .to(float8_e4m3fn); KV append: index_copy_ into the paged "
         "cache, as reshape_and_cache_flash writes it; MLA: interleaved RoPE of the rope "
         "slices, then each part quantized, or kv_c and k_pe copied into the latent cache as "
-        "concat_and_cache_mla).")
+        "concat_and_cache_mla; RoPE backward: autograd's gradients through vLLM's RoPE; "
+        "embedding backward: aten's embedding_dense_backward, as autograd calls it, the "
+        "gradient in grad_out's dtype).")
 
 
 MODELS_NOTE = ("model rows: a 2-layer model of the family's head sizes (hidden 2048, 16 query "
