@@ -183,6 +183,31 @@ def axial_eager_seconds(torch, case: dict, dtype, device: str, sync) -> Optional
     return time_median(lambda: (rotate(q), rotate(k)), sync)
 
 
+def to_e4m3(torch, x, scale: float):
+    """x * scale in float32, clamped to float8_e4m3fn's finite range and converted, as eager
+    PyTorch code writes float8 (bench.cpp's float8 cases)."""
+    return (x.float() * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+
+def paged_cache(torch, tokens: int, heads: int, dim: int, dtype, device: str):
+    """A paged KV cache's k and v [pages * 16, heads, dim] for `tokens` tokens, and the slots
+    0..tokens-1 (bench.cpp's: pages of 16, slots in order)."""
+    pages = (tokens + 15) // 16
+    k_cache = torch.zeros(pages * 16, heads, dim, dtype=dtype, device=device)
+    return k_cache, torch.zeros_like(k_cache), torch.arange(tokens, device=device)
+
+
+def append_paged(torch, k_cache, v_cache, slots, k, v) -> None:
+    """k and v written into a paged cache at slots as vLLM's reshape_and_cache_flash does
+    (index_copy_); a float8 cache (scale 1) takes each part through to_e4m3, as bytes."""
+    if k_cache.dtype == torch.float8_e4m3fn:
+        k_cache.view(torch.uint8).index_copy_(0, slots, to_e4m3(torch, k, 1.0).view(torch.uint8))
+        v_cache.view(torch.uint8).index_copy_(0, slots, to_e4m3(torch, v, 1.0).view(torch.uint8))
+    else:
+        k_cache.index_copy_(0, slots, k)
+        v_cache.index_copy_(0, slots, v)
+
+
 def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[float]:
     """PyTorch eager's median time for the case, or None where it has no counterpart.
 
@@ -242,26 +267,16 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
             return time_median(lambda: torch.autograd.grad(
                 outputs, (q_leaf, k_leaf), (q, k), retain_graph=True), sync)
         if case["op"] == "rope_append_kv":
-            # Then k and v written at their slots as vLLM's reshape_and_cache_flash does
-            # (index_copy_ into the paged cache; a float8 cache: each part scaled by 1, clamped
-            # and converted, as bench.cpp's fused case with k_scale = v_scale = 1).
+            # Then k and v written at their slots (append_paged; a float8 cache with
+            # k_scale = v_scale = 1, as bench.cpp's fused case).
             float8 = case["dtype"].endswith("->fp8e4m3")
             v = tensor(torch, "v", (tokens, hk, dim), dtype, device)
-            pages = (tokens + 15) // 16
-            k_cache = torch.zeros(pages * 16, hk, dim, dtype=torch.uint8 if float8 else dtype,
-                                  device=device)
-            v_cache = torch.zeros_like(k_cache)
-            slots = torch.arange(tokens, device=device)
-
-            def as_cache(x):
-                if not float8:
-                    return x
-                return x.float().clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+            k_cache, v_cache, slots = paged_cache(
+                torch, tokens, hk, dim, torch.float8_e4m3fn if float8 else dtype, device)
 
             def run_append():
                 q_out, k_out = rope(q, k)
-                k_cache.index_copy_(0, slots, as_cache(k_out))
-                v_cache.index_copy_(0, slots, as_cache(v))
+                append_paged(torch, k_cache, v_cache, slots, k_out, v)
                 return q_out
 
             return time_median(run_append, sync)
@@ -304,25 +319,14 @@ def torch_eager_seconds(torch, case: dict, device: str, vocab: int) -> Optional[
         if case["op"] == "qk_norm_rope":
             return time_median(run_qk, sync)
         v = tensor(torch, "v", (tokens, 8, 128), dtype, device)
-        pages = (tokens + 15) // 16
-        cache_dtype = torch.float8_e4m3fn if quantized else dtype
-        k_cache = torch.zeros(pages * 16, 8, 128, dtype=cache_dtype, device=device)
-        v_cache = torch.zeros(pages * 16, 8, 128, dtype=cache_dtype, device=device)
-        slots = torch.arange(tokens, device=device)
-
-        def to_fp8(x, scale):
-            return (x.float() * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        k_cache, v_cache, slots = paged_cache(
+            torch, tokens, 8, 128, torch.float8_e4m3fn if quantized else dtype, device)
 
         def run_append():
             q_rot, k_rot = run_qk()
-            if quantized:  # q x 0.5 into float8, the cache in float8 (scale 1), as bytes
-                q_rot = to_fp8(q_rot, 0.5)
-                k_cache.view(torch.uint8).index_copy_(0, slots, to_fp8(k_rot, 1.0).view(torch.uint8))
-                v_cache.view(torch.uint8).index_copy_(0, slots, to_fp8(v, 1.0).view(torch.uint8))
-                return q_rot
-            k_cache.index_copy_(0, slots, k_rot)
-            v_cache.index_copy_(0, slots, v)
-            return q_rot
+            append_paged(torch, k_cache, v_cache, slots, k_rot, v)
+            # q x 0.5 into float8 beside a float8 cache (scale 1)
+            return to_e4m3(torch, q_rot, 0.5) if quantized else q_rot
 
         return time_median(run_append, sync)
     if case["op"].startswith("embed ") and not case["op"].startswith("embed_backward"):
@@ -461,16 +465,13 @@ def mla_eager_seconds(torch, op: str, tokens: int, dtype, device: str, sync) -> 
         a, b = x[..., 0::2], x[..., 1::2]
         return torch.stack((a * cos - b * sin, b * cos + a * sin), -1).flatten(-2)
 
-    def to_fp8(x, scale):
-        return (x.float() * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-
     def run():
         cos, sin = cache.index_select(0, positions).chunk(2, dim=-1)
         q_pe = rotate(q[..., nope:], cos.unsqueeze(-2), sin.unsqueeze(-2))
         k_pe = rotate(kv_a[:, rank:], cos, sin)
         if op == "mla_rope_fp8":
-            return (to_fp8(q_pe, 0.5), to_fp8(q[..., :nope], 0.5), to_fp8(k_pe, 2.0),
-                    to_fp8(kv_a[:, :rank], 2.0))
+            return (to_e4m3(torch, q_pe, 0.5), to_e4m3(torch, q[..., :nope], 0.5),
+                    to_e4m3(torch, k_pe, 2.0), to_e4m3(torch, kv_a[:, :rank], 2.0))
         q[..., nope:] = q_pe
         latent.index_copy_(0, slots, torch.cat((kv_a[:, :rank], k_pe), -1))
         return q
