@@ -5,7 +5,10 @@
 # (EMBROPE_CUDA=AUTO), in both builds.
 #   scripts/test.sh [BUILD_DIR] [extra cmake arguments...]
 # The configuration is CMakePresets.json's "default"; the -D arguments reach the Python build
-# too (scikit-build-core's cmake.args).
+# too (scikit-build-core's cmake.args). EMBROPE_PYTHON_WITHOUT_CUDA=1 builds the Python package
+# without the CUDA kernels whatever they say: CI on a machine without a GPU sets it, since the
+# C++ build has compiled the kernels once already (five minutes on two cores) and the package
+# could run them nowhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -22,8 +25,14 @@ ctest --test-dir "$build" --output-on-failure -j "$jobs"
 scripts/install-deps.sh --python
 cmake_args=()
 for arg in "$@"; do
+  if [ "${EMBROPE_PYTHON_WITHOUT_CUDA:-0}" = 1 ] && [[ $arg == -DEMBROPE_CUDA=* ]]; then
+    continue
+  fi
   [[ $arg == -D* ]] && cmake_args+=("-Ccmake.args=$arg")
 done
+if [ "${EMBROPE_PYTHON_WITHOUT_CUDA:-0}" = 1 ]; then
+  cmake_args+=("-Ccmake.args=-DEMBROPE_CUDA=OFF")
+fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation \
   -Cbuild-dir="$build/python" "${cmake_args[@]}" .
 .venv/bin/python -m pytest tests/python -q -p no:cacheprovider
