@@ -18,6 +18,7 @@ then into the native objects by their ``options()`` inside the call.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -28,13 +29,38 @@ from ._rope_cache import RopeCache, _axes_tuple, _mrope_tuple
 
 
 def call(function: Any, *args: Any, **kwargs: Any) -> Any:
-    """A native function called with every array argument importable (:func:`_arrays.importable`:
-    NumPy bfloat16 arrays as bfloat16 views of their bytes; only NumPy arrays need a look)."""
-    args = tuple(_arrays.importable(a) if isinstance(a, np.ndarray) else a for a in args)
+    """A native function called with its arrays as the native module imports them fastest:
+
+    - a NumPy bfloat16 array as a bfloat16 view of its bytes (:func:`_arrays.importable`);
+    - a strided torch tensor without ``__torch_function__`` overrides as the DLPack capsule of
+      torch's own exporter (``torch._C._to_dlpack``). Given the tensor, nanobind calls
+      ``Tensor.__dlpack__``: Python-level checks (2-4 us a tensor, most of a one-token call)
+      that end in that same export, and where they refuse (a tensor that requires grad, one
+      on another CUDA device than the current one) nanobind falls back to the same exporter
+      (``torch.utils.dlpack.to_dlpack``). No stream is synchronised either way: nanobind
+      passes none, and the ops take theirs explicitly. A tensor subclass with overrides keeps
+      the protocol;
+    - anything else as it is.
+    """
+    torch = sys.modules.get("torch")  # torch tensors exist only once torch is imported
+    tensor = np.ndarray if torch is None else torch.Tensor  # (ndarrays are taken first)
+    args = tuple(_importable(a, torch, tensor) for a in args)
     for name, a in kwargs.items():
-        if isinstance(a, np.ndarray):
-            kwargs[name] = _arrays.importable(a)
+        if a is not None and not isinstance(a, _SCALARS):
+            kwargs[name] = _importable(a, torch, tensor)
     return function(*args, **kwargs)
+
+
+_SCALARS = (int, float, str)
+
+
+def _importable(a: Any, torch: Any, tensor: Any) -> Any:
+    if isinstance(a, np.ndarray):
+        return _arrays.importable(a)
+    if isinstance(a, tensor) and a.layout is torch.strided and \
+            not torch._C._has_torch_function_unary(a):
+        return torch._C._to_dlpack(a)
+    return a
 
 
 def rope_table(op: str, cache: Any) -> dict:

@@ -106,16 +106,6 @@ def _unit_last_stride(t: Optional[Tensor]) -> Optional[Tensor]:
     return t if t is None or t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
 
 
-def _call_native(function: Any, *args: Any, **kwargs: Any) -> Any:
-    """A native call with every tensor passed as a DLPack capsule: ``Tensor.__dlpack__`` is a
-    Python method with checks this module has already made (its ~3 us per tensor are most of
-    a decode step's call), ``torch._C._to_dlpack`` the export itself."""
-    to_dlpack = torch._C._to_dlpack
-    return function(*(to_dlpack(a) if isinstance(a, Tensor) else a for a in args),
-                    **{name: to_dlpack(a) if isinstance(a, Tensor) else a
-                       for name, a in kwargs.items()})
-
-
 @functools.lru_cache(maxsize=256)
 def _rope_options_cached(op: str, layout: int, inverse: bool, rotary_dim: int,
                          mrope: Tuple[int, ...]) -> Any:
@@ -140,7 +130,7 @@ def _rope_impl(op: str, backward: bool, q: Tensor, k: Optional[Tensor], position
                mrope: List[int], q_out: Optional[Tensor],
                k_out: Optional[Tensor]) -> None:
     native = _C.apply_rope_backward if backward else _C.apply_rope
-    _call_native(native, q.detach(), _detach(k), positions, **_table(op, cos_sin_cache),
+    _native.call(native, q.detach(), _detach(k), positions, **_table(op, cos_sin_cache),
            options=_rope_options(op, layout, inverse, rotary_dim, mrope), q_out=q_out,
            k_out=k_out, deferred=_deferred(op, q), stream=_stream(q))
 
@@ -254,7 +244,7 @@ def _apply_rope_quantized_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
     q_out, k_out, q_nope_out, k_nope_out = outputs
     settings = _native.RopeSettings(layout, inverse, rotary_dim, tuple(mrope), q_out_scale,
                                     k_out_scale)
-    _call_native(_C.apply_rope, q, k, positions, **_table(op, cos_sin_cache),
+    _native.call(_C.apply_rope, q, k, positions, **_table(op, cos_sin_cache),
                  options=settings.options(op), q_out=q_out,
                  k_out=k_out if k is not None else None, deferred=_deferred(op, q),
                  stream=_stream(q), q_out_head_scales=q_out_head_scales,
@@ -423,7 +413,7 @@ def _apply_qk_norm_rope_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
                            mrope: List[int]) -> Tuple[Tensor, Tensor]:
     op = "apply_qk_norm_rope"
     q_out, k_out = _rope_outputs(q, k)
-    _call_native(
+    _native.call(
         _C.apply_qk_norm_rope, q.detach(), _detach(k), positions, q_out=q_out,
         k_out=k_out if k is not None else None,
         **_qk_arguments(op, q, cos_sin_cache, q_weight, k_weight, eps, unit_offset, layout,
@@ -448,7 +438,7 @@ def _apply_qk_norm_rope_backward_op(
     gq = q.new_empty(dim if q_weight_grad else 0, dtype=torch.float32)
     gk = q.new_empty(dim if k_weight_grad else 0, dtype=torch.float32)
     op = "apply_qk_norm_rope_backward"
-    _call_native(
+    _native.call(
         _C.apply_qk_norm_rope_backward,
         dq.detach(), _detach(dk), q.detach(), _detach(k), positions, q_out=dq_out,
         k_out=dk_out if dk is not None else None, q_weight_grad=gq if q_weight_grad else None,
@@ -530,7 +520,7 @@ def _apply_rope_append_kv_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
                              q_nope_out: Optional[Tensor]) -> None:
     op = "apply_rope_append_kv"
     settings = _native.RopeSettings(layout, False, rotary_dim, tuple(mrope), q_out_scale)
-    _call_native(
+    _native.call(
         _C.apply_rope_append_kv,
         q.detach(), k.detach(), v.detach(), positions, k_cache=k_cache.detach(),
         v_cache=v_cache.detach(), kv_layout=_C.KvCacheLayout(kv_layout), k_scale=k_scale,
@@ -624,7 +614,7 @@ def _apply_qk_norm_rope_append_kv_op(q: Tensor, k: Tensor, v: Tensor, positions:
                               False, rotary_dim, mrope)
     arguments["options"] = _native.RopeSettings(layout, False, rotary_dim, tuple(mrope),
                                                 q_out_scale).options(op)
-    _call_native(
+    _native.call(
         _C.apply_qk_norm_rope_append_kv,
         q.detach(), k.detach(), v.detach(), positions, k_cache=k_cache.detach(),
         v_cache=v_cache.detach(), kv_layout=_C.KvCacheLayout(kv_layout), k_scale=k_scale,
@@ -754,7 +744,7 @@ def _embed_op(table: Tensor, ids: Tensor, position_table: Optional[Tensor],
     options = _native.EmbedSettings(scale, vocab_start, vocab_shard, positions, sinusoid_base,
                                     sinusoid_layout, _C.Normalization.none.value, 0.0,
                                     False).options("embed")
-    _call_native(_C.embed, table.detach(), ids, out, options=options,
+    _native.call(_C.embed, table.detach(), ids, out, options=options,
                  position_table=_detach(position_table), position_ids=position_ids,
                  position_offsets=position_offsets, type_table=_detach(type_table),
                  type_ids=type_ids, deferred=_deferred("embed", table), stream=_stream(table))
@@ -781,7 +771,7 @@ def _embed_backward_op(grad_out: Tensor, ids: Tensor, position_ids: Optional[Ten
     wanted = [g if rows > 0 else None
               for g, rows in zip(grads, (table_rows, position_rows, type_rows))]
     op = "embed_backward"
-    _call_native(
+    _native.call(
         _C.embed_backward,
         grad_out.detach(), ids, wanted[0],
         options=_native.embed_backward_options(op, scale=scale, vocab_start=vocab_start,
@@ -849,7 +839,7 @@ def _embed_norm_op(table: Tensor, ids: Tensor, position_table: Optional[Tensor],
     options = _native.EmbedSettings(scale, vocab_start, False, positions, sinusoid_base,
                                     sinusoid_layout, norm, norm_eps,
                                     norm_unit_offset).options("embed")
-    _call_native(_C.embed, table.detach(), ids, out, options=options,
+    _native.call(_C.embed, table.detach(), ids, out, options=options,
                  position_table=_detach(position_table), position_ids=position_ids,
                  position_offsets=position_offsets, type_table=_detach(type_table),
                  type_ids=type_ids, norm_weight=_detach(norm_weight),
@@ -898,7 +888,7 @@ def _embed_norm_backward_op(grad_out: Tensor, grad_pre_norm: Optional[Tensor], i
     norm_grads = [_empty(op, (width if wanted else 0,), torch.float32, grad_out.device)
                   for wanted in (weight_grad, bias_grad)]
     wanted = [g if n > 0 else None for g, n in zip(grads, rows)]
-    _call_native(
+    _native.call(
         _C.embed_backward,
         grad_out.detach(), ids, wanted[0],
         options=_native.embed_backward_options(
@@ -1040,7 +1030,7 @@ def embed_backward(grad_out: Tensor, ids: Tensor, *, table_rows: int = 0,
 def _packed_positions_op(cu_seqlens: Tensor, start_offsets: Optional[Tensor],
                          num_tokens: int) -> Tensor:
     positions = _empty("packed_positions", (num_tokens,), cu_seqlens.dtype, cu_seqlens.device)
-    _call_native(_C.packed_positions, cu_seqlens, positions, start_offsets=start_offsets,
+    _native.call(_C.packed_positions, cu_seqlens, positions, start_offsets=start_offsets,
                  deferred=_deferred("packed_positions", cu_seqlens), stream=_stream(cu_seqlens))
     return positions
 

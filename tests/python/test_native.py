@@ -125,3 +125,54 @@ def test_rope_config_field_table_holds_every_field_of_both_structs():
     assert cpp - {"scaling"} == table
     assert c - {"struct_size", "scaling", "num_factors"} == table
     assert len(_C.RopeConfig.fields) == len(table)
+
+
+def _count_dlpack_exports(monkeypatch, torch):
+    """Tensor.__dlpack__ wrapped to count its calls (it still exports)."""
+    calls = []
+    dlpack = torch.Tensor.__dlpack__
+
+    def counted(self, *args, **kwargs):
+        calls.append(type(self).__name__)
+        return dlpack(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "__dlpack__", counted)
+    return calls
+
+
+def test_plain_tensors_reach_the_native_module_as_capsules(monkeypatch):
+    # Tensor.__dlpack__'s Python-level checks cost 2-4 us a tensor, most of a one-token
+    # call: plain tensors (and parameters) go as torch's own export, whatever the surface.
+    torch = pytest.importorskip("torch")
+    calls = _count_dlpack_exports(monkeypatch, torch)
+    table = torch.nn.Parameter(torch.randn(10, 8).bfloat16())
+    ids = torch.tensor([[3, 1, 4], [1, 5, 9]])
+    with torch.no_grad():
+        out = embrope.embed(table, ids)
+    assert torch.equal(out, torch.nn.functional.embedding(ids, table.detach()))
+    q = torch.randn(4, 2, 8)[1:]  # a view with a storage offset
+    expected = q.clone()
+    embrope.apply_rope(expected.numpy(), None, np.arange(3), embrope.RopeCache(8, 16))
+    embrope.apply_rope(q, None, torch.arange(3), embrope.RopeCache(8, 16))
+    assert torch.equal(q, expected)
+    rotated = embrope.torch.apply_rope(torch.randn(3, 2, 8), None, torch.arange(3),
+                                       embrope.RopeCache(8, 16))
+    assert rotated[0].shape == (3, 2, 8)
+    assert calls == []
+
+
+def test_a_tensor_subclass_with_overrides_keeps_the_dlpack_protocol(monkeypatch):
+    torch = pytest.importorskip("torch")
+    calls = _count_dlpack_exports(monkeypatch, torch)
+    seen = []
+
+    class Logged(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(getattr(func, "__name__", str(func)))
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    base = torch.randn(10, 8)
+    out = embrope.embed(base.as_subclass(Logged), torch.tensor([2, 7]), out=torch.empty(2, 8))
+    assert torch.equal(out, base[[2, 7]])
+    assert "Logged" in calls and seen  # its export went through its override
