@@ -105,11 +105,11 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
         _arrays.check_optional(op, name, value)
     if return_pre_norm and norm is None:
         raise _C.InvalidArgumentError(f"{op}: return_pre_norm needs a norm")
-    options = _native.embed_settings(
+    options = _native.embed_options(
         op, scale=scale, vocab_start=vocab_start, vocab_shard=vocab_shard, positions=positions,
         position_table=position_table, sinusoid_base=sinusoid_base,
         sinusoid_layout=sinusoid_layout, norm=norm, norm_eps=norm_eps,
-        norm_unit_offset=norm_unit_offset).options(op)
+        norm_unit_offset=norm_unit_offset)
     # Outputs are allocated after the table (a quantized table's data), in its framework.
     like = table.data if quantized else table
     dtype = table.default_dtype() if quantized else None

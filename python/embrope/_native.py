@@ -18,6 +18,7 @@ then into the native objects by their ``options()`` inside the call.
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any, NamedTuple, Optional, Sequence
 
@@ -32,35 +33,43 @@ def call(function: Any, *args: Any, **kwargs: Any) -> Any:
     """A native function called with its arrays as the native module imports them fastest:
 
     - a NumPy bfloat16 array as a bfloat16 view of its bytes (:func:`_arrays.importable`);
-    - a strided torch tensor without ``__torch_function__`` overrides as the DLPack capsule of
+    - a torch tensor without ``__torch_function__`` overrides as the DLPack capsule of
       torch's own exporter (``torch._C._to_dlpack``). Given the tensor, nanobind calls
       ``Tensor.__dlpack__``: Python-level checks (2-4 us a tensor, most of a one-token call)
       that end in that same export, and where they refuse (a tensor that requires grad, one
       on another CUDA device than the current one) nanobind falls back to the same exporter
       (``torch.utils.dlpack.to_dlpack``). No stream is synchronised either way: nanobind
       passes none, and the ops take theirs explicitly. A tensor subclass with overrides keeps
-      the protocol;
+      the protocol, and a tensor without strided storage (sparse) is left to it, which refuses
+      it;
     - anything else as it is.
     """
     torch = sys.modules.get("torch")  # torch tensors exist only once torch is imported
-    tensor = np.ndarray if torch is None else torch.Tensor  # (ndarrays are taken first)
-    args = tuple(_importable(a, torch, tensor) for a in args)
+    if torch is None:
+        args = tuple(_arrays.importable(a) if isinstance(a, np.ndarray) else a for a in args)
+        for name, a in kwargs.items():
+            if isinstance(a, np.ndarray):
+                kwargs[name] = _arrays.importable(a)
+        return function(*args, **kwargs)
+    tensor, overridden, export = torch.Tensor, torch._C._has_torch_function_unary, _export
+    args = tuple(export(a) if isinstance(a, tensor) and not overridden(a) else
+                 _arrays.importable(a) if isinstance(a, np.ndarray) else a for a in args)
     for name, a in kwargs.items():
-        if a is not None and not isinstance(a, _SCALARS):
-            kwargs[name] = _importable(a, torch, tensor)
+        if a is None:  # most keywords of most calls
+            continue
+        if isinstance(a, tensor):
+            if not overridden(a):
+                kwargs[name] = export(a)
+        elif isinstance(a, np.ndarray):
+            kwargs[name] = _arrays.importable(a)
     return function(*args, **kwargs)
 
 
-_SCALARS = (int, float, str)
-
-
-def _importable(a: Any, torch: Any, tensor: Any) -> Any:
-    if isinstance(a, np.ndarray):
-        return _arrays.importable(a)
-    if isinstance(a, tensor) and a.layout is torch.strided and \
-            not torch._C._has_torch_function_unary(a):
-        return torch._C._to_dlpack(a)
-    return a
+def _export(a: Any) -> Any:
+    try:
+        return sys.modules["torch"]._C._to_dlpack(a)
+    except RuntimeError:  # no strided storage (sparse, MKL-DNN): nanobind refuses it by type
+        return a
 
 
 def rope_table(op: str, cache: Any) -> dict:
@@ -99,8 +108,20 @@ def split_cos_sin_cache(op: str, table: Any) -> tuple[Any, Any]:
 _OPTIONS: dict = {}
 
 
+def _sign(x: Any) -> Any:
+    """The sign of a number that scales values, for keys: 0.0 == -0.0, but x * 0.0 and
+    x * -0.0 differ in the zeros' signs (None for what is not a number: the build says so)."""
+    try:
+        return math.copysign(1.0, x)
+    except TypeError:
+        return None
+
+
 def _shared_options(settings: tuple, build: Any) -> Any:
-    native = _OPTIONS.get(settings)
+    try:
+        native = _OPTIONS.get(settings)
+    except TypeError:  # an unhashable argument: build() says what is wrong with it
+        return build()
     if native is None:
         if len(_OPTIONS) >= 256:
             _OPTIONS.clear()
@@ -123,7 +144,8 @@ class RopeSettings(NamedTuple):
 
     def options(self, op: str) -> Any:
         """The native ``RopeOptions`` (shared between calls with the same settings)."""
-        return _shared_options(("rope",) + tuple(self), lambda: _arrays.settings(
+        key = ("rope",) + tuple(self) + (_sign(self.q_out_scale), _sign(self.k_out_scale))
+        return _shared_options(key, lambda: _arrays.settings(
             op, _C.RopeOptions, layout=_C.RopeLayout(self.layout), inverse=bool(self.inverse),
             rotary_dim=int(self.rotary_dim), mrope_section=tuple(self.mrope[:3]),
             mrope_interleaved=bool(self.mrope[3]),
@@ -177,13 +199,32 @@ class EmbedSettings(NamedTuple):
 
     def options(self, op: str) -> Any:
         """The native ``EmbedOptions`` (shared between calls with the same settings)."""
-        return _shared_options(("embed",) + tuple(self), lambda: _arrays.settings(
+        key = ("embed",) + tuple(self) + (_sign(self.scale),)
+        return _shared_options(key, lambda: _arrays.settings(
             op, _C.EmbedOptions, scale=float(self.scale), vocab_start=int(self.vocab_start),
             vocab_shard=bool(self.vocab_shard), positions=_C.PositionEncoding(self.positions),
             sinusoid_base=float(self.sinusoid_base),
             sinusoid_layout=_C.SinusoidLayout(self.sinusoid_layout),
             norm=_C.Normalization(self.norm), norm_eps=float(self.norm_eps),
             norm_unit_offset=bool(self.norm_unit_offset)))
+
+
+def embed_options(op: str, *, scale: Any, vocab_start: Any, vocab_shard: Any, positions: Any,
+                  position_table: Any, sinusoid_base: Any, sinusoid_layout: Any, norm: Any,
+                  norm_eps: Any, norm_unit_offset: Any) -> Any:
+    """The native ``EmbedOptions`` of an embed call's arguments (those of
+    :func:`embed_settings`), looked up by the arguments themselves: resolving them costs 3 us,
+    most of a one-row call's Python time. Arguments that compare equal resolve alike (1, 1.0
+    and True are the same number to float(), int() and bool(); the scale's sign is part of
+    the key, for 0.0 and -0.0); a position table counts only by its presence."""
+    key = ("embed arguments", op, scale, _sign(scale), vocab_start, vocab_shard, positions,
+           position_table is None, sinusoid_base, sinusoid_layout, norm, norm_eps,
+           norm_unit_offset)
+    return _shared_options(key, lambda: embed_settings(
+        op, scale=scale, vocab_start=vocab_start, vocab_shard=vocab_shard, positions=positions,
+        position_table=position_table, sinusoid_base=sinusoid_base,
+        sinusoid_layout=sinusoid_layout, norm=norm, norm_eps=norm_eps,
+        norm_unit_offset=norm_unit_offset).options(op))
 
 
 def embed_settings(op: str, *, scale: float = 1.0, vocab_start: int = 0,

@@ -176,3 +176,21 @@ def test_a_tensor_subclass_with_overrides_keeps_the_dlpack_protocol(monkeypatch)
     out = embrope.embed(base.as_subclass(Logged), torch.tensor([2, 7]), out=torch.empty(2, 8))
     assert torch.equal(out, base[[2, 7]])
     assert "Logged" in calls and seen  # its export went through its override
+
+
+def test_settings_shared_between_calls_keep_the_sign_of_a_zero_scale():
+    # 0.0 == -0.0 as keys, but the rows scaled by them differ in the zeros' signs: a call with
+    # -0.0 after one with 0.0 must not reuse the first call's settings.
+    table = np.array([[1.0, -2.0], [3.0, 0.5]], np.float32)
+    ids = np.array([1, 0])
+    for _ in range(2):  # the second round finds both settings shared
+        plus = embrope.embed(table, ids, scale=0.0)
+        minus = embrope.embed(table, ids, scale=-0.0)
+        assert np.array_equal(np.signbit(plus), np.signbit(table[ids] * np.float32(0.0)))
+        assert np.array_equal(np.signbit(minus), np.signbit(table[ids] * np.float32(-0.0)))
+    torch = pytest.importorskip("torch")
+    import embrope.torch as et
+
+    plus = et.embed(torch.from_numpy(table), torch.from_numpy(ids), scale=0.0)
+    minus = et.embed(torch.from_numpy(table), torch.from_numpy(ids), scale=-0.0)
+    assert torch.equal(torch.signbit(minus), ~torch.signbit(plus))
