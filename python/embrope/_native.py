@@ -217,14 +217,25 @@ def embed_options(op: str, *, scale: Any, vocab_start: Any, vocab_shard: Any, po
     most of a one-row call's Python time. Arguments that compare equal resolve alike (1, 1.0
     and True are the same number to float(), int() and bool(); the scale's sign is part of
     the key, for 0.0 and -0.0); a position table counts only by its presence."""
+    def build() -> Any:
+        return embed_settings(
+            op, scale=scale, vocab_start=vocab_start, vocab_shard=vocab_shard,
+            positions=positions, position_table=position_table, sinusoid_base=sinusoid_base,
+            sinusoid_layout=sinusoid_layout, norm=norm, norm_eps=norm_eps,
+            norm_unit_offset=norm_unit_offset).options(op)
+
+    # Numbers of other types (a 0-d tensor, say) are resolved afresh: as keys they would
+    # compare by identity and be kept alive by the cache.
+    if not (isinstance(scale, _KEY_NUMBERS) and isinstance(vocab_start, _KEY_NUMBERS) and
+            isinstance(sinusoid_base, _KEY_NUMBERS) and isinstance(norm_eps, _KEY_NUMBERS)):
+        return build()
     key = ("embed arguments", op, scale, _sign(scale), vocab_start, vocab_shard, positions,
            position_table is None, sinusoid_base, sinusoid_layout, norm, norm_eps,
            norm_unit_offset)
-    return _shared_options(key, lambda: embed_settings(
-        op, scale=scale, vocab_start=vocab_start, vocab_shard=vocab_shard, positions=positions,
-        position_table=position_table, sinusoid_base=sinusoid_base,
-        sinusoid_layout=sinusoid_layout, norm=norm, norm_eps=norm_eps,
-        norm_unit_offset=norm_unit_offset).options(op))
+    return _shared_options(key, build)
+
+
+_KEY_NUMBERS = (int, float, np.number)
 
 
 def embed_settings(op: str, *, scale: float = 1.0, vocab_start: int = 0,
