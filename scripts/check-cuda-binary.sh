@@ -14,8 +14,10 @@
 #      show as those).
 # Prints one line per kernel and exits non-zero on any failure.
 #   scripts/check-cuda-binary.sh [BUILD_DIR]     (default: build)
-# cuobjdump comes from the CUDA toolkit when it has one, else from PyPI
-# (scripts/install-deps.sh --cuda-tools installs it into .deps/cuda-tools).
+# Judged: the machine code of each real architecture the library was built for (the default,
+# sm_90, ships it); an architecture shipped as PTX alone is not judged. cuobjdump and nvdisasm
+# (which `cuobjdump -sass` runs) come from the CUDA toolkit when it has them, else from PyPI
+# (scripts/install-deps.sh --cuda-tools installs them into .deps/cuda-tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -32,9 +34,9 @@ if ! command -v cuobjdump >/dev/null 2>&1; then
   tools=$(find .deps/cuda-tools -path '*/bin/cuobjdump' 2>/dev/null | head -n 1)
   [ -n "$tools" ] && export PATH="$(cd "$(dirname "$tools")" && pwd):$PATH"
 fi
-for tool in cuobjdump c++filt; do
+for tool in cuobjdump nvdisasm c++filt; do
   if ! command -v $tool >/dev/null 2>&1; then
-    echo "check-cuda-binary: no $tool (CUDA toolkit, PyPI nvidia-cuda-cuobjdump)" >&2
+    echo "check-cuda-binary: no $tool (CUDA toolkit, PyPI nvidia-cuda-cuobjdump / -nvdisasm)" >&2
     exit 2
   fi
 done

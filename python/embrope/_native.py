@@ -68,8 +68,8 @@ def call(function: Any, *args: Any, **kwargs: Any) -> Any:
 def _export(a: Any) -> Any:
     try:
         return sys.modules["torch"]._C._to_dlpack(a)
-    except RuntimeError:  # no strided storage (sparse, MKL-DNN): nanobind refuses it by type
-        return a
+    except (RuntimeError, BufferError):  # no strided storage (sparse), a dtype DLPack lacks:
+        return a  # the protocol's own path, which nanobind refuses by type
 
 
 def rope_table(op: str, cache: Any) -> dict:
@@ -224,18 +224,21 @@ def embed_options(op: str, *, scale: Any, vocab_start: Any, vocab_shard: Any, po
             sinusoid_layout=sinusoid_layout, norm=norm, norm_eps=norm_eps,
             norm_unit_offset=norm_unit_offset).options(op)
 
-    # Numbers of other types (a 0-d tensor, say) are resolved afresh: as keys they would
-    # compare by identity and be kept alive by the cache.
-    if not (isinstance(scale, _KEY_NUMBERS) and isinstance(vocab_start, _KEY_NUMBERS) and
-            isinstance(sinusoid_base, _KEY_NUMBERS) and isinstance(norm_eps, _KEY_NUMBERS)):
-        return build()
+    # Values of other types (a 0-d tensor, say) are resolved afresh: as keys they would compare
+    # by identity, be kept alive by the cache, and could change in place between calls.
+    for value in (scale, vocab_start, sinusoid_base, norm_eps, vocab_shard, norm_unit_offset,
+                  positions, sinusoid_layout, norm):
+        if not (value is None or isinstance(value, _KEY_VALUES)):
+            return build()
     key = ("embed arguments", op, scale, _sign(scale), vocab_start, vocab_shard, positions,
            position_table is None, sinusoid_base, sinusoid_layout, norm, norm_eps,
            norm_unit_offset)
     return _shared_options(key, build)
 
 
-_KEY_NUMBERS = (int, float, np.number)
+# Immutable values that compare by value: numbers, flags, names and the native enums.
+_KEY_VALUES = (int, float, str, np.number, np.bool_, _C.PositionEncoding, _C.SinusoidLayout,
+               _C.Normalization)
 
 
 def embed_settings(op: str, *, scale: float = 1.0, vocab_start: int = 0,

@@ -1,15 +1,12 @@
 """The benchmark report's PyTorch eager peers compute what they stand for: its GGUF
 dequantizer (benchmarks/report.py's gguf_dequantize, the eager column of the Q8_0, Q4_K and Q6_K
-lookups) gives the gguf package's values for llama.cpp's blocks, and the per-call script's
-forward_native (benchmarks/call_overhead.py) rotates as embrope does."""
+lookups) gives the gguf package's values for llama.cpp's blocks."""
 
 import pathlib
 import sys
 
 import numpy as np
 import pytest
-
-import embrope
 
 torch = pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
@@ -36,20 +33,3 @@ def test_gguf_dequantize_matches_the_gguf_package(fmt):
     want = gguf.quants.dequantize(blocks.reshape(-1), QTYPES[fmt]).reshape(64, values)
     got = report.gguf_dequantize(torch, fmt, torch.from_numpy(blocks)).numpy()
     np.testing.assert_array_equal(got, want.astype(np.float32))
-
-
-def test_call_overhead_peer_rotates_as_embrope_and_the_script_runs(capsys):
-    import call_overhead  # benchmarks/call_overhead.py
-
-    rng = np.random.default_rng(3)
-    q = torch.from_numpy(rng.standard_normal((5, 4, 64)).astype(np.float32))
-    k = torch.from_numpy(rng.standard_normal((5, 2, 64)).astype(np.float32))
-    positions = torch.tensor([0, 3, 9, 200, 1023])
-    cache = embrope.RopeCache(64, 1024, base=500000.0)
-    expected = embrope.apply_rope(q, k, positions, cache, inplace=False)
-    got = call_overhead.forward_native(q, k, positions, torch.from_numpy(np.array(cache.table)))
-    for e, g in zip(expected, got):
-        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
-    call_overhead.main(["--loops", "2"])
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 9 and all(float(line.split()[-1]) > 0 for line in lines[1:])

@@ -194,3 +194,19 @@ def test_settings_shared_between_calls_keep_the_sign_of_a_zero_scale():
     plus = et.embed(torch.from_numpy(table), torch.from_numpy(ids), scale=0.0)
     minus = et.embed(torch.from_numpy(table), torch.from_numpy(ids), scale=-0.0)
     assert torch.equal(torch.signbit(minus), ~torch.signbit(plus))
+
+
+def test_settings_given_as_tensors_are_read_on_every_call():
+    # A 0-d tensor compares by identity as a key and can change in place between calls: its
+    # value, not a cached reading of it, decides each call.
+    torch = pytest.importorskip("torch")
+    table, ids = torch.randn(10, 8), torch.tensor([1, 2, 30])
+    shard = torch.tensor(True)
+    assert torch.equal(embrope.embed(table, ids, vocab_shard=shard)[2], torch.zeros(8))
+    shard.fill_(False)
+    with pytest.raises(embrope.BadIndexError, match=r"embed: ids\[2\] = 30 is outside"):
+        embrope.embed(table, ids, vocab_shard=shard)
+    scale = torch.tensor(2.0)
+    assert torch.equal(embrope.embed(table, ids[:2], scale=scale), table[ids[:2]] * 2)
+    scale.fill_(3.0)
+    assert torch.equal(embrope.embed(table, ids[:2], scale=scale), table[ids[:2]] * 3)
