@@ -109,7 +109,24 @@ struct Described {
   std::vector<std::int64_t> shape, strides;
   DLTensor t{};
   bool null_tensor = false;  // passed as a NULL DLTensor*
+  // The element size its block backs the whole view with; 0 when the view was decoded as one
+  // the library must refuse and got a small block instead.
+  std::size_t backed_element_bytes = 0;
 };
+
+// The element size of a dtype the library accepts for some argument (the DLPack dtypes of
+// src/dlpack.cpp's to_dtype), or 0.
+std::size_t library_dtype_bytes(DLDataType t) {
+  if (t.lanes != 1) return 0;
+  if ((t.code == kDLFloat && (t.bits == 32 || t.bits == 16)) ||
+      (t.code == kDLBfloat && t.bits == 16) || (t.code == kDLInt && t.bits == 32) ||
+      (t.code == kDLInt && t.bits == 64)) {
+    return t.bits / 8;
+  }
+  const bool float8 = t.code == 10 || t.code == 12;  // kDLFloat8_e4m3fn, kDLFloat8_e5m2
+  const bool byte = t.code == kDLUInt || t.code == kDLInt;
+  return t.bits == 8 && (float8 || byte) ? 1 : 0;
+}
 
 // The furthest element of a view and its element count, exactly (128-bit).
 struct Extent {
@@ -183,11 +200,8 @@ class Call {
       t.dtype = DLDataType{static_cast<std::uint8_t>(in_.u8() % 8), in_.u8(),
                            static_cast<std::uint16_t>(in_.u8() % 4)};
     }
-    const bool known = t.dtype.lanes == 1 &&
-                       ((t.dtype.code == kDLFloat && (t.dtype.bits == 32 || t.dtype.bits == 16)) ||
-                        (t.dtype.code == kDLBfloat && t.dtype.bits == 16) ||
-                        (t.dtype.code == kDLInt && (t.dtype.bits == 32 || t.dtype.bits == 64)));
-    const std::size_t es = known ? t.dtype.bits / 8 : 1;
+    const bool known = library_dtype_bytes(t.dtype) != 0;
+    const std::size_t es = known ? library_dtype_bytes(t.dtype) : 1;
     // rank
     if (in_.chance(4)) ndim = static_cast<int>(in_.u8() % 11) - 1;  // -1 .. 9
     t.ndim = ndim;
@@ -278,8 +292,22 @@ class Call {
       if (wild % es != 0 || base == nullptr || wild > UINTPTR_MAX - at) t.byte_offset = wild;
     }
     if (in_.chance(3)) d->null_tensor = true;
+    d->backed_element_bytes = rejected_early || base == nullptr ? 0 : es;
     described_.push_back(std::move(d));
     return described_.back()->null_tensor ? nullptr : &described_.back()->t;
+  }
+
+  // Reads `t` (one of this call's tensors) as `dtype`: only where its block backs the view
+  // with elements at least that large, so that a view decoded for refusal (and given a small
+  // block) stays one the library refuses. Reads no input.
+  void retype(DLTensor* t, DLDataType dtype) {
+    if (t == nullptr) return;
+    for (const auto& d : described_) {
+      if (&d->t != t) continue;
+      const std::size_t bytes = library_dtype_bytes(dtype);
+      if (bytes != 0 && bytes <= d->backed_element_bytes) t->dtype = dtype;
+      return;
+    }
   }
 
   // Everything the call may legitimately change, to compare after a rejected call.
@@ -540,10 +568,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       set_enum(q.format, format);
       DLTensor* data = call.tensor(2, true, 0);
       if (data != nullptr && in.chance(224)) {
-        data->dtype = format == EMBROPE_QUANT_INT8            ? DLDataType{kDLInt, 8, 1}
-                      : format == EMBROPE_QUANT_FLOAT8_E4M3FN ? DLDataType{10, 8, 1}
-                      : format == EMBROPE_QUANT_FLOAT8_E5M2   ? DLDataType{12, 8, 1}
-                                                              : DLDataType{kDLUInt, 8, 1};
+        call.retype(data, format == EMBROPE_QUANT_INT8            ? DLDataType{kDLInt, 8, 1}
+                          : format == EMBROPE_QUANT_FLOAT8_E4M3FN ? DLDataType{10, 8, 1}
+                          : format == EMBROPE_QUANT_FLOAT8_E5M2   ? DLDataType{12, 8, 1}
+                                                                  : DLDataType{kDLUInt, 8, 1});
       }
       q.data = data;
       q.dim = in.chance(32) ? in.extreme() : in.u8() % 12;
@@ -555,7 +583,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       q.scales = in.chance(200) ? call.tensor(in.u8() % 3, true, 0) : nullptr;
       DLTensor* zero_points = in.chance(96) ? call.tensor(in.u8() % 3, true, 0) : nullptr;
-      if (zero_points != nullptr && in.chance(128)) zero_points->dtype = DLDataType{kDLInt, 8, 1};
+      if (zero_points != nullptr && in.chance(128)) call.retype(zero_points, {kDLInt, 8, 1});
       q.zero_points = zero_points;
       const std::vector<unsigned char> before = call.snapshot();
       const embrope_status_t s = embrope_embed_quantized(in.chance(8) ? nullptr : &q, ids, out,
@@ -598,8 +626,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // (any bits now and then) and per-head scales of any shape and dtype.
     if (in.u8() >= 128) {
       const auto code = static_cast<std::uint8_t>(in.u8() % 2 ? 10 : 12);
-      if (o.q_out != nullptr && o.q_out != q) o.q_out->dtype = DLDataType{code, 8, 1};
-      if (o.k_out != nullptr && in.chance(224)) o.k_out->dtype = DLDataType{code, 8, 1};
+      if (o.q_out != nullptr && o.q_out != q) call.retype(o.q_out, {code, 8, 1});
+      if (o.k_out != nullptr && in.chance(224)) call.retype(o.k_out, {code, 8, 1});
       for (float* scale : {&o.q_out_scale, &o.k_out_scale}) {
         if (in.chance(32)) {
           const auto bits = static_cast<std::uint32_t>(in.u64());
@@ -622,7 +650,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const auto pair = [&](const DLTensor*& nope, DLTensor*& out) {
         nope = call.tensor(rank, true, 0);
         out = call.tensor(rank, true, 0);
-        if (out != nullptr && in.chance(224)) out->dtype = out_dtype;
+        if (out != nullptr && in.chance(224)) call.retype(out, out_dtype);
       };
       if (in.u8() >= 48) pair(o.q_nope, o.q_nope_out);
       if (in.u8() >= 96) pair(o.k_nope, o.k_nope_out);
@@ -825,7 +853,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // may be null (a hostile variation).
     const auto maybe_float8 = [&](DLTensor* t) {
       if (in.u8() >= 160 && t != nullptr)
-        t->dtype = DLDataType{static_cast<std::uint8_t>(in.u8() % 2 ? 10 : 12), 8, 1};
+        call.retype(t, {static_cast<std::uint8_t>(in.u8() % 2 ? 10 : 12), 8, 1});
       return t;
     };
     if (in.u8() >= 48) {
@@ -877,9 +905,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // the bytes above, 0 meaning none, so that older inputs decode as they did.
     if (in.u8() >= 128) {
       const auto code = static_cast<std::uint8_t>(in.u8() % 2 ? 10 : 12);
-      if (o.q_out != nullptr) o.q_out->dtype = DLDataType{code, 8, 1};
-      if (o.k_out != nullptr && o.k_out != k && in.chance(32))
-        o.k_out->dtype = DLDataType{code, 8, 1};
+      if (o.q_out != nullptr) call.retype(o.q_out, {code, 8, 1});
+      if (o.k_out != nullptr && o.k_out != k && in.chance(32)) call.retype(o.k_out, {code, 8, 1});
       if (in.chance(32)) {
         const auto bits = static_cast<std::uint32_t>(in.u64());
         std::memcpy(&o.q_out_scale, &bits, 4);
@@ -891,7 +918,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (in.u8() >= 128) {
         o.q_nope = call.tensor(rank, true, 0);
         o.q_nope_out = call.tensor(rank, true, 0);
-        if (o.q_nope_out != nullptr && in.chance(224)) o.q_nope_out->dtype = DLDataType{code, 8, 1};
+        if (o.q_nope_out != nullptr && in.chance(224)) call.retype(o.q_nope_out, {code, 8, 1});
       }
     }
     const std::vector<unsigned char> before = call.snapshot();
