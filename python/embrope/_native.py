@@ -73,7 +73,8 @@ def _export(a: Any) -> Any:
 
 
 def rope_table(op: str, cache: Any) -> dict:
-    """The table keyword arguments (``cache`` or ``cos`` and ``sin``) of a native call."""
+    """The table keyword arguments (``cache``, ``cos`` and ``sin``, or ``cos_sin_cache``) of a
+    native call."""
     if isinstance(cache, RopeCache):
         return {"cache": cache._native}
     if isinstance(cache, tuple) and len(cache) == 2:
@@ -83,22 +84,10 @@ def rope_table(op: str, cache: Any) -> dict:
         return {"cos": cos, "sin": sin}
     if hasattr(cache, "__dlpack__") or isinstance(cache, np.ndarray):
         _arrays.check_array(op, "cache", cache)
-        cos, sin = split_cos_sin_cache(op, cache)
-        return {"cos": cos, "sin": sin}
+        return {"cos_sin_cache": cache}  # split into its halves by the native module
     raise TypeError(
         f"{op}: cache must be a RopeCache, a cos_sin_cache array [max_positions, rotary_dim] "
         f"or a (cos, sin) pair, not {type(cache).__name__}")
-
-
-def split_cos_sin_cache(op: str, table: Any) -> tuple[Any, Any]:
-    """(cos, sin) views of a ``cos_sin_cache`` [max_positions, rotary_dim]."""
-    shape = _arrays.shape_of(table)
-    if len(shape) != 2 or shape[1] % 2 != 0:
-        raise _C.InvalidArgumentError(
-            f"{op}: cos_sin_cache has shape {list(shape)}; it must be [max_positions, "
-            "rotary_dim] with rotary_dim even (the cos half, then the sin half)")
-    half = shape[1] // 2
-    return table[:, :half], table[:, half:]
 
 
 # One native settings object per distinct settings, shared by the calls that use them: the

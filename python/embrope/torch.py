@@ -1,8 +1,8 @@
 """embrope's ops as PyTorch operators: autograd, torch.compile and CUDA graphs.
 
-Every op is registered with ``torch.library.custom_op`` under the ``embrope::`` namespace,
-with a fake (meta) kernel, so that ``torch.compile(fullgraph=True)`` traces it without a
-graph break, and with autograd where it has a gradient:
+Every op is a ``torch.library`` operator in the ``embrope::`` namespace, with a fake (meta)
+kernel, so that ``torch.compile(fullgraph=True)`` traces it without a graph break, and with
+autograd where it has a gradient:
 
 - :func:`apply_rope` (``embrope::apply_rope``, functional, and ``embrope::apply_rope_``,
   in place): its gradient is ``embrope::apply_rope_backward``, the transposed rotation, whose
@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 import weakref
-from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -84,6 +85,99 @@ def _deferred(op: str, like: Tensor) -> Any:
     return None
 
 
+# ------------------------------------------------------------------ the operators ----
+
+# The embrope:: operators, each defined on this library with a schema inferred from its
+# function's annotations (torch.library.infer_schema) and one kernel for every device
+# (CompositeExplicitAutograd), rather than with torch.library.custom_op: the dispatcher then
+# calls the kernel itself, where custom_op's layers (an autograd indirection in Python, a
+# dynamo-disable wrapper, version bookkeeping) cost 9 us a call of an in-place op and 2 us of
+# a functional one, on a one-token call of 20-40 us (benchmarks/call_overhead.py). vLLM
+# registers its operators the same way (direct_register_custom_op). Fake kernels, autograd
+# (torch.library.register_autograd) and torch.compile work as with custom_op.
+_LIBRARY = torch.library.Library("embrope", "FRAGMENT")
+
+
+def _operator(name: str, fake: Callable[..., Any], *, mutates_args: Tuple[str, ...] = (),
+              no_autograd: str = "",
+              no_gradient: str = "") -> Callable[[Callable[..., Any]], Any]:
+    """Decorator: defines ``embrope::<name>`` with the function as its kernel and `fake` as
+    its fake (meta) kernel, and returns the operator (``torch.ops.embrope.<name>.default``).
+
+    A functional operator's autograd is registered after it (``register_autograd``), or, for
+    one without a gradient, here: `no_gradient` says why, and a backward through it raises
+    NotAvailableError with that reason (with no autograd kernel, torch would only warn and
+    leave the gradient silently missing).
+
+    An operator that writes some of its arguments (`mutates_args`, marked in its schema) has
+    no autograd: while grad mode is on, a tensor argument that requires grad is refused with
+    InvalidArgumentError (``"<op>: <argument> requires grad, but <no_autograd>"``) by both
+    kernels, since its gradient would silently miss the write. After the call, raising or not
+    (a bad index still writes the other rows), the written tensors' version counters move, as
+    an in-place torch op's do, so that a backward through a tensor saved before the write
+    raises.
+    """
+    def define(function: Callable[..., Any]) -> Any:
+        _LIBRARY.define(name + torch.library.infer_schema(function, mutates_args=mutates_args))
+        kernel, fake_kernel = function, fake
+        if mutates_args:
+            kernel, fake_kernel = _writing_kernels(name.rstrip("_"), function, fake,
+                                                   mutates_args, no_autograd)
+        _LIBRARY.impl(name, kernel, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"embrope::{name}", fake_kernel, lib=_LIBRARY)
+        if no_gradient:
+            def backward(ctx: Any, *grads: Any) -> None:
+                raise _C.NotAvailableError(f"embrope::{name} has no gradient: {no_gradient}")
+
+            torch.library.register_autograd(f"embrope::{name}", backward, lib=_LIBRARY)
+        return getattr(torch.ops.embrope, name).default
+    return define
+
+
+def _writing_kernels(op: str, function: Callable[..., Any], fake: Callable[..., Any],
+                     mutates_args: Tuple[str, ...], no_autograd: str) -> Tuple[Any, Any]:
+    """The kernel and fake kernel of an operator that writes its `mutates_args` (see
+    :func:`_operator`)."""
+    parameters = inspect.signature(function).parameters
+    tensors = [(i, name) for i, (name, p) in enumerate(parameters.items())
+               if "Tensor" in str(p.annotation)]
+    written = [i for i, name in enumerate(parameters) if name in mutates_args]
+
+    def refuse_grad(args: Tuple[Any, ...]) -> None:
+        if torch.is_grad_enabled():
+            for i, name in tensors:
+                if args[i] is not None and args[i].requires_grad:
+                    raise _C.InvalidArgumentError(f"{op}: {name} requires grad, but {no_autograd}")
+
+    def kernel(*args: Any) -> None:
+        refuse_grad(args)
+        try:
+            function(*args)
+        finally:
+            increment_version = _arrays._increment_version()
+            for i in written:
+                if args[i] is not None:
+                    increment_version(args[i])
+
+    def fake_kernel(*args: Any) -> None:
+        refuse_grad(args)
+        return fake(*args)
+
+    return kernel, fake_kernel
+
+
+# What the writing operators' refusals say after "<argument> requires grad, but ".
+_NO_AUTOGRAD_APPLY_ROPE = (
+    "rotating in place has no autograd (the gradient would miss the rotation); pass "
+    "inplace=False (differentiable), or call it under torch.no_grad()")
+_NO_AUTOGRAD_APPLY_ROPE_APPEND_KV = (
+    "this serving op has no autograd (its cache writes are not differentiable); call it under "
+    "torch.no_grad(), or use apply_rope for training")
+_NO_AUTOGRAD_APPLY_QK_NORM_ROPE_APPEND_KV = (
+    "this serving op has no autograd (its cache writes are not differentiable); call it under "
+    "torch.no_grad(), or use apply_qk_norm_rope for training")
+
+
 def _stream(like: Tensor) -> int:
     return int(torch.cuda.current_stream(like.device).cuda_stream) if like.is_cuda else 0
 
@@ -92,8 +186,11 @@ def _empty(op: str, shape: Any, dtype: torch.dtype, device: torch.device,
            zeros: bool = False) -> Tensor:
     """A new output of an op (zero-filled with `zeros`); a failure to allocate it is
     embrope.OutOfMemoryError."""
-    with _arrays.allocating(op, shape, dtype):
+    try:  # not _arrays.allocating: a generator's context costs 2 us a call
         return (torch.zeros if zeros else torch.empty)(shape, dtype=dtype, device=device)
+    except (MemoryError, RuntimeError) as error:
+        _arrays._raise_out_of_memory(op, shape, dtype, error)
+        raise
 
 
 def _new(like: Tensor, op: str = "apply_rope") -> Tensor:
@@ -120,7 +217,10 @@ def _rope_options(op: str, layout: int, inverse: bool, rotary_dim: int,
 
 
 def _table(op: str, cos_sin_cache: Tensor) -> dict:
-    return _native.rope_table(op, cos_sin_cache.detach())
+    """The table keyword of a native call: the whole cos_sin_cache, which the native module
+    splits into its halves (no gradient flows to it: the public functions refuse a table that
+    requires grad)."""
+    return {"cos_sin_cache": cos_sin_cache}
 
 
 # --------------------------------------------------------------------- apply_rope ----
@@ -149,7 +249,11 @@ def _rope_out_of_place(op: str, backward: bool, q: Tensor, k: Optional[Tensor],
     return q_out, k_out
 
 
-@torch.library.custom_op("embrope::apply_rope", mutates_args=())
+def _apply_rope_fake(q, k, *options):
+    return _rope_outputs(q, k)
+
+
+@_operator("apply_rope", _apply_rope_fake)
 def _apply_rope_op(q: Tensor, k: Optional[Tensor], positions: Tensor, cos_sin_cache: Tensor,
                    layout: int, inverse: bool, rotary_dim: int,
                    mrope: List[int]) -> Tuple[Tensor, Tensor]:
@@ -157,12 +261,11 @@ def _apply_rope_op(q: Tensor, k: Optional[Tensor], positions: Tensor, cos_sin_ca
                               inverse, rotary_dim, mrope)
 
 
-@_apply_rope_op.register_fake
-def _(q, k, *options):
-    return _rope_outputs(q, k)
+def _apply_rope_backward_fake(dq, dk, *options):
+    return _rope_outputs(dq, dk)
 
 
-@torch.library.custom_op("embrope::apply_rope_backward", mutates_args=())
+@_operator("apply_rope_backward", _apply_rope_backward_fake)
 def _apply_rope_backward_op(dq: Tensor, dk: Optional[Tensor], positions: Tensor,
                             cos_sin_cache: Tensor, layout: int, inverse: bool, rotary_dim: int,
                             mrope: List[int]) -> Tuple[Tensor, Tensor]:
@@ -170,22 +273,17 @@ def _apply_rope_backward_op(dq: Tensor, dk: Optional[Tensor], positions: Tensor,
                               layout, inverse, rotary_dim, mrope)
 
 
-@_apply_rope_backward_op.register_fake
-def _(dq, dk, *options):
-    return _rope_outputs(dq, dk)
+def _apply_rope_inplace_fake(*args):
+    return None
 
 
-@torch.library.custom_op("embrope::apply_rope_", mutates_args=("q", "k"))
+@_operator("apply_rope_", _apply_rope_inplace_fake,
+           mutates_args=("q", "k"), no_autograd=_NO_AUTOGRAD_APPLY_ROPE)
 def _apply_rope_inplace_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
                            cos_sin_cache: Tensor, layout: int, inverse: bool, rotary_dim: int,
                            mrope: List[int]) -> None:
     _rope_impl("apply_rope", False, q, k, positions, cos_sin_cache, layout, inverse,
                rotary_dim, mrope, None, None)
-
-
-@_apply_rope_inplace_op.register_fake
-def _(q, k, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope):
-    return None
 
 
 def _rope_setup_context(ctx, inputs, output):
@@ -231,7 +329,14 @@ def _quantized_outputs(q: Tensor, k: Optional[Tensor], q_nope: Optional[Tensor],
                  for x in (q, k, q_nope, k_nope))
 
 
-@torch.library.custom_op("embrope::apply_rope_quantized", mutates_args=())
+def _apply_rope_quantized_fake(q, k, positions, cos_sin_cache, layout, inverse, rotary_dim,
+                               mrope, out_dtype, q_out_scale, k_out_scale, q_out_head_scales,
+                               k_out_head_scales, q_nope, k_nope):
+    return _quantized_outputs(q, k, q_nope, k_nope, out_dtype)
+
+
+@_operator("apply_rope_quantized", _apply_rope_quantized_fake,
+           no_gradient="float8 outputs are not differentiable")
 def _apply_rope_quantized_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
                              cos_sin_cache: Tensor, layout: int, inverse: bool, rotary_dim: int,
                              mrope: List[int], out_dtype: torch.dtype, q_out_scale: float,
@@ -252,12 +357,6 @@ def _apply_rope_quantized_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
                  q_nope_out=q_nope_out if q_nope is not None else None, k_nope=k_nope,
                  k_nope_out=k_nope_out if k_nope is not None else None)
     return outputs
-
-
-@_apply_rope_quantized_op.register_fake
-def _(q, k, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope, out_dtype, q_out_scale,
-      k_out_scale, q_out_head_scales, k_out_head_scales, q_nope, k_nope):
-    return _quantized_outputs(q, k, q_nope, k_nope, out_dtype)
 
 
 def _cos_sin_tensor(op: str, cache: Union[RopeCache, Tensor], device: torch.device) -> Tensor:
@@ -405,7 +504,11 @@ def _qk_arguments(op: str, like: Tensor, cos_sin_cache: Tensor, q_weight: Option
                 deferred=_deferred(op, like), stream=_stream(like))
 
 
-@torch.library.custom_op("embrope::apply_qk_norm_rope", mutates_args=())
+def _apply_qk_norm_rope_fake(q, k, *options):
+    return _rope_outputs(q, k)
+
+
+@_operator("apply_qk_norm_rope", _apply_qk_norm_rope_fake)
 def _apply_qk_norm_rope_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
                            cos_sin_cache: Tensor, q_weight: Optional[Tensor],
                            k_weight: Optional[Tensor], eps: float, unit_offset: bool,
@@ -421,12 +524,17 @@ def _apply_qk_norm_rope_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
     return q_out, k_out
 
 
-@_apply_qk_norm_rope_op.register_fake
-def _(q, k, *options):
-    return _rope_outputs(q, k)
+def _apply_qk_norm_rope_backward_fake(dq, dk, q, k, positions, cos_sin_cache, q_weight,
+                                      k_weight, eps, unit_offset, layout, inverse, rotary_dim,
+                                      mrope, q_weight_grad, k_weight_grad):
+    dq_out, dk_out = _rope_outputs(dq, dk)
+    dim = q.shape[-1]
+    return (dq_out, dk_out, q.new_empty(dim if q_weight_grad else 0, dtype=torch.float32),
+            q.new_empty(dim if k_weight_grad else 0, dtype=torch.float32))
 
 
-@torch.library.custom_op("embrope::apply_qk_norm_rope_backward", mutates_args=())
+@_operator("apply_qk_norm_rope_backward", _apply_qk_norm_rope_backward_fake,
+           no_gradient="apply_qk_norm_rope has no second derivative here")
 def _apply_qk_norm_rope_backward_op(
         dq: Tensor, dk: Optional[Tensor], q: Tensor, k: Optional[Tensor], positions: Tensor,
         cos_sin_cache: Tensor, q_weight: Optional[Tensor], k_weight: Optional[Tensor],
@@ -446,15 +554,6 @@ def _apply_qk_norm_rope_backward_op(
         **_qk_arguments(op, dq, cos_sin_cache, q_weight, k_weight, eps, unit_offset, layout,
                         inverse, rotary_dim, mrope))
     return dq_out, dk_out, gq, gk
-
-
-@_apply_qk_norm_rope_backward_op.register_fake
-def _(dq, dk, q, k, positions, cos_sin_cache, q_weight, k_weight, eps, unit_offset, layout,
-      inverse, rotary_dim, mrope, q_weight_grad, k_weight_grad):
-    dq_out, dk_out = _rope_outputs(dq, dk)
-    dim = q.shape[-1]
-    return (dq_out, dk_out, q.new_empty(dim if q_weight_grad else 0, dtype=torch.float32),
-            q.new_empty(dim if k_weight_grad else 0, dtype=torch.float32))
 
 
 def _qk_setup_context(ctx, inputs, output):
@@ -508,8 +607,13 @@ def apply_qk_norm_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
     return q_out, (k_out if k is not None else None)
 
 
-@torch.library.custom_op("embrope::apply_rope_append_kv_",
-                         mutates_args=("q", "k_cache", "v_cache", "q_out", "q_nope_out"))
+def _apply_rope_append_kv_fake(*args):
+    return None
+
+
+@_operator("apply_rope_append_kv_", _apply_rope_append_kv_fake,
+           mutates_args=("q", "k_cache", "v_cache", "q_out", "q_nope_out"),
+           no_autograd=_NO_AUTOGRAD_APPLY_ROPE_APPEND_KV)
 def _apply_rope_append_kv_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
                              cos_sin_cache: Tensor, k_cache: Tensor, v_cache: Tensor,
                              slot_mapping: Optional[Tensor], cache_offsets: Optional[Tensor],
@@ -528,11 +632,6 @@ def _apply_rope_append_kv_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
         cu_seqlens=cu_seqlens, **_table(op, cos_sin_cache), options=settings.options(op),
         deferred=_deferred(op, q), stream=_stream(q), q_out=q_out,
         q_out_head_scales=q_out_head_scales, q_nope=q_nope, q_nope_out=q_nope_out)
-
-
-@_apply_rope_append_kv_op.register_fake
-def _(*args):
-    return None
 
 
 def _float8_q_out(op: str, q: Tensor, q_nope: Optional[Tensor],
@@ -597,8 +696,13 @@ def apply_rope_append_kv(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
     return q if q_out is None else q_out
 
 
-@torch.library.custom_op("embrope::apply_qk_norm_rope_append_kv_",
-                         mutates_args=("q", "k_cache", "v_cache", "q_out"))
+def _apply_qk_norm_rope_append_kv_fake(*args):
+    return None
+
+
+@_operator("apply_qk_norm_rope_append_kv_", _apply_qk_norm_rope_append_kv_fake,
+           mutates_args=("q", "k_cache", "v_cache", "q_out"),
+           no_autograd=_NO_AUTOGRAD_APPLY_QK_NORM_ROPE_APPEND_KV)
 def _apply_qk_norm_rope_append_kv_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
                                      cos_sin_cache: Tensor, k_cache: Tensor, v_cache: Tensor,
                                      slot_mapping: Optional[Tensor],
@@ -620,11 +724,6 @@ def _apply_qk_norm_rope_append_kv_op(q: Tensor, k: Tensor, v: Tensor, positions:
         v_cache=v_cache.detach(), kv_layout=_C.KvCacheLayout(kv_layout), k_scale=k_scale,
         v_scale=v_scale, slot_mapping=slot_mapping, cache_offsets=cache_offsets,
         cu_seqlens=cu_seqlens, q_out=q_out, q_out_head_scales=q_out_head_scales, **arguments)
-
-
-@_apply_qk_norm_rope_append_kv_op.register_fake
-def _(*args):
-    return None
 
 
 def apply_qk_norm_rope_append_kv(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
@@ -656,14 +755,6 @@ def apply_qk_norm_rope_append_kv(q: Tensor, k: Tensor, v: Tensor, positions: Ten
     q, or the float8 q_out
     """
     op = "apply_qk_norm_rope_append_kv"
-    if torch.is_grad_enabled():
-        for name, t in (("q", q), ("k", k), ("v", v), ("q_weight", q_weight),
-                        ("k_weight", k_weight)):
-            if t is not None and t.requires_grad:
-                raise _C.InvalidArgumentError(
-                    f"{op}: {name} requires grad, but this serving op has no autograd (its "
-                    "cache writes are not differentiable); call it under torch.no_grad(), or "
-                    "use apply_qk_norm_rope for training")
     table = _cos_sin_tensor(op, cache, q.device)
     layout_value, _, rotary_dim, mrope = _rope_arguments(
         op, cache, layout, False, rotary_dim, mrope_section, mrope_interleaved)
@@ -734,7 +825,13 @@ def _detach(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.detach()
 
 
-@torch.library.custom_op("embrope::embed", mutates_args=())
+def _embed_fake(table, ids, position_table, position_ids, position_offsets, type_table,
+                type_ids, scale, vocab_start, vocab_shard, positions, sinusoid_base,
+                sinusoid_layout, padding_idx):
+    return table.new_empty(tuple(ids.shape) + (table.shape[-1],))
+
+
+@_operator("embed", _embed_fake)
 def _embed_op(table: Tensor, ids: Tensor, position_table: Optional[Tensor],
               position_ids: Optional[Tensor], position_offsets: Optional[Tensor],
               type_table: Optional[Tensor], type_ids: Optional[Tensor], scale: float,
@@ -751,13 +848,16 @@ def _embed_op(table: Tensor, ids: Tensor, position_table: Optional[Tensor],
     return out
 
 
-@_embed_op.register_fake
-def _(table, ids, position_table, position_ids, position_offsets, type_table, type_ids, scale,
-      vocab_start, vocab_shard, positions, sinusoid_base, sinusoid_layout, padding_idx):
-    return table.new_empty(tuple(ids.shape) + (table.shape[-1],))
+def _embed_backward_fake(grad_out, ids, position_ids, position_offsets, type_ids, table_rows,
+                         position_rows, type_rows, dtype, scale, vocab_start, vocab_shard,
+                         padding_idx):
+    width = grad_out.shape[-1]
+    return [grad_out.new_empty((rows, width), dtype=dtype)
+            for rows in (table_rows, position_rows, type_rows)]
 
 
-@torch.library.custom_op("embrope::embed_backward", mutates_args=())
+@_operator("embed_backward", _embed_backward_fake,
+           no_gradient="embed has no second derivative here")
 def _embed_backward_op(grad_out: Tensor, ids: Tensor, position_ids: Optional[Tensor],
                        position_offsets: Optional[Tensor], type_ids: Optional[Tensor],
                        table_rows: int, position_rows: int, type_rows: int, dtype: torch.dtype,
@@ -782,14 +882,6 @@ def _embed_backward_op(grad_out: Tensor, ids: Tensor, position_ids: Optional[Ten
         grad_type_table=wanted[2], type_ids=type_ids if type_rows > 0 else None,
         deferred=_deferred(op, grad_out), stream=_stream(grad_out))
     return grads
-
-
-@_embed_backward_op.register_fake
-def _(grad_out, ids, position_ids, position_offsets, type_ids, table_rows, position_rows,
-      type_rows, dtype, scale, vocab_start, vocab_shard, padding_idx):
-    width = grad_out.shape[-1]
-    return [grad_out.new_empty((rows, width), dtype=dtype)
-            for rows in (table_rows, position_rows, type_rows)]
 
 
 def _gradient_rows(table, position_table, type_table, positions) -> Tuple[int, int, int]:
@@ -824,7 +916,15 @@ torch.library.register_autograd("embrope::embed", _embed_backward,
                                 setup_context=_embed_setup_context)
 
 
-@torch.library.custom_op("embrope::embed_norm", mutates_args=())
+def _embed_norm_fake(table, ids, position_table, position_ids, position_offsets, type_table,
+                     type_ids, norm_weight, norm_bias, scale, vocab_start, positions,
+                     sinusoid_base, sinusoid_layout, norm, norm_eps, norm_unit_offset,
+                     padding_idx):
+    shape = tuple(ids.shape) + (table.shape[-1],)
+    return table.new_empty(shape), table.new_empty(shape)
+
+
+@_operator("embed_norm", _embed_norm_fake)
 def _embed_norm_op(table: Tensor, ids: Tensor, position_table: Optional[Tensor],
                    position_ids: Optional[Tensor], position_offsets: Optional[Tensor],
                    type_table: Optional[Tensor], type_ids: Optional[Tensor],
@@ -848,14 +948,6 @@ def _embed_norm_op(table: Tensor, ids: Tensor, position_table: Optional[Tensor],
     return out, pre
 
 
-@_embed_norm_op.register_fake
-def _(table, ids, position_table, position_ids, position_offsets, type_table, type_ids,
-      norm_weight, norm_bias, scale, vocab_start, positions, sinusoid_base, sinusoid_layout,
-      norm, norm_eps, norm_unit_offset, padding_idx):
-    shape = tuple(ids.shape) + (table.shape[-1],)
-    return table.new_empty(shape), table.new_empty(shape)
-
-
 def _embed_norm_setup_context(ctx, inputs, output):
     (table, ids, position_table, position_ids, position_offsets, type_table, type_ids,
      norm_weight, norm_bias, scale, vocab_start, positions, _, _, norm, norm_eps,
@@ -869,7 +961,19 @@ def _embed_norm_setup_context(ctx, inputs, output):
     ctx.bias = None if norm_bias is None else (norm_bias.requires_grad, norm_bias.dtype)
 
 
-@torch.library.custom_op("embrope::embed_norm_backward", mutates_args=())
+def _embed_norm_backward_fake(grad_out, grad_pre_norm, ids, position_ids, position_offsets,
+                              type_ids, pre_norm, norm_weight, table_rows, position_rows,
+                              type_rows, dtype, scale, vocab_start, padding_idx, norm, norm_eps,
+                              norm_unit_offset, weight_grad, bias_grad):
+    width = grad_out.shape[-1]
+    return ([grad_out.new_empty((rows, width), dtype=dtype)
+             for rows in (table_rows, position_rows, type_rows)]
+            + [grad_out.new_empty((width if wanted else 0,), dtype=torch.float32)
+               for wanted in (weight_grad, bias_grad)])
+
+
+@_operator("embed_norm_backward", _embed_norm_backward_fake,
+           no_gradient="embed with a norm has no second derivative here")
 def _embed_norm_backward_op(grad_out: Tensor, grad_pre_norm: Optional[Tensor], ids: Tensor,
                             position_ids: Optional[Tensor], position_offsets: Optional[Tensor],
                             type_ids: Optional[Tensor], pre_norm: Tensor,
@@ -904,17 +1008,6 @@ def _embed_norm_backward_op(grad_out: Tensor, grad_pre_norm: Optional[Tensor], i
         grad_norm_bias=norm_grads[1] if bias_grad else None,
         deferred=_deferred(op, grad_out), stream=_stream(grad_out))
     return grads + norm_grads
-
-
-@_embed_norm_backward_op.register_fake
-def _(grad_out, grad_pre_norm, ids, position_ids, position_offsets, type_ids, pre_norm,
-      norm_weight, table_rows, position_rows, type_rows, dtype, scale, vocab_start, padding_idx,
-      norm, norm_eps, norm_unit_offset, weight_grad, bias_grad):
-    width = grad_out.shape[-1]
-    return ([grad_out.new_empty((rows, width), dtype=dtype)
-             for rows in (table_rows, position_rows, type_rows)]
-            + [grad_out.new_empty((width if wanted else 0,), dtype=torch.float32)
-               for wanted in (weight_grad, bias_grad)])
 
 
 def _embed_norm_backward(ctx, grad_out, grad_pre):
@@ -1026,18 +1119,17 @@ def embed_backward(grad_out: Tensor, ids: Tensor, *, table_rows: int = 0,
 
 # --------------------------------------------------------------- packed_positions ----
 
-@torch.library.custom_op("embrope::packed_positions", mutates_args=())
+def _packed_positions_fake(cu_seqlens, start_offsets, num_tokens):
+    return cu_seqlens.new_empty(num_tokens)
+
+
+@_operator("packed_positions", _packed_positions_fake)
 def _packed_positions_op(cu_seqlens: Tensor, start_offsets: Optional[Tensor],
                          num_tokens: int) -> Tensor:
     positions = _empty("packed_positions", (num_tokens,), cu_seqlens.dtype, cu_seqlens.device)
     _native.call(_C.packed_positions, cu_seqlens, positions, start_offsets=start_offsets,
                  deferred=_deferred("packed_positions", cu_seqlens), stream=_stream(cu_seqlens))
     return positions
-
-
-@_packed_positions_op.register_fake
-def _(cu_seqlens, start_offsets, num_tokens):
-    return cu_seqlens.new_empty(num_tokens)
 
 
 def packed_positions(cu_seqlens: Tensor, num_tokens: int,

@@ -350,7 +350,9 @@ void bind_options(nb::module_& m) {
 
 // ------------------------------------------------------------------- RoPE family ----
 
-// The cos/sin table of a RoPE-family call: a RopeCache, or cos and sin [max_positions, R/2].
+// The cos/sin table of a RoPE-family call: a RopeCache, cos and sin [max_positions, R/2], or
+// a cos_sin_cache [max_positions, R] (cos half, then sin half: vLLM's and FlashInfer's layout),
+// split here into its two halves' views (in Python, two slices cost 2-5 us of a one-token call).
 struct RopeTable {
   const embrope::RopeCache* cache = nullptr;
   std::optional<Tensor> cos, sin;
@@ -368,13 +370,41 @@ struct RopeTable {
 };
 
 RopeTable rope_table(const char* op, const embrope::RopeCache* cache, const OptionalArray& cos,
-                     const OptionalArray& sin) {
-  if ((cache != nullptr) == (cos.has_value() || sin.has_value()) ||
-      cos.has_value() != sin.has_value()) {
+                     const OptionalArray& sin, const OptionalArray& cos_sin_cache) {
+  const int tables =
+      (cache != nullptr) + (cos.has_value() || sin.has_value()) + cos_sin_cache.has_value();
+  if (tables != 1 || cos.has_value() != sin.has_value()) {
     throw embrope::Error(embrope::ErrorCode::invalid_argument,
-                         std::string(op) + ": give the cos/sin table as cache, or as cos and sin");
+                         std::string(op) +
+                             ": give the cos/sin table as cache, as cos and sin, or as "
+                             "cos_sin_cache");
   }
-  return {cache, view(cos, op, "cos"), view(sin, op, "sin")};
+  if (!cos_sin_cache) return {cache, view(cos, op, "cos"), view(sin, op, "sin")};
+  const Tensor table = view(*cos_sin_cache, op, "cos_sin_cache");
+  if (table.ndim() != 2 || table.shape(1) % 2 != 0) {
+    std::string shape;
+    for (int i = 0; i < table.ndim(); ++i)
+      shape += (i ? ", " : "") + std::to_string(table.shape(i));
+    throw embrope::Error(embrope::ErrorCode::invalid_argument,
+                         std::string(op) + ": cos_sin_cache has shape [" + shape +
+                             "]; it must be [max_positions, rotary_dim] with rotary_dim even "
+                             "(the cos half, then the sin half)");
+  }
+  const std::int64_t half = table.shape(1) / 2;
+  const std::int64_t shape[2] = {table.shape(0), half};
+  // The sin half starts half a row's elements in (an address formed on the host, valid on any
+  // device). An offset no real table comes near is refused before it is formed, so that the
+  // arithmetic cannot overflow (the ops then check each half's view).
+  const std::int64_t limit = std::int64_t{1} << 56, column = table.stride(1);
+  if (half > 0 && (column > limit / half || column < -(limit / half))) {
+    throw embrope::Error(embrope::ErrorCode::invalid_argument,
+                         std::string(op) + ": cos_sin_cache's column stride " +
+                             std::to_string(column) + " puts its sin half past 2^56 elements");
+  }
+  char* sin_data =
+      static_cast<char*>(table.data()) + half * column * embrope::dtype_size(table.dtype());
+  return {nullptr, Tensor(table.data(), table.dtype(), 2, shape, table.strides(), table.device()),
+          Tensor(sin_data, table.dtype(), 2, shape, table.strides(), table.device())};
 }
 
 // A call's RopeOptions: its settings, with its outputs, status and stream.
@@ -393,14 +423,14 @@ embrope::RopeOptions rope_options(const char* op, embrope::RopeOptions options,
 }
 
 // The keyword arguments every RoPE-family function ends with, in the order of its parameters
-// (const RopeCache*, cos, sin, const RopeOptions&, q_out, k_out, DeferredStatus*, stream,
-// q_out_head_scales, k_out_head_scales).
+// (const RopeCache*, cos, sin, cos_sin_cache, const RopeOptions&, q_out, k_out, DeferredStatus*,
+// stream, q_out_head_scales, k_out_head_scales).
 auto rope_arguments() {
   return std::make_tuple("cache"_a.none() = nb::none(), "cos"_a.none() = nb::none(),
-                         "sin"_a.none() = nb::none(), "options"_a = embrope::RopeOptions{},
-                         "q_out"_a.none() = nb::none(), "k_out"_a.none() = nb::none(),
-                         "deferred"_a.none() = nb::none(), "stream"_a = std::uintptr_t{0},
-                         "q_out_head_scales"_a.none() = nb::none(),
+                         "sin"_a.none() = nb::none(), "cos_sin_cache"_a.none() = nb::none(),
+                         "options"_a = embrope::RopeOptions{}, "q_out"_a.none() = nb::none(),
+                         "k_out"_a.none() = nb::none(), "deferred"_a.none() = nb::none(),
+                         "stream"_a = std::uintptr_t{0}, "q_out_head_scales"_a.none() = nb::none(),
                          "k_out_head_scales"_a.none() = nb::none());
 }
 
@@ -423,7 +453,8 @@ void bind_rope_direction(nb::module_& m) {
       [](const Array& q, const OptionalArray& k, const Array& positions,
          const OptionalArray& q_nope, const OptionalArray& q_nope_out, const OptionalArray& k_nope,
          const OptionalArray& k_nope_out, const embrope::RopeCache* cache, const OptionalArray& cos,
-         const OptionalArray& sin, const embrope::RopeOptions& settings, const OptionalArray& q_out,
+         const OptionalArray& sin, const OptionalArray& cos_sin_cache,
+         const embrope::RopeOptions& settings, const OptionalArray& q_out,
          const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream,
          const OptionalArray& q_out_head_scales, const OptionalArray& k_out_head_scales) {
         const Tensor q_view = view(q, op, Backward ? "dq" : "q");
@@ -436,7 +467,7 @@ void bind_rope_direction(nb::module_& m) {
         options.q_nope_out = view(q_nope_out, op, "q_nope_out");
         options.k_nope = view(k_nope, op, "k_nope");
         options.k_nope_out = view(k_nope_out, op, "k_nope_out");
-        rope_table(op, cache, cos, sin).call([&](const auto&... table) {
+        rope_table(op, cache, cos, sin, cos_sin_cache).call([&](const auto&... table) {
           if constexpr (Backward) {
             embrope::apply_rope_backward(q_view, k_view, positions_view, table..., options);
           } else {
@@ -467,7 +498,8 @@ void bind_apply_qk_norm_rope(nb::module_& m) {
       [](const Array& q, const OptionalArray& k, const Array& positions,
          const embrope::QkNorm& norm_settings, const OptionalArray& q_weight,
          const OptionalArray& k_weight, const embrope::RopeCache* cache, const OptionalArray& cos,
-         const OptionalArray& sin, const embrope::RopeOptions& settings, const OptionalArray& q_out,
+         const OptionalArray& sin, const OptionalArray& cos_sin_cache,
+         const embrope::RopeOptions& settings, const OptionalArray& q_out,
          const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream,
          const OptionalArray& q_out_head_scales, const OptionalArray& k_out_head_scales) {
         const char* op = "apply_qk_norm_rope";
@@ -477,7 +509,7 @@ void bind_apply_qk_norm_rope(nb::module_& m) {
         const embrope::QkNorm norm = qk_norm(op, norm_settings, q_weight, k_weight);
         const embrope::RopeOptions options = rope_options(
             op, settings, q_out, k_out, deferred, stream, q_out_head_scales, k_out_head_scales);
-        rope_table(op, cache, cos, sin).call([&](const auto&... table) {
+        rope_table(op, cache, cos, sin, cos_sin_cache).call([&](const auto&... table) {
           embrope::apply_qk_norm_rope(q_view, k_view, positions_view, table..., norm, options);
         });
       },
@@ -493,9 +525,10 @@ void bind_apply_qk_norm_rope(nb::module_& m) {
          const OptionalArray& q_weight, const OptionalArray& k_weight,
          const OptionalArray& q_weight_grad, const OptionalArray& k_weight_grad,
          const embrope::RopeCache* cache, const OptionalArray& cos, const OptionalArray& sin,
-         const embrope::RopeOptions& settings, const OptionalArray& q_out,
-         const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream,
-         const OptionalArray& q_out_head_scales, const OptionalArray& k_out_head_scales) {
+         const OptionalArray& cos_sin_cache, const embrope::RopeOptions& settings,
+         const OptionalArray& q_out, const OptionalArray& k_out, embrope::DeferredStatus* deferred,
+         std::uintptr_t stream, const OptionalArray& q_out_head_scales,
+         const OptionalArray& k_out_head_scales) {
         const char* op = "apply_qk_norm_rope_backward";
         const Tensor dq_view = view(dq, op, "dq");
         const std::optional<Tensor> dk_view = view(dk, op, "dk");
@@ -508,7 +541,7 @@ void bind_apply_qk_norm_rope(nb::module_& m) {
         grads.k_weight = view(k_weight_grad, op, "k_weight_grad");
         const embrope::RopeOptions options = rope_options(
             op, settings, q_out, k_out, deferred, stream, q_out_head_scales, k_out_head_scales);
-        rope_table(op, cache, cos, sin).call([&](const auto&... table) {
+        rope_table(op, cache, cos, sin, cos_sin_cache).call([&](const auto&... table) {
           embrope::apply_qk_norm_rope_backward(dq_view, dk_view, q_view, k_view, positions_view,
                                                table..., norm, grads, options);
         });
@@ -559,17 +592,17 @@ void bind_append_kv_op(nb::module_& m) {
                  const OptionalArray& q_nope, const OptionalArray& q_nope_out,
                  const embrope::QkNorm* norm, const embrope::RopeCache* cache,
                  const OptionalArray& cos, const OptionalArray& sin,
-                 const embrope::RopeOptions& settings, const OptionalArray& q_out,
-                 const OptionalArray& k_out, embrope::DeferredStatus* deferred,
-                 std::uintptr_t stream, const OptionalArray& q_out_head_scales,
-                 const OptionalArray& k_out_head_scales) {
+                 const OptionalArray& cos_sin_cache, const embrope::RopeOptions& settings,
+                 const OptionalArray& q_out, const OptionalArray& k_out,
+                 embrope::DeferredStatus* deferred, std::uintptr_t stream,
+                 const OptionalArray& q_out_head_scales, const OptionalArray& k_out_head_scales) {
     const Tensor q_view = view(q, op, "q"), k_view = view(k, op, "k"), v_view = view(v, op, "v");
     const Tensor positions_view = view(positions, op, "positions");
     embrope::RopeOptions options = rope_options(op, settings, q_out, k_out, deferred, stream,
                                                 q_out_head_scales, k_out_head_scales);
     options.q_nope = view(q_nope, op, "q_nope");  // with a float8 q_out
     options.q_nope_out = view(q_nope_out, op, "q_nope_out");
-    rope_table(op, cache, cos, sin).call([&](const auto&... table) {
+    rope_table(op, cache, cos, sin, cos_sin_cache).call([&](const auto&... table) {
       if (norm != nullptr) {
         embrope::apply_qk_norm_rope_append_kv(q_view, k_view, v_view, positions_view, table..., kv,
                                               slots, *norm, options);
@@ -600,15 +633,16 @@ void bind_append_kv_op(nb::module_& m) {
                const OptionalArray& q_nope_out, const embrope::QkNorm& norm_settings,
                const OptionalArray& q_weight, const OptionalArray& k_weight,
                const embrope::RopeCache* cache, const OptionalArray& cos, const OptionalArray& sin,
-               const embrope::RopeOptions& settings, const OptionalArray& q_out,
-               const OptionalArray& k_out, embrope::DeferredStatus* deferred, std::uintptr_t stream,
+               const OptionalArray& cos_sin_cache, const embrope::RopeOptions& settings,
+               const OptionalArray& q_out, const OptionalArray& k_out,
+               embrope::DeferredStatus* deferred, std::uintptr_t stream,
                const OptionalArray& q_out_head_scales, const OptionalArray& k_out_head_scales) {
           const embrope::QkNorm norm = qk_norm(op, norm_settings, q_weight, k_weight);
           body(q, k, v, positions,
                kv_cache_of(op, k_cache, v_cache, kv_cache, kv_layout, k_scale, v_scale),
                kv_slots_of(op, slot_mapping, cache_offsets, cu_seqlens), q_nope, q_nope_out, &norm,
-               cache, cos, sin, settings, q_out, k_out, deferred, stream, q_out_head_scales,
-               k_out_head_scales);
+               cache, cos, sin, cos_sin_cache, settings, q_out, k_out, deferred, stream,
+               q_out_head_scales, k_out_head_scales);
         },
         "norm"_a = embrope::QkNorm{}, "q_weight"_a.none() = nb::none(),
         "k_weight"_a.none() = nb::none());
@@ -620,15 +654,16 @@ void bind_append_kv_op(nb::module_& m) {
                   const OptionalArray& cache_offsets, const OptionalArray& cu_seqlens,
                   const OptionalArray& q_nope, const OptionalArray& q_nope_out,
                   const embrope::RopeCache* cache, const OptionalArray& cos,
-                  const OptionalArray& sin, const embrope::RopeOptions& settings,
-                  const OptionalArray& q_out, const OptionalArray& k_out,
-                  embrope::DeferredStatus* deferred, std::uintptr_t stream,
-                  const OptionalArray& q_out_head_scales, const OptionalArray& k_out_head_scales) {
+                  const OptionalArray& sin, const OptionalArray& cos_sin_cache,
+                  const embrope::RopeOptions& settings, const OptionalArray& q_out,
+                  const OptionalArray& k_out, embrope::DeferredStatus* deferred,
+                  std::uintptr_t stream, const OptionalArray& q_out_head_scales,
+                  const OptionalArray& k_out_head_scales) {
       body(q, k, v, positions,
            kv_cache_of(op, k_cache, v_cache, kv_cache, kv_layout, k_scale, v_scale),
            kv_slots_of(op, slot_mapping, cache_offsets, cu_seqlens), q_nope, q_nope_out, nullptr,
-           cache, cos, sin, settings, q_out, k_out, deferred, stream, q_out_head_scales,
-           k_out_head_scales);
+           cache, cos, sin, cos_sin_cache, settings, q_out, k_out, deferred, stream,
+           q_out_head_scales, k_out_head_scales);
     });
   }
 }

@@ -16,13 +16,39 @@ def rope_inputs():
     return q, np.arange(3, dtype=np.int64), embrope.RopeCache(8, 16)
 
 
-def test_native_table_is_a_cache_or_cos_and_sin():
+def test_native_table_is_a_cache_cos_and_sin_or_a_cos_sin_cache():
     q, positions, cache = rope_inputs()
     cos, sin = cache.cos, cache.sin
-    for table in ({"cache": cache._native, "cos": cos, "sin": sin}, {"cos": cos}, {}):
+    table = np.array(cache.table)
+    for tables in ({"cache": cache._native, "cos": cos, "sin": sin}, {"cos": cos}, {},
+                   {"cache": cache._native, "cos_sin_cache": table},
+                   {"cos": cos, "sin": sin, "cos_sin_cache": table}):
         with pytest.raises(embrope.InvalidArgumentError,
-                           match="apply_rope: give the cos/sin table as cache, or as cos and sin"):
-            _C.apply_rope(q.copy(), None, positions, **table)
+                           match="apply_rope: give the cos/sin table as cache, as cos and sin, or "
+                                 "as cos_sin_cache"):
+            _C.apply_rope(q.copy(), None, positions, **tables)
+
+
+def test_native_cos_sin_cache_is_split_into_its_halves():
+    # The halves' views, formed natively, read what slices of the table hold: the same bits as
+    # cos and sin given apart, for a table whose rows are spaced wider than they are too.
+    q, positions, cache = rope_inputs()
+    table = np.array(cache.table)  # [16, 8]: 4 cos columns, then 4 sin columns
+    half = table.shape[1] // 2
+    wide = np.full((16, 13), np.nan, np.float32)
+    wide[:, 3:11] = table
+    for layout in (table, wide[:, 3:11]):
+        want = q.copy()
+        _C.apply_rope(want, None, positions, cos=layout[:, :half], sin=layout[:, half:])
+        got = q.copy()
+        _C.apply_rope(got, None, positions, cos_sin_cache=layout)
+        np.testing.assert_array_equal(got, want)
+        assert not np.array_equal(got, q)
+    for bad in (table[:, :7], table[0], table[None]):
+        with pytest.raises(embrope.InvalidArgumentError,
+                           match=r"apply_rope: cos_sin_cache has shape \[.*\]; it must be "
+                                 r"\[max_positions, rotary_dim\] with rotary_dim even"):
+            _C.apply_rope(q.copy(), None, positions, cos_sin_cache=bad)
 
 
 def test_native_calls_take_their_settings_by_keyword():

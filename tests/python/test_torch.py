@@ -335,3 +335,29 @@ def test_torch_errors_name_the_op_and_argument():
         et.apply_rope(torch.randn(2, 1, 8), None, torch.arange(2), table)
     with pytest.raises(IndexError, match=r"embed: ids\[0\] = 9"):
         et.embed(torch.randn(4, 2), torch.tensor([9]))
+
+
+def test_a_backward_through_an_operator_without_a_gradient_raises():
+    # The backward operators and float8 outputs have no derivative: going through them (a
+    # gradient of a gradient, or a float8 output backpropagated) is an error, never a
+    # gradient silently left out (torch only warns for an operator without autograd).
+    table, ids = torch.randn(10, 8, requires_grad=True), torch.tensor([1, 2, 3])
+    for norm, op in ((None, "embed_backward"), ("layer_norm", "embed_norm_backward")):
+        out = et.embed(table, ids, norm=norm)
+        grad, = torch.autograd.grad((out ** 2).sum(), table, create_graph=True)
+        with pytest.raises(embrope.NotAvailableError, match=f"embrope::{op} has no gradient"):
+            grad.sum().backward()
+    cache = embrope.RopeCache(8, 16)
+    q, weight = torch.randn(3, 2, 8, requires_grad=True), torch.ones(8, requires_grad=True)
+    out, _ = et.apply_qk_norm_rope(q, None, torch.arange(3), cache, q_weight=weight)
+    grad, = torch.autograd.grad((out ** 2).sum(), q, create_graph=True)
+    with pytest.raises(embrope.NotAvailableError,
+                       match="embrope::apply_qk_norm_rope_backward has no gradient"):
+        grad.sum().backward()
+    table = torch.from_numpy(np.array(cache.table))
+    q8, _, _, _ = torch.ops.embrope.apply_rope_quantized(
+        q, None, torch.arange(3), table, 0, False, 0, [0] * 8, torch.float8_e4m3fn, 1.0, 1.0,
+        None, None, None, None)
+    with pytest.raises(embrope.NotAvailableError,
+                       match="embrope::apply_rope_quantized has no gradient"):
+        q8.float().sum().backward()

@@ -120,3 +120,72 @@ def test_a_bad_index_still_moves_the_version():
     with pytest.raises(embrope.BadIndexError):
         embrope.apply_rope(q, None, torch.tensor([0, 1, 99, 2]), cache)
     assert q._version > version
+
+
+# embrope.torch's in-place operators (apply_rope with inplace=True and the cache appends) have
+# no autograd: they refuse tensors that require grad while grad mode is on, in the public
+# function, the operator called directly and under torch.compile alike (before, an in-place
+# rotation of h = 2 * x left x.grad = 2, silently missing the rotation), and move the versions
+# of what they write.
+
+def append_args(tokens=4, heads=2, dim=8):
+    q, positions, cache = rope_args(tokens, heads, dim)
+    k, v = torch.randn(tokens, 1, dim), torch.randn(tokens, 1, dim)
+    k_cache, v_cache = torch.zeros(2, 4, 1, dim), torch.zeros(2, 4, 1, dim)  # [pages, page, Hk, D]
+    return q, k, v, positions, cache, k_cache, v_cache, torch.arange(tokens) + 2
+
+
+def test_torch_in_place_ops_refuse_a_tensor_that_requires_grad():
+    import embrope.torch as et
+
+    x = torch.randn(4, 2, 8, requires_grad=True)
+    _, positions, cache = rope_args()
+    table = torch.from_numpy(np.array(cache.table))
+    rotating = "apply_rope: q requires grad, but rotating in place has no autograd"
+    with pytest.raises(embrope.InvalidArgumentError, match=rotating):
+        et.apply_rope(2 * x, None, positions, cache, inplace=True)
+    with pytest.raises(embrope.InvalidArgumentError, match=rotating):
+        et.apply_rope(x, None, positions, cache, inplace=True)
+    with pytest.raises(embrope.InvalidArgumentError, match=rotating):
+        torch.ops.embrope.apply_rope_(2 * x, None, positions, table, 0, False, 0, [0] * 8)
+    with pytest.raises(Exception, match=rotating):
+        torch.compile(lambda q: et.apply_rope(q, None, positions, table, inplace=True),
+                      fullgraph=True)(2 * x)
+    q, k, v, positions, cache, k_cache, v_cache, slots = append_args()
+    for name, args in (("q", (2 * x, k, v)), ("k", (q, k.requires_grad_(), v))):
+        with pytest.raises(embrope.InvalidArgumentError,
+                           match=f"apply_rope_append_kv: {name} requires grad, but this serving "
+                                 "op has no autograd"):
+            et.apply_rope_append_kv(*args, positions, cache, k_cache, v_cache,
+                                    slot_mapping=slots)
+    with torch.no_grad():  # where they belong
+        h = 2 * x
+        want, _ = embrope.apply_rope(h.detach().clone(), None, positions, cache)
+        et.apply_rope(h, None, positions, cache, inplace=True)
+        torch.testing.assert_close(h, want, atol=0, rtol=0)
+        et.apply_rope_append_kv(q, k, v, positions, cache, k_cache, v_cache, slot_mapping=slots)
+
+
+def test_torch_in_place_ops_move_the_versions_they_write():
+    import embrope.torch as et
+
+    w = torch.randn(4, 2, 8, requires_grad=True)
+    q, positions, cache = rope_args()
+    k = torch.randn(4, 1, 8)
+    loss = (w * q).sum()  # saves q
+    before = (q._version, k._version)
+    with torch.no_grad():
+        et.apply_rope(q, k, positions, cache, inplace=True)
+    assert q._version > before[0] and k._version > before[1]
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    # A bad position still writes the other rows: the versions move too.
+    version = q._version
+    with pytest.raises(embrope.BadIndexError):
+        et.apply_rope(q, None, torch.tensor([0, 1, 99, 2]), cache, inplace=True)
+    assert q._version > version
+    q, k, v, positions, cache, k_cache, v_cache, slots = append_args()
+    before = [t._version for t in (q, k, v, k_cache, v_cache)]
+    et.apply_rope_append_kv(q, k, v, positions, cache, k_cache, v_cache, slot_mapping=slots)
+    after = [t._version for t in (q, k, v, k_cache, v_cache)]
+    assert [a > b for a, b in zip(after, before)] == [True, False, False, True, True]
