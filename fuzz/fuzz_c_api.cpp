@@ -109,9 +109,11 @@ struct Described {
   std::vector<std::int64_t> shape, strides;
   DLTensor t{};
   bool null_tensor = false;  // passed as a NULL DLTensor*
-  // The element size its block backs the whole view with; 0 when the view was decoded as one
-  // the library must refuse and got a small block instead.
-  std::size_t backed_element_bytes = 0;
+  // The largest element size it may be read with (Call::retype): its own where its block backs
+  // the view; any where the library must refuse the view whatever its dtype, or where the
+  // data is null (refused, or an empty view never touched); 0 where only its dtype makes the
+  // library refuse it (the view then got a small block).
+  std::size_t retype_bytes = 0;
 };
 
 // The element size of a dtype the library accepts for some argument (the DLPack dtypes of
@@ -239,8 +241,9 @@ class Call {
     // that would make the extent too large to allocate.
     int device_type;
     std::memcpy(&device_type, &t.device.device_type, sizeof device_type);
-    const bool rejected_early = !known || ndim < 0 || ndim > 8 || null_shape ||
-                                device_type != kDLCPU || view_rejected(*d, t);
+    const bool view_refused =
+        ndim < 0 || ndim > 8 || null_shape || device_type != kDLCPU || view_rejected(*d, t);
+    const bool rejected_early = !known || view_refused;
     std::size_t bytes = 16;
     if (!rejected_early) {
       for (;;) {
@@ -292,20 +295,21 @@ class Call {
       if (wild % es != 0 || base == nullptr || wild > UINTPTR_MAX - at) t.byte_offset = wild;
     }
     if (in_.chance(3)) d->null_tensor = true;
-    d->backed_element_bytes = rejected_early || base == nullptr ? 0 : es;
+    d->retype_bytes = view_refused || base == nullptr ? SIZE_MAX : rejected_early ? 0 : es;
     described_.push_back(std::move(d));
     return described_.back()->null_tensor ? nullptr : &described_.back()->t;
   }
 
-  // Reads `t` (one of this call's tensors) as `dtype`: only where its block backs the view
-  // with elements at least that large, so that a view decoded for refusal (and given a small
-  // block) stays one the library refuses. Reads no input.
+  // Reads `t` (one of this call's tensors) as `dtype` where that is safe (Described's
+  // retype_bytes): where its block backs the view with elements at least that large, or where
+  // the library must refuse the view whatever its dtype; never where only its dtype made it a
+  // view to refuse (given a small block). Reads no input.
   void retype(DLTensor* t, DLDataType dtype) {
     if (t == nullptr) return;
     for (const auto& d : described_) {
       if (&d->t != t) continue;
       const std::size_t bytes = library_dtype_bytes(dtype);
-      if (bytes != 0 && bytes <= d->backed_element_bytes) t->dtype = dtype;
+      if (bytes != 0 && bytes <= d->retype_bytes) t->dtype = dtype;
       return;
     }
   }

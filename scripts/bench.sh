@@ -47,11 +47,11 @@ EMBROPE_BENCH_COMMIT=$commit "$build/benchmarks/embrope-bench" "$@" \
 
 # End to end: HF models unpatched and patched with embrope.transformers, when .venv has torch
 # and transformers (scripts/test.sh or scripts/install-deps.sh --python puts them there).
-# The package is installed from this checkout first (incremental in $build/python).
+# The package is installed from this checkout first (incremental in $build/pip).
 models=()
 if [ -x .venv/bin/python ] && .venv/bin/python -c "import torch, transformers" >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation \
-    -Cbuild-dir="$build/python" -Ccmake.define.EMBROPE_CUDA=$cuda .
+    -Cbuild-dir="$build/pip" -Ccmake.define.EMBROPE_CUDA=$cuda .
   .venv/bin/python benchmarks/models.py --out "$out/models.json"
   models=(--models "$out/models.json")
 else

@@ -19,9 +19,11 @@ cmake --preset default -B "$build" "$@"
 cmake --build "$build" -j "$jobs"
 ctest --test-dir "$build" --output-on-failure -j "$jobs"
 
-# The Python package: pip install . (incremental in $build/python, without build isolation so
+# The Python package: pip install . (incremental in $build/pip, without build isolation so
 # that it reuses .venv's nanobind and scikit-build-core), then pytest against the installed
-# package, not the source tree.
+# package, not the source tree. ($build/python is the main build's own, with
+# EMBROPE_BUILD_PYTHON=ON: two CMake trees in one directory would overwrite each other's
+# install scripts.)
 scripts/install-deps.sh --python
 cmake_args=()
 for arg in "$@"; do
@@ -34,5 +36,5 @@ if [ "${EMBROPE_PYTHON_WITHOUT_CUDA:-0}" = 1 ]; then
   cmake_args+=("-Ccmake.args=-DEMBROPE_CUDA=OFF")
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation \
-  -Cbuild-dir="$build/python" "${cmake_args[@]}" .
+  -Cbuild-dir="$build/pip" "${cmake_args[@]}" .
 .venv/bin/python -m pytest tests/python -q -p no:cacheprovider

@@ -87,6 +87,7 @@ const char* accepted_dtypes(std::string_view name) {
              "k_out",
              "cos",
              "sin",
+             "cos_sin_cache",
              "table",
              "position_table",
              "type_table",

@@ -381,30 +381,41 @@ RopeTable rope_table(const char* op, const embrope::RopeCache* cache, const Opti
   }
   if (!cos_sin_cache) return {cache, view(cos, op, "cos"), view(sin, op, "sin")};
   const Tensor table = view(*cos_sin_cache, op, "cos_sin_cache");
+  // Its own rules, checked here so that the errors name it rather than one of its halves.
+  const auto refuse = [op](const std::string& rule) {
+    throw embrope::Error(embrope::ErrorCode::invalid_argument,
+                         std::string(op) + ": cos_sin_cache " + rule);
+  };
   if (table.ndim() != 2 || table.shape(1) % 2 != 0) {
     std::string shape;
-    for (int i = 0; i < table.ndim(); ++i)
+    for (int i = 0; i < table.ndim(); ++i) {
       shape += (i ? ", " : "") + std::to_string(table.shape(i));
-    throw embrope::Error(embrope::ErrorCode::invalid_argument,
-                         std::string(op) + ": cos_sin_cache has shape [" + shape +
-                             "]; it must be [max_positions, rotary_dim] with rotary_dim even "
-                             "(the cos half, then the sin half)");
+    }
+    refuse("has shape [" + shape +
+           "]; it must be [max_positions, rotary_dim] with rotary_dim even (the cos half, then "
+           "the sin half)");
+  }
+  const embrope::DType dtype = table.dtype();
+  if (dtype != embrope::DType::float32 && dtype != embrope::DType::float16 &&
+      dtype != embrope::DType::bfloat16) {
+    refuse(std::string("has dtype ") + embrope::dtype_name(dtype) +
+           "; it must be float32, float16 or bfloat16");
   }
   const std::int64_t half = table.shape(1) / 2;
   const std::int64_t shape[2] = {table.shape(0), half};
-  // The sin half starts half a row's elements in (an address formed on the host, valid on any
-  // device). An offset no real table comes near is refused before it is formed, so that the
-  // arithmetic cannot overflow (the ops then check each half's view).
-  const std::int64_t limit = std::int64_t{1} << 56, column = table.stride(1);
-  if (half > 0 && (column > limit / half || column < -(limit / half))) {
-    throw embrope::Error(embrope::ErrorCode::invalid_argument,
-                         std::string(op) + ": cos_sin_cache's column stride " +
-                             std::to_string(column) + " puts its sin half past 2^56 elements");
+  const bool empty = table.shape(0) == 0 || half == 0;
+  if (!empty && table.stride(1) != 1) {
+    refuse("has stride " + std::to_string(table.stride(1)) +
+           " in its last dimension, which must be 1");
   }
-  char* sin_data =
-      static_cast<char*>(table.data()) + half * column * embrope::dtype_size(table.dtype());
-  return {nullptr, Tensor(table.data(), table.dtype(), 2, shape, table.strides(), table.device()),
-          Tensor(sin_data, table.dtype(), 2, shape, table.strides(), table.device())};
+  // The sin half starts half a row in (an address formed on the host, valid on any device;
+  // none for a table without elements, whose data may be null). A width no real table comes
+  // near is refused before the address is formed, so that the arithmetic cannot overflow.
+  if (half > (std::int64_t{1} << 56)) refuse("is wider than 2^57 columns");
+  char* const data = static_cast<char*>(table.data());
+  char* const sin_data = empty ? data : data + half * embrope::dtype_size(dtype);
+  return {nullptr, Tensor(data, dtype, 2, shape, table.strides(), table.device()),
+          Tensor(sin_data, dtype, 2, shape, table.strides(), table.device())};
 }
 
 // A call's RopeOptions: its settings, with its outputs, status and stream.

@@ -49,6 +49,19 @@ def test_native_cos_sin_cache_is_split_into_its_halves():
                            match=r"apply_rope: cos_sin_cache has shape \[.*\]; it must be "
                                  r"\[max_positions, rotary_dim\] with rotary_dim even"):
             _C.apply_rope(q.copy(), None, positions, cos_sin_cache=bad)
+    # Its errors name it, not one of the halves formed from it.
+    for bad, dtype in ((table.astype(np.int32), "int32"), (table.astype(np.float64), "float64")):
+        with pytest.raises(embrope.InvalidArgumentError,
+                           match=f"apply_rope: cos_sin_cache has dtype {dtype}.*float32, "
+                                 "float16 or bfloat16"):
+            _C.apply_rope(q.copy(), None, positions, cos_sin_cache=bad)
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match="apply_rope: cos_sin_cache has stride 2 in its last dimension, "
+                             "which must be 1"):
+        _C.apply_rope(q.copy(), None, positions, cos_sin_cache=np.repeat(table, 2, axis=1)[:, ::2])
+    # A table without rows: no position is inside it (and no address is formed past it).
+    with pytest.raises(embrope.BadIndexError, match="positions"):
+        _C.apply_rope(q.copy(), None, positions, cos_sin_cache=np.zeros((0, 8), np.float32))
 
 
 def test_native_calls_take_their_settings_by_keyword():
