@@ -186,7 +186,7 @@ def _empty(op: str, shape: Any, dtype: torch.dtype, device: torch.device,
            zeros: bool = False) -> Tensor:
     """A new output of an op (zero-filled with `zeros`); a failure to allocate it is
     embrope.OutOfMemoryError."""
-    try:  # not _arrays.allocating: a generator's context costs 2 us a call
+    try:
         return (torch.zeros if zeros else torch.empty)(shape, dtype=dtype, device=device)
     except (MemoryError, RuntimeError) as error:
         _arrays._raise_out_of_memory(op, shape, dtype, error)
