@@ -218,8 +218,7 @@ def _rope_options(op: str, layout: int, inverse: bool, rotary_dim: int,
 
 def _table(op: str, cos_sin_cache: Tensor) -> dict:
     """The table keyword of a native call: the whole cos_sin_cache, which the native module
-    splits into its halves (no gradient flows to it: the public functions refuse a table that
-    requires grad)."""
+    splits into its halves (no gradient flows to it: see _refuse_table_gradient)."""
     return {"cos_sin_cache": cos_sin_cache}
 
 
@@ -249,11 +248,17 @@ def _rope_out_of_place(op: str, backward: bool, q: Tensor, k: Optional[Tensor],
     return q_out, k_out
 
 
-def _apply_rope_fake(q, k, *options):
+def _rotated_like_fake(q, k, *options):
+    # The fake kernel of each op whose outputs are shaped as its first two tensors.
     return _rope_outputs(q, k)
 
 
-@_operator("apply_rope", _apply_rope_fake)
+def _writes_only_fake(*args):
+    # The fake kernel of each op that only writes its arguments.
+    return None
+
+
+@_operator("apply_rope", _rotated_like_fake)
 def _apply_rope_op(q: Tensor, k: Optional[Tensor], positions: Tensor, cos_sin_cache: Tensor,
                    layout: int, inverse: bool, rotary_dim: int,
                    mrope: List[int]) -> Tuple[Tensor, Tensor]:
@@ -261,11 +266,7 @@ def _apply_rope_op(q: Tensor, k: Optional[Tensor], positions: Tensor, cos_sin_ca
                               inverse, rotary_dim, mrope)
 
 
-def _apply_rope_backward_fake(dq, dk, *options):
-    return _rope_outputs(dq, dk)
-
-
-@_operator("apply_rope_backward", _apply_rope_backward_fake)
+@_operator("apply_rope_backward", _rotated_like_fake)
 def _apply_rope_backward_op(dq: Tensor, dk: Optional[Tensor], positions: Tensor,
                             cos_sin_cache: Tensor, layout: int, inverse: bool, rotary_dim: int,
                             mrope: List[int]) -> Tuple[Tensor, Tensor]:
@@ -273,11 +274,7 @@ def _apply_rope_backward_op(dq: Tensor, dk: Optional[Tensor], positions: Tensor,
                               layout, inverse, rotary_dim, mrope)
 
 
-def _apply_rope_inplace_fake(*args):
-    return None
-
-
-@_operator("apply_rope_", _apply_rope_inplace_fake,
+@_operator("apply_rope_", _writes_only_fake,
            mutates_args=("q", "k"), no_autograd=_NO_AUTOGRAD_APPLY_ROPE)
 def _apply_rope_inplace_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
                            cos_sin_cache: Tensor, layout: int, inverse: bool, rotary_dim: int,
@@ -288,6 +285,7 @@ def _apply_rope_inplace_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
 
 def _rope_setup_context(ctx, inputs, output):
     _, k, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope = inputs
+    _refuse_table_gradient("apply_rope", cos_sin_cache)
     ctx.save_for_backward(positions, cos_sin_cache)
     ctx.has_k = k is not None
     ctx.options = (layout, inverse, rotary_dim, mrope)
@@ -359,12 +357,20 @@ def _apply_rope_quantized_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
     return outputs
 
 
+def _refuse_table_gradient(op: str, cos_sin_cache: Tensor) -> None:
+    """Refuses a cos/sin table that requires grad: embrope's RoPE ops give it no gradient, so
+    a backward would leave it silently without one. The public functions check before the
+    call, and each differentiable operator's autograd setup (called directly through
+    torch.ops) checks again."""
+    if cos_sin_cache.requires_grad:
+        raise _C.InvalidArgumentError(
+            f"{op}: the cos/sin table requires grad; embrope has no gradient with respect "
+            "to it (detach it)")
+
+
 def _cos_sin_tensor(op: str, cache: Union[RopeCache, Tensor], device: torch.device) -> Tensor:
     if isinstance(cache, Tensor):
-        if cache.requires_grad:
-            raise _C.InvalidArgumentError(
-                f"{op}: the cos/sin table requires grad; embrope has no gradient with respect "
-                "to it (detach it)")
+        _refuse_table_gradient(op, cache)
         return cache
     if isinstance(cache, RopeCache):
         return _cache_tensor(cache, device)
@@ -504,11 +510,7 @@ def _qk_arguments(op: str, like: Tensor, cos_sin_cache: Tensor, q_weight: Option
                 deferred=_deferred(op, like), stream=_stream(like))
 
 
-def _apply_qk_norm_rope_fake(q, k, *options):
-    return _rope_outputs(q, k)
-
-
-@_operator("apply_qk_norm_rope", _apply_qk_norm_rope_fake)
+@_operator("apply_qk_norm_rope", _rotated_like_fake)
 def _apply_qk_norm_rope_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
                            cos_sin_cache: Tensor, q_weight: Optional[Tensor],
                            k_weight: Optional[Tensor], eps: float, unit_offset: bool,
@@ -559,6 +561,7 @@ def _apply_qk_norm_rope_backward_op(
 def _qk_setup_context(ctx, inputs, output):
     (q, k, positions, cos_sin_cache, q_weight, k_weight, eps, unit_offset, layout, inverse,
      rotary_dim, mrope) = inputs
+    _refuse_table_gradient("apply_qk_norm_rope", cos_sin_cache)
     ctx.save_for_backward(q, k, positions, cos_sin_cache, q_weight, k_weight)
     ctx.options = (eps, unit_offset, layout, inverse, rotary_dim, mrope)
     ctx.weight_dtypes = (None if q_weight is None else q_weight.dtype,
@@ -607,11 +610,7 @@ def apply_qk_norm_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
     return q_out, (k_out if k is not None else None)
 
 
-def _apply_rope_append_kv_fake(*args):
-    return None
-
-
-@_operator("apply_rope_append_kv_", _apply_rope_append_kv_fake,
+@_operator("apply_rope_append_kv_", _writes_only_fake,
            mutates_args=("q", "k_cache", "v_cache", "q_out", "q_nope_out"),
            no_autograd=_NO_AUTOGRAD_APPLY_ROPE_APPEND_KV)
 def _apply_rope_append_kv_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
@@ -696,11 +695,7 @@ def apply_rope_append_kv(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
     return q if q_out is None else q_out
 
 
-def _apply_qk_norm_rope_append_kv_fake(*args):
-    return None
-
-
-@_operator("apply_qk_norm_rope_append_kv_", _apply_qk_norm_rope_append_kv_fake,
+@_operator("apply_qk_norm_rope_append_kv_", _writes_only_fake,
            mutates_args=("q", "k_cache", "v_cache", "q_out"),
            no_autograd=_NO_AUTOGRAD_APPLY_QK_NORM_ROPE_APPEND_KV)
 def _apply_qk_norm_rope_append_kv_op(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,

@@ -337,6 +337,30 @@ def test_torch_errors_name_the_op_and_argument():
         et.embed(torch.randn(4, 2), torch.tensor([9]))
 
 
+def test_operators_called_directly_refuse_a_table_that_requires_grad():
+    # The rotation gives the cos/sin table no gradient; through torch.ops (past the public
+    # functions' check) a table that requires grad would be left without one, silently.
+    cache = embrope.RopeCache(8, 16)
+    table = torch.from_numpy(np.array(cache.table)).requires_grad_()
+    q, k, positions = torch.randn(2, 2, 8), torch.randn(2, 1, 8), torch.arange(2)
+    refused = r"\b{}: the cos/sin table requires grad"
+    rope = (0, False, 0, [0] * 8)
+    for q_grad in (False, True):  # the table alone, or with q
+        x = q.clone().requires_grad_(q_grad)
+        with pytest.raises(embrope.InvalidArgumentError, match=refused.format("apply_rope")):
+            torch.ops.embrope.apply_rope(x, k, positions, table, *rope)
+        with pytest.raises(embrope.InvalidArgumentError, match=refused.format("apply_rope")):
+            torch.ops.embrope.apply_rope_backward(x, k, positions, table, *rope)
+        with pytest.raises(embrope.InvalidArgumentError,
+                           match=refused.format("apply_qk_norm_rope")):
+            torch.ops.embrope.apply_qk_norm_rope(x, k, positions, table, torch.ones(8), None,
+                                                 1e-6, False, *rope)
+    with torch.no_grad():  # no backward to miss it: allowed, the same bits
+        got, _ = torch.ops.embrope.apply_rope(q, k, positions, table, *rope)
+    want, _ = embrope.apply_rope(q.numpy(), None, positions.numpy(), cache)
+    torch.testing.assert_close(got, torch.from_numpy(want), atol=0, rtol=0)
+
+
 def test_a_backward_through_an_operator_without_a_gradient_raises():
     # The backward operators and float8 outputs have no derivative: going through them (a
     # gradient of a gradient, or a float8 output backpropagated) is an error, never a
