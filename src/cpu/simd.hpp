@@ -30,6 +30,15 @@
 #define EMBROPE_CPU_X86 0
 #endif
 
+// For a function whose only effect is prefetches: GCC's interprocedural analysis counts a
+// prefetch as no side effect, takes such a function as const and deletes its calls (seen with
+// GCC 12 at -O1 to -O3); noipa keeps them. (Clang keeps calls to a function that prefetches.)
+#if defined(__GNUC__) && !defined(__clang__)
+#define EMBROPE_PREFETCH_ONLY __attribute__((noipa))
+#else
+#define EMBROPE_PREFETCH_ONLY
+#endif
+
 #if EMBROPE_CPU_X86
 namespace embrope::cpu::simd {
 
@@ -42,15 +51,6 @@ using detail::Half;
 EMBROPE_SIMD_INLINE void prefetch_l2(const void* p) {
   _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1);
 }
-
-// For a function whose only effect is prefetches: GCC's interprocedural analysis counts a
-// prefetch as no side effect, takes such a function as const and deletes its calls (seen with
-// GCC 12 at -O1 to -O3); noipa keeps them. (Clang keeps calls to a function that prefetches.)
-#if defined(__GNUC__) && !defined(__clang__)
-#define EMBROPE_PREFETCH_ONLY __attribute__((noipa))
-#else
-#define EMBROPE_PREFETCH_ONLY
-#endif
 
 struct Avx2 {
   using V = __m256;
