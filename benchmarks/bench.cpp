@@ -22,6 +22,7 @@
 #include <embrope/embrope.hpp>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -32,6 +33,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "embrope/detail/numeric_types.hpp"
@@ -1300,17 +1302,60 @@ std::int64_t distinct_ids(std::int64_t count, std::int64_t modulo) {
   return distinct;
 }
 
+// The ids of a backward case: random over the vocabulary, one id on every row (one run), or
+// drawn from Zipf's law over the vocabulary (p(rank r) proportional to 1 / r, as word
+// frequencies in text; the ranks scattered over the ids), where the most frequent ids hold
+// many rows each (16K tokens of --full's 128,256-row vocabulary: about 35% of the rows in
+// about 40 ids of more than 32 rows, the largest about 1,400).
+enum class BackwardIds { random, one_id, zipf };
+
+// Zipf's ids (made once per count and vocabulary) and how many distinct ones they hold.
+const std::pair<std::vector<std::int64_t>, std::int64_t>& zipf_ids(std::int64_t count,
+                                                                   std::int64_t vocab) {
+  static std::map<std::pair<std::int64_t, std::int64_t>,
+                  std::pair<std::vector<std::int64_t>, std::int64_t>>
+      made;
+  auto& entry = made[{count, vocab}];
+  if (!entry.first.empty()) return entry;
+  std::vector<double> cdf(static_cast<std::size_t>(vocab));
+  double sum = 0;
+  for (std::int64_t r = 0; r < vocab; ++r) cdf[static_cast<std::size_t>(r)] = sum += 1.0 / (r + 1);
+  std::mt19937_64 rng(42);
+  std::uniform_real_distribution<double> uniform(0.0, sum);
+  std::vector<bool> seen(static_cast<std::size_t>(vocab));
+  entry.first.resize(static_cast<std::size_t>(count));
+  for (auto& id : entry.first) {
+    const auto rank = static_cast<std::int64_t>(
+        std::lower_bound(cdf.begin(), cdf.end(), uniform(rng)) - cdf.begin());
+    id = std::min(rank, vocab - 1) * 7919 % vocab;  // 7919: a prime, coprime to the vocab
+    entry.second += seen[static_cast<std::size_t>(id)] ? 0 : 1;
+    seen[static_cast<std::size_t>(id)] = true;
+  }
+  return entry;
+}
+
 // embed_backward of grad_out [T, D] into a float32 grad_table [V, D]. Bytes moved: grad_out
 // read once, and every distinct id's gradient row read and written once.
 void embed_backward_case(benchmark::State& state, DType dtype, std::int64_t dim,
-                         std::int64_t tokens, embrope::BackwardMode mode, bool one_id) {
+                         std::int64_t tokens, embrope::BackwardMode mode, BackwardIds kind) {
   const std::int64_t vocab = backward_vocab();
   const int es = embrope::dtype_size(dtype);
   Memory& grad_out = shared_values("grad_out", tokens * dim * es, dtype);
   Memory& grad = shared_values("grad_table", vocab * dim * 4, DType::float32);
-  Memory& ids = shared_indices("ids", tokens, one_id ? 1 : vocab, false);
+  std::int64_t distinct = 0;
+  Memory* ids_memory = nullptr;
+  if (kind == BackwardIds::zipf) {
+    const auto& made = zipf_ids(tokens, vocab);
+    distinct = made.second;
+    ids_memory = &shared("ids/zipf/" + std::to_string(vocab), static_cast<std::size_t>(tokens) * 8,
+                         [&](Memory& m) { m.fill_int64(made.first); });
+  } else {
+    const bool one_id = kind == BackwardIds::one_id;
+    ids_memory = &shared_indices("ids", tokens, one_id ? 1 : vocab, false);
+    distinct = distinct_ids(tokens, one_id ? 1 : vocab);
+  }
   const Tensor tg(grad_out.data(), dtype, {tokens, dim}, device());
-  const Tensor ti(ids.data(), DType::int64, {tokens}, device());
+  const Tensor ti(ids_memory->data(), DType::int64, {tokens}, device());
   const Tensor tt(grad.data(), DType::float32, {vocab, dim}, device());
   embrope::EmbedBackwardOptions options;
   options.mode = mode;
@@ -1322,7 +1367,6 @@ void embed_backward_case(benchmark::State& state, DType dtype, std::int64_t dim,
     options.workspace = workspace->data();
     options.workspace_bytes = workspace_bytes;
   }
-  const std::int64_t distinct = distinct_ids(tokens, one_id ? 1 : vocab);
   const std::int64_t bytes = tokens * dim * es + 2 * distinct * dim * 4;
   run_timed(
       state, [&] { embrope::embed_backward(tg, ti, tt, options); }, bytes, Pattern::copy);
@@ -1351,9 +1395,9 @@ void register_backward() {
     const DType dtype = parse_dtype(dt);
     if (!g_full && dtype != DType::bfloat16) continue;  // the main cases: bfloat16 training
     for (std::int64_t t : token_counts) {
-      // Distinct ids (random over the vocabulary) and one id on every row (one long run).
-      for (bool one_id : {false, true}) {
-        if (one_id && !g_full) continue;
+      // Random ids over the vocabulary, one id on every row (one long run), Zipf's ids.
+      for (BackwardIds kind : {BackwardIds::random, BackwardIds::one_id, BackwardIds::zipf}) {
+        if (kind != BackwardIds::random && !g_full) continue;
         for (auto mode : {embrope::BackwardMode::deterministic, embrope::BackwardMode::atomic}) {
           // The CPU path is deterministic in either mode: time it once.
           if (!g_gpu && mode == embrope::BackwardMode::atomic) continue;
@@ -1361,9 +1405,12 @@ void register_backward() {
           const std::string name =
               std::string("embed_backward/") +
               (mode == embrope::BackwardMode::atomic ? "atomic" : "deterministic") + "/" + dt +
-              "/D=4096/T=" + std::to_string(t) + (one_id ? "/one_id" : "");
+              "/D=4096/T=" + std::to_string(t) +
+              (kind == BackwardIds::one_id ? "/one_id"
+               : kind == BackwardIds::zipf ? "/zipf"
+                                           : "");
           register_case(name, [=](benchmark::State& st) {
-            embed_backward_case(st, dtype, dim, t, mode, one_id);
+            embed_backward_case(st, dtype, dim, t, mode, kind);
           });
         }
       }

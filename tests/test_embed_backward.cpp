@@ -16,6 +16,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "embed_backward_cases.hpp"
@@ -314,72 +315,84 @@ TEST_CASE("embed_backward with one id on every row (one long run across many chu
 }
 
 // The order is part of the contract (docs/numerics.md: ascending grad_out rows, chunks of 32
-// summed from zero, the chunk sums added in order from zero, then existing + scale * sum):
-// written out here in float32 from that text, the result must match bit for bit, whatever
-// the runs' lengths (one row, a chunk and a row, hundreds of chunks) and the thread count.
+// summed from zero, the chunk sums added in order from zero, then existing + scale * sum,
+// the product rounded first, in float32, then rounded once to the gradient's dtype): written
+// out here from that text, the result must match bit for bit, whatever the runs' lengths (one
+// row, several, exactly a chunk, a chunk and a row, hundreds of chunks) and the thread count.
 // Random values make any other order differ in the last bits.
 TEST_CASE("embed_backward sums each row in the documented order, bit for bit",
           "[embed_backward][determinism]") {
   constexpr std::int64_t kChunk = 32;
   const std::int64_t dim = 300;  // past one column block, not a multiple of a vector
-  const std::int64_t vocab = 6;
+  const std::int64_t vocab = 8;
   std::vector<std::int64_t> ids;
   for (std::int64_t n = 0; n < 2600; ++n) ids.push_back(n % 5 == 0 ? 1 : 3);  // long runs
   for (std::int64_t n = 0; n < 33; ++n) ids.insert(ids.begin() + 7 * n, 4);   // a chunk + 1
+  for (std::int64_t n = 0; n < 32; ++n) ids.insert(ids.begin() + 11 * n, 5);  // a chunk
+  for (std::int64_t n = 0; n < 17; ++n) ids.insert(ids.begin() + 13 * n, 6);  // several rows
   ids.insert(ids.begin() + 100, 0);                                           // one row
   const auto rows = static_cast<std::int64_t>(ids.size());
-  ref::Buffer grad_out(DType::float32, rows * dim);
-  ref::fill_random(grad_out, 91);
-  ref::Buffer before(DType::float32, vocab * dim);
-  ref::fill_random(before, 92);
   const float scale = 0.75f;
+  const std::pair<DType, DType> dtypes[] = {{DType::float32, DType::float32},
+                                            {DType::bfloat16, DType::float32},
+                                            {DType::bfloat16, DType::bfloat16},
+                                            {DType::float16, DType::float16}};
+  for (const auto& [dtype, grad_dtype] : dtypes) {
+    INFO("grad_out " << embrope::dtype_name(dtype) << ", gradient "
+                     << embrope::dtype_name(grad_dtype));
+    ref::Buffer grad_out(dtype, rows * dim);
+    ref::fill_random(grad_out, 91);
+    ref::Buffer before(grad_dtype, vocab * dim);
+    ref::fill_random(before, 92);
 
-  std::vector<float> want(static_cast<std::size_t>(vocab * dim));
-  for (std::int64_t v = 0; v < vocab; ++v) {
-    std::vector<std::int64_t> run;  // ascending grad_out rows of id v
-    for (std::int64_t n = 0; n < rows; ++n) {
-      if (ids[static_cast<std::size_t>(n)] == v) run.push_back(n);
-    }
-    for (std::int64_t e = 0; e < dim; ++e) {
-      float total = 0.0f;
-      for (std::size_t c = 0; c < run.size(); c += kChunk) {
-        float part = 0.0f;
-        for (std::size_t i = c; i < std::min(run.size(), c + kChunk); ++i) {
-          part += static_cast<float>(grad_out.get(run[i] * dim + e));
+    ref::Buffer want(grad_dtype, vocab * dim);
+    for (std::int64_t v = 0; v < vocab; ++v) {
+      std::vector<std::int64_t> run;  // ascending grad_out rows of id v
+      for (std::int64_t n = 0; n < rows; ++n) {
+        if (ids[static_cast<std::size_t>(n)] == v) run.push_back(n);
+      }
+      for (std::int64_t e = 0; e < dim; ++e) {
+        float total = 0.0f;
+        for (std::size_t c = 0; c < run.size(); c += kChunk) {
+          float part = 0.0f;
+          for (std::size_t i = c; i < std::min(run.size(), c + kChunk); ++i) {
+            part += static_cast<float>(grad_out.get(run[i] * dim + e));
+          }
+          total += part;
         }
-        total += part;
+        const std::int64_t at = v * dim + e;
+        // volatile: the product rounded on its own, never contracted into an FMA.
+        const volatile float product = scale * total;
+        const float existing = static_cast<float>(before.get(at));
+        if (run.empty()) {
+          want.set_bits(at, before.bits(at));
+        } else {
+          want.set(at, static_cast<double>(existing + product));
+        }
       }
-      const auto existing = static_cast<float>(before.get(v * dim + e));
-      const float product = scale * total;
-      want[static_cast<std::size_t>(v * dim + e)] = run.empty() ? existing : existing + product;
     }
-  }
 
-  const int threads = omp_get_max_threads();
-  for (int team : {threads, 1, 3}) {
-    omp_set_num_threads(team);
-    ref::Buffer grad(DType::float32, vocab * dim);
-    for (std::int64_t i = 0; i < grad.size(); ++i) grad.set_bits(i, before.bits(i));
-    EmbedBackwardOptions options;
-    options.scale = scale;
-    embrope::embed_backward(ref::view(grad_out, 0, {rows, dim}, {dim, 1}),
-                            Tensor(ids.data(), DType::int64, {rows}),
-                            ref::view(grad, 0, {vocab, dim}, {dim, 1}), options);
-    std::int64_t mismatches = 0;
-    for (std::int64_t i = 0; i < vocab * dim; ++i) {
-      float got;
-      const std::uint64_t bits = grad.bits(i);
-      const auto bits32 = static_cast<std::uint32_t>(bits);
-      std::memcpy(&got, &bits32, sizeof got);
-      const float w = want[static_cast<std::size_t>(i)];
-      if (std::memcmp(&got, &w, sizeof got) != 0 && ++mismatches <= 3) {
-        FAIL_CHECK(team << " threads: element (" << i / dim << ", " << i % dim << ") is " << got
-                        << ", the documented order gives " << w);
+    const int threads = omp_get_max_threads();
+    for (int team : {1, 2, 3}) {
+      omp_set_num_threads(team);
+      ref::Buffer grad(grad_dtype, vocab * dim);
+      for (std::int64_t i = 0; i < grad.size(); ++i) grad.set_bits(i, before.bits(i));
+      EmbedBackwardOptions options;
+      options.scale = scale;
+      embrope::embed_backward(ref::view(grad_out, 0, {rows, dim}, {dim, 1}),
+                              Tensor(ids.data(), DType::int64, {rows}),
+                              ref::view(grad, 0, {vocab, dim}, {dim, 1}), options);
+      std::int64_t mismatches = 0;
+      for (std::int64_t i = 0; i < vocab * dim; ++i) {
+        if (grad.bits(i) != want.bits(i) && ++mismatches <= 3) {
+          FAIL_CHECK(team << " threads: element (" << i / dim << ", " << i % dim << ") is "
+                          << grad.get(i) << ", the documented order gives " << want.get(i));
+        }
       }
+      CHECK(mismatches == 0);
     }
-    CHECK(mismatches == 0);
+    omp_set_num_threads(threads);
   }
-  omp_set_num_threads(threads);
 }
 
 TEST_CASE("embed_backward with all-distinct ids writes each row once", "[embed_backward]") {

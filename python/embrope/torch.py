@@ -283,9 +283,9 @@ def _apply_rope_inplace_op(q: Tensor, k: Optional[Tensor], positions: Tensor,
                rotary_dim, mrope, None, None)
 
 
-def _rope_setup_context(ctx, inputs, output):
+def _rope_setup_context(ctx, inputs, output, op: str = "apply_rope"):
     _, k, positions, cos_sin_cache, layout, inverse, rotary_dim, mrope = inputs
-    _refuse_table_gradient("apply_rope", cos_sin_cache)
+    _refuse_table_gradient(op, cos_sin_cache)
     ctx.save_for_backward(positions, cos_sin_cache)
     ctx.has_k = k is not None
     ctx.options = (layout, inverse, rotary_dim, mrope)
@@ -314,8 +314,9 @@ def _rope_backward_backward(ctx, grad_dq, grad_dk):
     return q, (k if ctx.has_k else None), None, None, None, None, None, None
 
 
-torch.library.register_autograd("embrope::apply_rope_backward", _rope_backward_backward,
-                                setup_context=_rope_setup_context)
+torch.library.register_autograd(
+    "embrope::apply_rope_backward", _rope_backward_backward,
+    setup_context=functools.partial(_rope_setup_context, op="apply_rope_backward"))
 
 
 def _quantized_outputs(q: Tensor, k: Optional[Tensor], q_nope: Optional[Tensor],

@@ -148,29 +148,21 @@ constexpr std::int64_t kQuantPart = 512;
 
 // Asks for the bytes of values [begin, end) of quantized row `row` (and, with the first part,
 // the row's scales and zero points) in L2: a gather's rows lie at random addresses, where
-// the hardware prefetchers restart (simd::prefetch_l2). Bytes per value are uniform in every
+// the hardware prefetchers restart (prefetch_lines). Bytes per value are uniform in every
 // format, so the part's bytes are its share of the row's.
-#if EMBROPE_CPU_X86
-EMBROPE_PREFETCH_ONLY
-#endif
-void prefetch_quant_part(const internal::QuantTable& q, std::int64_t row, std::int64_t begin,
-                         std::int64_t end, std::int64_t dim) {
+EMBROPE_PREFETCH_ONLY void prefetch_quant_part(const internal::QuantTable& q, std::int64_t row,
+                                               std::int64_t begin, std::int64_t end,
+                                               std::int64_t dim) {
 #if EMBROPE_CPU_X86
   if (end <= begin) return;
-  constexpr std::int64_t kLine = 64;
-  const auto lines = [](const void* base, std::int64_t from, std::int64_t to) {
-    for (std::int64_t b = from / kLine * kLine; b < to; b += kLine) {
-      simd::prefetch_l2(static_cast<const char*>(base) + b);
-    }
-  };
-  lines(q.data + row * q.row_stride, begin * q.row_bytes / dim, end * q.row_bytes / dim);
+  prefetch_lines(q.data + row * q.row_stride, begin * q.row_bytes / dim, end * q.row_bytes / dim);
   if (begin == 0 && q.scales != nullptr) {
     const std::int64_t groups = dim / q.group_size;
-    lines(q.scales, row * q.scale_stride * dtype_size(q.scale_dtype),
-          (row * q.scale_stride + groups) * dtype_size(q.scale_dtype));
+    prefetch_lines(q.scales, row * q.scale_stride * dtype_size(q.scale_dtype),
+                   (row * q.scale_stride + groups) * dtype_size(q.scale_dtype));
     if (q.zero_points != nullptr) {
-      lines(q.zero_points, row * q.zero_point_stride * dtype_size(q.zero_point_dtype),
-            (row * q.zero_point_stride + groups) * dtype_size(q.zero_point_dtype));
+      prefetch_lines(q.zero_points, row * q.zero_point_stride * dtype_size(q.zero_point_dtype),
+                     (row * q.zero_point_stride + groups) * dtype_size(q.zero_point_dtype));
     }
   }
 #else

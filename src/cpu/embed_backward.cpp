@@ -76,20 +76,13 @@ RunAhead<T, G> run_ahead(const Runs& runs, std::int64_t r, const T* grad_out, G*
   return ahead;
 }
 
-// EMBROPE_PREFETCH_ONLY: simd.hpp.
 template <typename T, typename G>
-EMBROPE_PREFETCH_ONLY void prefetch_block(const RunAhead<T, G>& ahead, std::int64_t j0,
-                                          std::int64_t width) {
-  constexpr std::int64_t kLine = 64;
-  const char* out = reinterpret_cast<const char*>(ahead.out + j0);
-  for (std::int64_t b = 0; b < width * static_cast<std::int64_t>(sizeof(G)); b += kLine) {
-    __builtin_prefetch(out + b, 1, 2);
-  }
+void prefetch_block(const RunAhead<T, G>& ahead, std::int64_t j0, std::int64_t width) {
+  constexpr auto kOut = static_cast<std::int64_t>(sizeof(G));
+  constexpr auto kIn = static_cast<std::int64_t>(sizeof(T));
+  prefetch_lines<1>(ahead.out, j0 * kOut, (j0 + width) * kOut);
   for (std::int64_t i = 0; i < ahead.count; ++i) {
-    const char* row = reinterpret_cast<const char*>(ahead.sources[i] + j0);
-    for (std::int64_t b = 0; b < width * static_cast<std::int64_t>(sizeof(T)); b += kLine) {
-      __builtin_prefetch(row + b, 0, 2);
-    }
+    prefetch_lines(ahead.sources[i], j0 * kIn, (j0 + width) * kIn);
   }
 }
 
@@ -125,10 +118,10 @@ void reduce_block(const Params& p, const internal::GradTable& target, const Runs
   for (std::int64_t c = begin; c < end; c += detail::kEmbedBackwardChunk) {
     std::fill(part, part + width, 0.0f);
     const std::int64_t chunk_end = std::min(end, c + detail::kEmbedBackwardChunk);
-    for (std::int64_t i = c; i < chunk_end; ++i)
+    for (std::int64_t i = c; i < chunk_end; ++i) {
       add_row(part, grad_out + offsets[order[i]] + j0, width);
-#pragma omp simd
-    for (std::int64_t j = 0; j < width; ++j) total[j] += part[j];
+    }
+    add_row(total, part, width);
   }
   if (next.out != nullptr) prefetch_block(next, j0, width);
   add_to_gradient(static_cast<G*>(target.grad) + runs.keys[order[begin]] * target.stride + j0,
@@ -136,13 +129,15 @@ void reduce_block(const Params& p, const internal::GradTable& target, const Runs
 }
 
 // Adds the long runs (more than one chunk of rows) of one gradient table: a task per chunk
-// sums the chunk's rows whole, from zero and in row order, into the chunk's partial row
-// (reading each row from its start, as a copy streams), then a task per (run, column block)
-// adds the run's partials in chunk order from zero and the total to the gradient row: the
-// order of detail::kEmbedBackwardChunk. The partials take one float32 row per chunk: less than
-// 1/8 of the bytes of a bfloat16 grad_out's rows in long runs (1/16 of a float32's). With one id on
-// every row of 16K rows of D 4096, against tasks of one column block over all rows (2
-// threads): 3.9-5.2x (bfloat16), 2.4-3.1x (float32).
+// sums the chunk's rows, from zero and in row order, into the chunk's partial row (each row
+// read from its start, as a copy streams, with the chunk's next row asked for ahead), then a
+// task per (run, column block) adds the run's partials in chunk order from zero and the total
+// to the gradient row: the order of detail::kEmbedBackwardChunk. The partials take one
+// float32 row per chunk: less than 1/8 of the bytes of a bfloat16 grad_out's rows in long runs
+// (1/16 of a float32's). With one id on every row of 16K rows of D 4096, against tasks of one
+// column block over all rows (2 threads): 3.9-5.2x (bfloat16), 2.4-3.1x (float32); of that,
+// the next row asked for ahead gave 1.1-1.2x, and with Zipf's ids (35% of the rows in long
+// runs) up to 1.2x (benchmarks/results/cpu-2026-12-07-embed-backward-runs/).
 template <typename T, typename G>
 void reduce_long_runs(const Params& p, const internal::GradTable& target, const Runs& runs,
                       const std::vector<std::int64_t>& long_runs, bool threaded) {
@@ -151,6 +146,7 @@ void reduce_long_runs(const Params& p, const internal::GradTable& target, const 
   const std::int64_t* order = runs.order.data();
   const std::int64_t* offsets = runs.offsets.data();
   const auto longs = static_cast<std::int64_t>(long_runs.size());
+  constexpr auto kIn = static_cast<std::int64_t>(sizeof(T));
   // first_chunk[i]: the first chunk of long run i (and the number of chunks at the end);
   // chunk k: order[chunk_begin[k], chunk_end[k]).
   std::vector<std::int64_t> first_chunk(static_cast<std::size_t>(longs + 1), 0);
@@ -165,15 +161,30 @@ void reduce_long_runs(const Params& p, const internal::GradTable& target, const 
   }
   const auto chunks = static_cast<std::int64_t>(chunk_begin.size());
   first_chunk[longs] = chunks;
-  // Not value-initialised: each chunk's task zeroes its own row (first touch by its thread).
-  const std::unique_ptr<float[]> partials(new float[static_cast<std::size_t>(chunks * dim)]);
+  // A partial row per chunk, each starting a cache line (rows written by different threads
+  // share none). Not value-initialised: each chunk's task zeroes its own row.
+  constexpr std::int64_t kLineFloats = 16;
+  const std::int64_t pitch = (dim + kLineFloats - 1) / kLineFloats * kLineFloats;
+  const std::unique_ptr<float[]> storage(
+      new float[static_cast<std::size_t>(chunks * pitch + kLineFloats)]);
+  const std::uintptr_t misaligned = reinterpret_cast<std::uintptr_t>(storage.get()) % 64;
+  float* const partials =
+      storage.get() + (misaligned == 0 ? 0 : kLineFloats - misaligned / sizeof(float));
 
 #pragma omp parallel for schedule(dynamic, 1) if (threaded)
   for (std::int64_t k = 0; k < chunks; ++k) {
-    float* part = partials.get() + k * dim;
+    float* part = partials + k * pitch;
     std::fill(part, part + dim, 0.0f);
+    // Block by block, each with the same block of the chunk's next row asked for ahead: the
+    // rows of a frequent id lie at random places in grad_out.
     for (std::int64_t i = chunk_begin[k]; i < chunk_end[k]; ++i) {
-      add_row(part, grad_out + offsets[order[i]], dim);
+      const T* row = grad_out + offsets[order[i]];
+      const T* next = i + 1 < chunk_end[k] ? grad_out + offsets[order[i + 1]] : nullptr;
+      for (std::int64_t j0 = 0; j0 < dim; j0 += kColumns) {
+        const std::int64_t width = std::min(kColumns, dim - j0);
+        if (next != nullptr) prefetch_lines(next, j0 * kIn, (j0 + width) * kIn);
+        add_row(part + j0, row + j0, width);
+      }
     }
   }
 
@@ -186,9 +197,7 @@ void reduce_long_runs(const Params& p, const internal::GradTable& target, const 
       float total[kColumns];
       std::fill(total, total + width, 0.0f);
       for (std::int64_t k = first_chunk[i]; k < first_chunk[i + 1]; ++k) {
-        const float* part = partials.get() + k * dim + j0;
-#pragma omp simd
-        for (std::int64_t j = 0; j < width; ++j) total[j] += part[j];
+        add_row(total, partials + k * pitch + j0, width);
       }
       add_to_gradient(static_cast<G*>(target.grad) +
                           runs.keys[order[runs.start[long_runs[i]]]] * target.stride + j0,
@@ -199,10 +208,11 @@ void reduce_long_runs(const Params& p, const internal::GradTable& target, const 
 
 // Adds the runs of one gradient table. Each short run is one task: a thread takes consecutive
 // short runs, each whole (block after block), and with each block of one asks for the same
-// block of its next (one run ahead). At 16K random ids of D 4096 (bfloat16 into float32, 2
-// threads, 556 MB: DRAM), against tasks of one column block each with nothing asked for
-// ahead: 1.4x from whole runs (the hardware prefetchers follow a row), 1.5x more from the next
-// run's lines (benchmarks/results/cpu-2026-12-07-embed-backward-runs/).
+// block of its next (one run ahead), unless that run starts another thread's share. At 16K
+// random ids of a 128,256-row vocabulary (D 4096, bfloat16 into float32, 2 threads; 638 MB,
+// DRAM), against tasks of one column block each with nothing asked for ahead: 1.4x from whole
+// runs (the hardware prefetchers follow a row), 1.5x more from the next run's lines
+// (benchmarks/results/cpu-2026-12-07-embed-backward-runs/).
 template <typename T, typename G>
 void reduce_runs(const Params& p, const internal::GradTable& target, const Runs& runs,
                  bool threaded) {
@@ -215,11 +225,13 @@ void reduce_runs(const Params& p, const internal::GradTable& target, const Runs&
     (runs.start[r + 1] - runs.start[r] > kLongRun ? long_runs : short_runs).push_back(r);
   }
   const auto shorts = static_cast<std::int64_t>(short_runs.size());
-#pragma omp parallel for schedule(dynamic, 16) if (threaded)
+  constexpr std::int64_t kRunsPerShare = 16;  // consecutive short runs a thread takes at once
+#pragma omp parallel for schedule(dynamic, kRunsPerShare) if (threaded)
   for (std::int64_t i = 0; i < shorts; ++i) {
+    const bool next_is_mine = (i + 1) % kRunsPerShare != 0 && i + 1 < shorts;
     const RunAhead<T, G> next =
-        i + 1 < shorts ? run_ahead(runs, short_runs[i + 1], grad_out, grad, target.stride)
-                       : RunAhead<T, G>{};
+        next_is_mine ? run_ahead(runs, short_runs[i + 1], grad_out, grad, target.stride)
+                     : RunAhead<T, G>{};
     for (std::int64_t j0 = 0; j0 < dim; j0 += kColumns) {
       reduce_block(p, target, runs, short_runs[i], j0, std::min(kColumns, dim - j0), next);
     }

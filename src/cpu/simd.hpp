@@ -39,6 +39,25 @@
 #define EMBROPE_PREFETCH_ONLY
 #endif
 
+namespace embrope::cpu {
+
+// Asks for every cache line holding a byte of [base + from, base + to) in L2 (kLocality 2; 3:
+// L1), for reading or (kWrite 1) writing: the rows of a gather lie at random addresses, where
+// the hardware prefetchers restart at every row. The first line is the one holding the first
+// byte, wherever the range starts in it. The addresses are only asked for, never formed as
+// pointers outside the range.
+template <int kWrite = 0, int kLocality = 2>
+EMBROPE_PREFETCH_ONLY void prefetch_lines(const void* base, std::int64_t from, std::int64_t to) {
+  constexpr std::uintptr_t kLine = 64;
+  const auto start = reinterpret_cast<std::uintptr_t>(base);
+  for (std::uintptr_t a = (start + static_cast<std::uintptr_t>(from)) / kLine * kLine;
+       a < start + static_cast<std::uintptr_t>(to); a += kLine) {
+    __builtin_prefetch(reinterpret_cast<const void*>(a), kWrite, kLocality);
+  }
+}
+
+}  // namespace embrope::cpu
+
 #if EMBROPE_CPU_X86
 namespace embrope::cpu::simd {
 

@@ -349,12 +349,24 @@ def test_operators_called_directly_refuse_a_table_that_requires_grad():
         x = q.clone().requires_grad_(q_grad)
         with pytest.raises(embrope.InvalidArgumentError, match=refused.format("apply_rope")):
             torch.ops.embrope.apply_rope(x, k, positions, table, *rope)
-        with pytest.raises(embrope.InvalidArgumentError, match=refused.format("apply_rope")):
+        with pytest.raises(embrope.InvalidArgumentError,
+                           match=refused.format("apply_rope_backward")):
             torch.ops.embrope.apply_rope_backward(x, k, positions, table, *rope)
         with pytest.raises(embrope.InvalidArgumentError,
                            match=refused.format("apply_qk_norm_rope")):
             torch.ops.embrope.apply_qk_norm_rope(x, k, positions, table, torch.ones(8), None,
                                                  1e-6, False, *rope)
+    # Traced by torch.compile, the refusal stops the compile: the error torch raises has
+    # embrope's as its root cause.
+    compiled = torch.compile(
+        lambda x, t: torch.ops.embrope.apply_rope(x, k, positions, t, *rope), fullgraph=True)
+    with pytest.raises(Exception) as raised:
+        compiled(q, table)
+    cause = raised.value
+    while cause.__cause__ is not None or cause.__context__ is not None:
+        cause = cause.__cause__ or cause.__context__
+    assert isinstance(cause, embrope.InvalidArgumentError)
+    assert "apply_rope: the cos/sin table requires grad" in str(cause)
     with torch.no_grad():  # no backward to miss it: allowed, the same bits
         got, _ = torch.ops.embrope.apply_rope(q, k, positions, table, *rope)
     want, _ = embrope.apply_rope(q.numpy(), None, positions.numpy(), cache)
