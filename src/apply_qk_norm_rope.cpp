@@ -12,6 +12,7 @@
 EMBROPE_BEGIN_NAMESPACE
 namespace {
 
+using internal::check_apart_from_table;
 using internal::CosSinTable;
 using internal::QkNormRopeParams;
 using internal::RopeNames;
@@ -150,7 +151,7 @@ QkNormRopeParams prepare_backward(const Tensor& dq, const std::optional<Tensor>&
     if (norm.q_weight) validate::check_no_overlap(op, name, g, "q_weight", *norm.q_weight);
     if (norm.k_weight) validate::check_no_overlap(op, name, g, "k_weight", *norm.k_weight);
     validate::check_no_overlap(op, name, g, "positions", positions);
-    validate::check_no_overlap(op, name, g, table.name, table.cos_view);
+    check_apart_from_table(op, name, g, table);
   }
   if (grads.q_weight && grads.k_weight) {
     validate::check_no_overlap(op, "grads.q_weight", *grads.q_weight, "grads.k_weight",

@@ -212,6 +212,15 @@ EMBROPE_END_NAMESPACE
 
 namespace embrope::internal {
 
+void check_apart_from_table(const char* op, const char* name, const Tensor& out,
+                            const CosSinTable& table) {
+  validate::check_no_overlap(op, name, out, table.name, table.cos_view);
+  // A RopeCache's cos and sin are one table; a caller's may be two.
+  if (table.sin_view.data() != table.cos_view.data()) {
+    validate::check_no_overlap(op, name, out, "sin", table.sin_view);
+  }
+}
+
 // Validates every argument and fills the parameters of the call.
 RopeParams prepare_rope(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
                         const Tensor& positions, const CosSinTable& table,
@@ -256,8 +265,14 @@ RopeParams prepare_rope(const RopeNames& names, const Tensor& q, const std::opti
   }
   if (rotary_dim > head_dim)
     fail(names.op, "rotary_dim {} exceeds head_dim {}", rotary_dim, head_dim);
+  if (options.layout != RopeLayout::neox && options.layout != RopeLayout::interleaved) {
+    fail(names.op, "layout {} is not a RopeLayout (neox or interleaved)",
+         static_cast<int>(options.layout));
+  }
   if (mrope) {
-    if (section[0] < 0 || section[1] < 0 || section[2] < 0 ||
+    // Each section is checked against R / 2 before the sum, which could otherwise wrap.
+    const auto fits = [&](std::int64_t s) { return s >= 0 && s <= rotary_dim / 2; };
+    if (!fits(section[0]) || !fits(section[1]) || !fits(section[2]) ||
         section[0] + section[1] + section[2] != rotary_dim / 2) {
       fail(names.op,
            "mrope_section [{}, {}, {}] must be non-negative and sum to rotary_dim / 2 = {}",
@@ -410,12 +425,12 @@ RopeParams prepare_rope(const RopeNames& names, const Tensor& q, const std::opti
   if (options.q_out) validate::check_no_overlap(names.op, names.q_out, q_out, names.q, q, true);
   const Tensor* outputs[2] = {&q_out, nullptr};
   const char* output_names[2] = {q_out_name, nullptr};
-  if (k) {
+  if (k) validate::check_no_overlap(names.op, q_out_name, q_out, names.k, *k);
+  if (k && (options.k_out || names.k_in_place)) {
     const Tensor& k_out = options.k_out ? *options.k_out : *k;
     const char* k_out_name = options.k_out ? names.k_out : names.k;
     validate::check_no_self_overlap(names.op, k_out_name, k_out);
     if (options.k_out) validate::check_no_overlap(names.op, names.k_out, k_out, names.k, *k, true);
-    validate::check_no_overlap(names.op, q_out_name, q_out, names.k, *k);
     validate::check_no_overlap(names.op, k_out_name, k_out, names.q, q);
     if (options.k_out) validate::check_no_overlap(names.op, q_out_name, q_out, names.k_out, k_out);
     outputs[1] = &k_out;
@@ -431,10 +446,7 @@ RopeParams prepare_rope(const RopeNames& names, const Tensor& q, const std::opti
       validate::check_no_overlap(names.op, output_names[i], *outputs[i], "k_out_head_scales",
                                  *options.k_out_head_scales);
     }
-    validate::check_no_overlap(names.op, output_names[i], *outputs[i], table.name, table.cos_view);
-    if (table.sin_view.data() != table.cos_view.data()) {
-      validate::check_no_overlap(names.op, output_names[i], *outputs[i], "sin", table.sin_view);
-    }
+    check_apart_from_table(names.op, output_names[i], *outputs[i], table);
   }
 
   return p;

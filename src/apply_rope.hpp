@@ -33,29 +33,32 @@ struct RopeNames {
   const char* q_head_dim;     // "head_dim of q"
   BadIndexOp bad_op;          // how a bad position is reported
   RopeFloat8 float8_outputs;  // which outputs may be float8
+  // Whether k, without a k_out, is rotated in place (the cache-append ops only read it then).
+  bool k_in_place;
 };
 
 // clang-format off
 inline constexpr RopeNames kRopeForwardNames{
     "apply_rope", "q", "k", "q_out", "k_out",
-    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_rope, RopeFloat8::q_and_k};
+    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_rope, RopeFloat8::q_and_k, true};
 inline constexpr RopeNames kRopeBackwardNames{
     "apply_rope_backward", "dq", "dk", "dq_out", "dk_out",
-    "the token dimensions of dq", "head_dim of dq", BadIndexOp::apply_rope_backward, RopeFloat8::none};
+    "the token dimensions of dq", "head_dim of dq", BadIndexOp::apply_rope_backward, RopeFloat8::none, true};
 inline constexpr RopeNames kRopeAppendKvNames{
     "apply_rope_append_kv", "q", "k", "q_out", "k_out",
-    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_rope_append_kv, RopeFloat8::q_only};
+    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_rope_append_kv, RopeFloat8::q_only,
+    false};
 inline constexpr RopeNames kQkNormRopeAppendKvNames{
     "apply_qk_norm_rope_append_kv", "q", "k", "q_out", "k_out",
     "the token dimensions of q", "head_dim of q", BadIndexOp::apply_qk_norm_rope_append_kv,
-    RopeFloat8::q_only};
+    RopeFloat8::q_only, false};
 inline constexpr RopeNames kQkNormRopeNames{
     "apply_qk_norm_rope", "q", "k", "q_out", "k_out",
-    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_qk_norm_rope, RopeFloat8::none};
+    "the token dimensions of q", "head_dim of q", BadIndexOp::apply_qk_norm_rope, RopeFloat8::none, true};
 inline constexpr RopeNames kQkNormRopeBackwardNames{
     "apply_qk_norm_rope_backward", "dq", "dk", "dq_out", "dk_out",
     "the token dimensions of dq", "head_dim of dq", BadIndexOp::apply_qk_norm_rope_backward,
-    RopeFloat8::none};
+    RopeFloat8::none, true};
 // clang-format on
 
 // Where the cos/sin values come from, whatever their owner.
@@ -79,6 +82,10 @@ CosSinTable cos_sin_table(const RopeNames& names, const Tensor& cos, const Tenso
 RopeParams prepare_rope(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
                         const Tensor& positions, const CosSinTable& table,
                         const RopeOptions& options);
+
+// Checks that an output named `name` shares no byte with the table's cos or sin values.
+void check_apart_from_table(const char* op, const char* name, const Tensor& out,
+                            const CosSinTable& table);
 
 void apply_rope_named(const RopeNames& names, const Tensor& q, const std::optional<Tensor>& k,
                       const Tensor& positions, const RopeCache& cache, const RopeOptions& options);

@@ -73,7 +73,7 @@ void apply(const internal::RopeNames& names, const Tensor& q, const Tensor& k, c
            const KvSlots& slots, const QkNorm* norm, const RopeOptions& options) {
   const char* op = names.op;
   // The rotation: apply_rope's rules for q, k, positions, the table and the options. Without
-  // k_out, k is only read (prepare_rope would treat it as rotated in place).
+  // k_out, k is only read (the names' k_in_place is false).
   if (norm != nullptr && (options.q_nope || options.q_nope_out)) {
     fail(op,
          "{} is given, but the norm is over whole head rows: give q whole (rotary_dim, then the "
@@ -105,6 +105,9 @@ void apply(const internal::RopeNames& names, const Tensor& q, const Tensor& k, c
   p.v_stride_h = v.stride(n - 2);
 
   // The caches.
+  if (kv.layout != KvCacheLayout::nhd && kv.layout != KvCacheLayout::hnd) {
+    fail(op, "kv_layout {} is not a KvCacheLayout (nhd or hnd)", static_cast<int>(kv.layout));
+  }
   check_cache(op, "k_cache", kv.k, device, kv.k_scale, "k_scale");
   check_cache(op, "v_cache", kv.v, device, kv.v_scale, "v_scale");
   const CacheDims d = cache_dims(kv.layout);

@@ -10,6 +10,7 @@
 
 #include "bad_index.hpp"
 #include "embrope/deferred_status.hpp"
+#include "embrope/embrope.hpp"
 #include "embrope/types.hpp"
 #include "embrope/version.hpp"
 #include "apply_qk_norm_rope_params.hpp"
@@ -90,6 +91,9 @@ void run_kernel(const char* op, Device device, Stream stream, DeferredStatus* de
   run_with_bad_index_policy(op, device, stream, deferred, [&](internal::BadIndexRecord* record) {
     bad = record;
     if (device.kind == DeviceKind::cpu) {
+      // The instruction set is chosen here, on the calling thread: a bad EMBROPE_CPU_ISA
+      // throws, which inside a kernel's thread team would terminate the process.
+      cpu_isa();
       cpu_kernel(params);
     } else {
       gpu_kernel(params, device, stream);

@@ -123,6 +123,16 @@ internal::EmbedParams prepare(
   p.scale = o.scale;
   check_vocab_start(kOp, o.vocab_start, vocab_size);
 
+  if (o.positions != PositionEncoding::none && o.positions != PositionEncoding::learned &&
+      o.positions != PositionEncoding::sinusoidal) {
+    fail(kOp, "positions {} is not a PositionEncoding (none, learned or sinusoidal)",
+         static_cast<int>(o.positions));
+  }
+  if (o.sinusoid_layout != SinusoidLayout::interleaved &&
+      o.sinusoid_layout != SinusoidLayout::split) {
+    fail(kOp, "sinusoid_layout {} is not a SinusoidLayout (interleaved or split)",
+         static_cast<int>(o.sinusoid_layout));
+  }
   p.positions = o.positions;
   const bool uses_positions = o.positions != PositionEncoding::none;
   if (!uses_positions && (o.position_table || o.position_ids || o.position_offsets)) {

@@ -148,6 +148,12 @@ Params prepare(const Tensor& grad_out, const Tensor& ids, const std::optional<Te
     r.vocab_shard = true;
   }
   if (o.padding_idx) {
+    if (*o.padding_idx < 0) {
+      fail(kOp,
+           "padding_idx {} is negative; ids are not (a negative id is a bad index), so it would "
+           "keep no row from grad_table",
+           *o.padding_idx);
+    }
     p.has_padding = true;
     p.padding_idx = *o.padding_idx;
   }

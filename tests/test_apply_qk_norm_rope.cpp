@@ -587,6 +587,23 @@ TEST_CASE("apply_qk_norm_rope errors name the op, the argument and the rule",
   g.q_weight = ref::view(dq, 0, {32});
   expect_error([&] { bwd(x.q_t(), qn, g); }, invalid,
                {"apply_qk_norm_rope_backward", "grads.q_weight", "dq"});
+
+  // With caller tables, a weight gradient on top of either one (sin's was written over).
+  ref::Buffer cos(DType::float32, kMaxPositions * 16), sin(DType::float32, kMaxPositions * 16);
+  ref::fill_random(cos, 52);
+  ref::fill_random(sin, 53);
+  auto bwd_tables = [&](const QkNormGradients& gg) {
+    embrope::apply_qk_norm_rope_backward(
+        ref::view(dq, 0, {s.tokens, s.hq, s.dim}), std::nullopt, x.q_t(), std::nullopt, x.pos_t(),
+        ref::view(cos, 0, {kMaxPositions, 16}), ref::view(sin, 0, {kMaxPositions, 16}), qn, gg);
+  };
+  for (ref::Buffer* table : {&cos, &sin}) {
+    const auto before = table->snapshot();
+    g.q_weight = ref::view(*table, 0, {32});
+    expect_error([&] { bwd_tables(g); }, invalid,
+                 {"apply_qk_norm_rope_backward", "grads.q_weight", table == &cos ? "cos" : "sin"});
+    CHECK(table->snapshot() == before);
+  }
 }
 
 TEST_CASE(

@@ -867,6 +867,20 @@ TEST_CASE("apply_rope rejects a rotary dim larger than head_dim", "[rope][errors
   CHECK(f.q.snapshot() == q_before);
 }
 
+TEST_CASE("apply_rope rejects a layout outside RopeLayout's enumerators", "[rope][errors]") {
+  // A uint8_t enum holds any byte; layout 7 was rotated as interleaved.
+  RopeFixture f;
+  const auto q_before = f.q.snapshot();
+  const RopeCache cache(RopeConfig{128, 10000.0, 16});
+  RopeOptions o;
+  o.layout = static_cast<RopeLayout>(7);
+  expect_error([&] { embrope::apply_rope(f.qt(), f.kt(), f.pt(), cache, o); }, kInvalid,
+               {"apply_rope: layout 7 is not a RopeLayout"});
+  expect_error([&] { embrope::apply_rope_backward(f.qt(), f.kt(), f.pt(), cache, o); }, kInvalid,
+               {"apply_rope_backward: layout 7 is not a RopeLayout"});
+  CHECK(f.q.snapshot() == q_before);
+}
+
 TEST_CASE("apply_rope rejects shapes that disagree", "[rope][errors]") {
   RopeFixture f;
   const auto q_before = f.q.snapshot();

@@ -618,6 +618,49 @@ TEST_CASE("apply_rope_append_kv fills one cache over several calls like one call
   CHECK(kc1.snapshot() != poisoned.snapshot());  // the calls wrote something
 }
 
+TEST_CASE("apply_rope_append_kv reads a k broadcast over its heads as its copy",
+          "[apply_rope_append_kv]") {
+  // Without k_out, k is only read, so a view with stride 0 over the heads is a valid input
+  // (it was refused as "k overlaps itself"); the caches get the same bytes as from k's copy.
+  const std::int64_t t = 5, hq = 4, hk = 2, d = 64, pages = 2, page_size = 4;
+  const RopeCache cache({d, 10000.0, 64});
+  ref::Buffer q(DType::float32, t * hq * d), k_row(DType::float32, t * d),
+      k_copy(DType::float32, t * hk * d), v(DType::float32, t * hk * d), pos(DType::int64, t),
+      slots(DType::int64, t);
+  ref::fill_random(q, 21);
+  ref::fill_random(k_row, 22);
+  ref::fill_random(v, 23);
+  for (std::int64_t i = 0; i < t; ++i) {
+    pos.set_index(i, 3 * i + 1);
+    slots.set_index(i, 7 - i);
+    for (std::int64_t h = 0; h < hk; ++h) {
+      for (std::int64_t j = 0; j < d; ++j) k_copy.set((i * hk + h) * d + j, k_row.get(i * d + j));
+    }
+  }
+  auto run = [&](const Tensor& k, ref::Buffer& kc, ref::Buffer& vc, ref::Buffer& qq) {
+    KvCache kv;
+    kv.k = ref::view(kc, 0, {pages, page_size, hk, d});
+    kv.v = ref::view(vc, 0, {pages, page_size, hk, d});
+    embrope::apply_rope_append_kv(ref::view(qq, 0, {t, hq, d}), k, ref::view(v, 0, {t, hk, d}),
+                                  ref::view(pos, 0, {t}), cache, kv,
+                                  KvSlots::paged(ref::view(slots, 0, {t})));
+  };
+  ref::Buffer kc1(DType::float32, pages * page_size * hk * d), vc1 = kc1;
+  ref::poison(kc1);
+  ref::poison(vc1);
+  ref::Buffer kc2 = kc1, vc2 = vc1, q1 = q, q2 = q;
+  const auto k_before = k_row.snapshot();
+  run(ref::view(k_row, 0, {t, hk, d}, {d, 0, 1}), kc1, vc1, q1);
+  run(ref::view(k_copy, 0, {t, hk, d}), kc2, vc2, q2);
+  CHECK(k_row.snapshot() == k_before);  // read only
+  CHECK(kc1.snapshot() == kc2.snapshot());
+  CHECK(vc1.snapshot() == vc2.snapshot());
+  CHECK(q1.snapshot() == q2.snapshot());
+  ref::Buffer poisoned = kc1;
+  ref::poison(poisoned);
+  CHECK(kc1.snapshot() != poisoned.snapshot());  // the calls wrote the cache
+}
+
 TEST_CASE("apply_rope_append_kv float8: all 256 codes, ties, saturation, NaN",
           "[apply_rope_append_kv][float8]") {
   // v values go to the cache converted (k is irrelevant here: one pass-through element).
@@ -874,6 +917,15 @@ TEST_CASE("apply_rope_append_kv argument errors", "[apply_rope_append_kv][errors
   hnd.v = ref::view(m.v_cache, 0, {4, 2, 16, 64});
   expect(hnd, KvSlots::contiguous(ref::view(m.slots, 0, {2}), ref::view(m.slots, 0, {3})), v,
          {"cache_offsets needs a contiguous cache"});
+  // Enum values outside their enumerators (a C++ enum of uint8_t holds any byte): the layout
+  // was read as HND and the rotation's as interleaved.
+  KvCache no_layout = kv;
+  no_layout.layout = static_cast<KvCacheLayout>(5);
+  expect(no_layout, slots, v, {"apply_rope_append_kv", "kv_layout 5", "KvCacheLayout"});
+  RopeOptions bad_rotation;
+  bad_rotation.layout = static_cast<RopeLayout>(7);
+  expect_error([&] { embrope::apply_rope_append_kv(q, k, v, pos, cache, kv, slots, bad_rotation); },
+               {ErrorCode::invalid_argument}, {"apply_rope_append_kv", "layout 7", "RopeLayout"});
   expect(kv, KvSlots::paged(ref::view(m.slots, 0, {11})), v, {"slot_mapping", "token dimensions"});
   expect(kv, slots, ref::view(m.v, 0, {12, 1, 64}), {"v", "kv_heads of k"});
   ref::Buffer v16(DType::float16, m.v.size());

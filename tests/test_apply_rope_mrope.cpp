@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -272,6 +273,16 @@ TEST_CASE("mrope rejects sections and position shapes that do not fit", "[rope][
                             cache, opt);
       },
       {ErrorCode::invalid_argument}, {"apply_rope", "mrope_section", "non-negative"});
+  // Sections whose sum wraps to R / 2 (2 * INT64_MAX + 34 = 32 modulo 2^64) were taken, and the
+  // widened cos/sin row written far past its end.
+  const std::int64_t huge = std::numeric_limits<std::int64_t>::max();
+  opt.mrope_section = {huge, huge, 34};
+  expect_error(
+      [&] {
+        embrope::apply_rope(ref::view(q, 0, {t, h, d}), std::nullopt, ref::view(pos, 0, {3, t}),
+                            cache, opt);
+      },
+      {ErrorCode::invalid_argument}, {"apply_rope", "mrope_section", "rotary_dim / 2 = 32"});
   opt.mrope_section = {8, 12, 12};
   expect_error(
       [&] {

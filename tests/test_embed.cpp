@@ -1071,6 +1071,20 @@ TEST_CASE("embed rejects bad position and type options", "[embed][errors]") {
     expect_error([&] { embrope::embed(f.table_t(), f.ids_t(), f.out_t(), o); }, kInvalid,
                  {"embed", "sinusoid_base"});
   }
+  SECTION("positions and sinusoid_layout outside their enumerators") {
+    // A uint8_t enum holds any byte: positions 9 with a table was taken as none (the table
+    // silently left out), sinusoid_layout 5 as interleaved.
+    EmbedOptions o = f.learned();
+    o.positions = static_cast<PositionEncoding>(9);
+    expect_error([&] { embrope::embed(f.table_t(), f.ids_t(), f.out_t(), o); }, kInvalid,
+                 {"embed", "positions 9", "PositionEncoding"});
+    o = EmbedOptions{};
+    o.positions = PositionEncoding::sinusoidal;
+    o.sinusoid_layout = static_cast<embrope::SinusoidLayout>(5);
+    expect_error([&] { embrope::embed(f.table_t(), f.ids_t(), f.out_t(), o); }, kInvalid,
+                 {"embed", "sinusoid_layout 5", "SinusoidLayout"});
+    CHECK(f.out_untouched());
+  }
   SECTION("learned positions without a position_table") {
     EmbedOptions o;
     o.positions = PositionEncoding::learned;

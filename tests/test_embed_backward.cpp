@@ -770,6 +770,12 @@ TEST_CASE("embed_backward rejects bad arguments with a message naming them",
     expect_error([&] { embrope::embed_backward(f.g(), f.i(), f.t(), o); }, kInvalid,
                  {"embed_backward", "scale"});
   }
+  SECTION("a negative padding_idx") {
+    // No id is negative, so it would keep no row from grad_table (torch counts -1 from the end).
+    o.padding_idx = -1;
+    expect_error([&] { embrope::embed_backward(f.g(), f.i(), f.t(), o); }, kInvalid,
+                 {"embed_backward", "padding_idx -1", "negative"});
+  }
   SECTION("a mode that is neither") {
     o.mode = static_cast<BackwardMode>(7);
     expect_error([&] { embrope::embed_backward(f.g(), f.i(), f.t(), o); }, kInvalid,

@@ -60,7 +60,9 @@ def deferred_errors(status: DeferredStatus) -> Iterator[DeferredStatus]:
     instead of raising, and so never synchronise the stream (safe inside
     ``torch.cuda.graph`` capture). Call ``status.check()`` when you choose to.
 
-    The setting is per thread; `status` must be on the device of the tensors.
+    The setting is per thread; `status` must be on the device of the tensors. A backward
+    reports to the status in effect on its own thread, else to its forward's: autograd runs a
+    CUDA backward on a thread of its own.
     """
     if not isinstance(status, DeferredStatus):
         raise TypeError(f"deferred_errors: status must be an embrope.DeferredStatus, not "
@@ -132,6 +134,29 @@ def _operator(name: str, fake: Callable[..., Any], *, mutates_args: Tuple[str, .
             torch.library.register_autograd(f"embrope::{name}", backward, lib=_LIBRARY)
         return getattr(torch.ops.embrope, name).default
     return define
+
+
+def _register_autograd(name: str, backward: Callable[..., Any],
+                       setup_context: Callable[..., Any]) -> None:
+    """torch.library.register_autograd for ``embrope::<name>``, with the forward's
+    DeferredStatus kept for the backward: a backward reports to the status in effect on its
+    own thread, else to its forward's. deferred_errors is per thread, and autograd runs a CUDA
+    backward on a thread of its own, where it would not be in effect (a bad index would then
+    raise and synchronise, and a captured backward be refused)."""
+    def setup(ctx: Any, inputs: Any, output: Any) -> None:
+        setup_context(ctx, inputs, output)
+        ctx.deferred = getattr(_local, "status", None)
+
+    def run_backward(ctx: Any, *grads: Any) -> Any:
+        if ctx.deferred is None or getattr(_local, "status", None) is not None:
+            return backward(ctx, *grads)
+        _local.status = ctx.deferred
+        try:
+            return backward(ctx, *grads)
+        finally:
+            _local.status = None
+
+    torch.library.register_autograd(f"embrope::{name}", run_backward, setup_context=setup)
 
 
 def _writing_kernels(op: str, function: Callable[..., Any], fake: Callable[..., Any],
@@ -299,8 +324,7 @@ def _rope_backward(ctx, grad_q, grad_k):
     return dq, (dk if ctx.has_k else None), None, None, None, None, None, None
 
 
-torch.library.register_autograd("embrope::apply_rope", _rope_backward,
-                                setup_context=_rope_setup_context)
+_register_autograd("apply_rope", _rope_backward, _rope_setup_context)
 
 
 def _rope_backward_backward(ctx, grad_dq, grad_dk):
@@ -314,9 +338,8 @@ def _rope_backward_backward(ctx, grad_dq, grad_dk):
     return q, (k if ctx.has_k else None), None, None, None, None, None, None
 
 
-torch.library.register_autograd(
-    "embrope::apply_rope_backward", _rope_backward_backward,
-    setup_context=functools.partial(_rope_setup_context, op="apply_rope_backward"))
+_register_autograd("apply_rope_backward", _rope_backward_backward,
+                   functools.partial(_rope_setup_context, op="apply_rope_backward"))
 
 
 def _quantized_outputs(q: Tensor, k: Optional[Tensor], q_nope: Optional[Tensor],
@@ -371,7 +394,8 @@ def _refuse_table_gradient(op: str, cos_sin_cache: Tensor) -> None:
 
 def _cos_sin_tensor(op: str, cache: Union[RopeCache, Tensor], device: torch.device) -> Tensor:
     if isinstance(cache, Tensor):
-        _refuse_table_gradient(op, cache)
+        if torch.is_grad_enabled():  # under no_grad or inference_mode no gradient is missed
+            _refuse_table_gradient(op, cache)
         return cache
     if isinstance(cache, RopeCache):
         return _cache_tensor(cache, device)
@@ -583,8 +607,7 @@ def _qk_backward(ctx, grad_q, grad_k):
             None, None)
 
 
-torch.library.register_autograd("embrope::apply_qk_norm_rope", _qk_backward,
-                                setup_context=_qk_setup_context)
+_register_autograd("apply_qk_norm_rope", _qk_backward, _qk_setup_context)
 
 
 def apply_qk_norm_rope(q: Tensor, k: Optional[Tensor], positions: Tensor,
@@ -768,13 +791,15 @@ def apply_rope_backward(dq: Tensor, dk: Optional[Tensor], positions: Tensor,
                         cache: Union[RopeCache, Tensor], *, layout: Optional[str] = None,
                         inverse: bool = False, rotary_dim: int = 0,
                         mrope_section: Optional[Sequence[int]] = None,
-                        mrope_interleaved: Optional[bool] = None
+                        mrope_interleaved: Optional[bool] = None,
+                        axes_dim: Optional[Sequence[int]] = None
                         ) -> Tuple[Tensor, Optional[Tensor]]:
-    """The gradient of :func:`apply_rope` (new tensors): ``m R(-angle) dy``."""
+    """The gradient of :func:`apply_rope` (new tensors): ``m R(-angle) dy``; the arguments
+    are apply_rope's."""
     op = "apply_rope_backward"
     table = _cos_sin_tensor(op, cache, dq.device)
     arguments = _rope_arguments(op, cache, layout, inverse, rotary_dim, mrope_section,
-                                mrope_interleaved)
+                                mrope_interleaved, axes_dim)
     dq_out, dk_out = torch.ops.embrope.apply_rope_backward(dq, dk, positions, table, *arguments)
     return dq_out, (dk_out if dk is not None else None)
 
@@ -787,21 +812,33 @@ class RotaryEmbedding(torch.nn.Module):
     ----------
     cache : RopeCache or Tensor [max_positions, R]
         The table (copied into the buffer once; a CPU RopeCache is shared without a copy).
-    layout, mrope_section, mrope_interleaved : optional
+    layout, mrope_section, mrope_interleaved, axes_dim : optional
         As in :func:`apply_rope`; default: the cache's.
     """
 
     def __init__(self, cache: Union[RopeCache, Tensor], *, layout: Optional[str] = None,
                  mrope_section: Optional[Sequence[int]] = None,
-                 mrope_interleaved: Optional[bool] = None) -> None:
+                 mrope_interleaved: Optional[bool] = None,
+                 axes_dim: Optional[Sequence[int]] = None) -> None:
         super().__init__()
         if isinstance(cache, RopeCache):
             table = torch.from_dlpack(_native.dlpack_table(cache))
         else:
             table = cache.detach()
         self.layout, _, _, self.mrope = _rope_arguments(
-            "RotaryEmbedding", cache, layout, False, 0, mrope_section, mrope_interleaved)
+            "RotaryEmbedding", cache, layout, False, 0, mrope_section, mrope_interleaved,
+            axes_dim)
         self.register_buffer("cos_sin_cache", table, persistent=False)
+
+    def _apply(self, fn: Callable, recurse: bool = True) -> "RotaryEmbedding":
+        # .to(device) moves the table; a dtype cast (model.half()) keeps its dtype, as the
+        # transformers integration's tables do: the table's precision is the caller's choice
+        # (a RopeCache's float32 values are exact), not the model's.
+        table = self.cos_sin_cache
+        probe = fn(torch.empty(0, device=table.device))
+        if probe.device != table.device:
+            self.cos_sin_cache = table.to(probe.device)
+        return self
 
     def forward(self, positions: Tensor, q: Tensor, k: Optional[Tensor] = None, *,
                 inplace: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
@@ -908,8 +945,7 @@ def _embed_backward(ctx, grad_out):
             None, None, None)
 
 
-torch.library.register_autograd("embrope::embed", _embed_backward,
-                                setup_context=_embed_setup_context)
+_register_autograd("embed", _embed_backward, _embed_setup_context)
 
 
 def _embed_norm_fake(table, ids, position_table, position_ids, position_offsets, type_table,
@@ -1026,8 +1062,26 @@ def _embed_norm_backward(ctx, grad_out, grad_pre):
             None, None, None, None, None, None, None, None)
 
 
-torch.library.register_autograd("embrope::embed_norm", _embed_norm_backward,
-                                setup_context=_embed_norm_setup_context)
+_register_autograd("embed_norm", _embed_norm_backward, _embed_norm_setup_context)
+
+
+def _padding_row(op: str, padding_idx: Optional[int], rows: int, vocab_start: int,
+                 vocab_shard: bool) -> Optional[int]:
+    """padding_idx in the ids' numbering. A negative one counts back from the table's end, as
+    torch.nn.Embedding's does, where the ids number the table's rows (no vocab_start or
+    vocab_shard). Without table rows (no table gradient) it is passed on as it is."""
+    if padding_idx is None or int(padding_idx) >= 0 or rows == 0:
+        return None if padding_idx is None else int(padding_idx)
+    padding_idx = int(padding_idx)
+    if vocab_start or vocab_shard:
+        raise _C.InvalidArgumentError(
+            f"{op}: padding_idx {padding_idx} is negative; with vocab_start or vocab_shard give "
+            "the id itself (in the ids' numbering)")
+    if padding_idx < -rows:
+        raise _C.InvalidArgumentError(
+            f"{op}: padding_idx {padding_idx} is below -{rows}, minus the table's rows (a "
+            "negative padding_idx counts back from the end, as in torch.nn.Embedding)")
+    return padding_idx + rows
 
 
 def embed(table: Union[Tensor, QuantizedTable], ids: Tensor, *, scale: float = 1.0,
@@ -1042,7 +1096,8 @@ def embed(table: Union[Tensor, QuantizedTable], ids: Tensor, *, scale: float = 1
     """Token-embedding lookup with positions, types and an optional norm:
     :func:`embrope.embed` as a differentiable operator (gradients for `table`,
     `position_table`, `type_table`, `norm_weight` and `norm_bias` when they require grad;
-    `padding_idx` rows give `table` no gradient, as in ``torch.nn.Embedding``). Returns a new
+    `padding_idx` rows give `table` no gradient, as in ``torch.nn.Embedding``, where a
+    negative one counts back from the table's end). Returns a new
     tensor ``[*ids.shape, D]``, or ``(out, pre_norm)`` with `return_pre_norm` (the summed row
     before the norm, in the table's dtype; differentiable too). The norm's backward runs in
     float32 from the pre-norm row rounded to the table's dtype, as torch's LayerNorm does
@@ -1069,12 +1124,17 @@ def embed(table: Union[Tensor, QuantizedTable], ids: Tensor, *, scale: float = 1
             position_offsets=position_offsets, type_table=type_table, type_ids=type_ids,
             norm=norm, norm_weight=norm_weight, norm_bias=norm_bias, norm_eps=norm_eps,
             norm_unit_offset=norm_unit_offset, return_pre_norm=return_pre_norm)
+    if isinstance(scale, Tensor) and scale.requires_grad and torch.is_grad_enabled():
+        raise _C.InvalidArgumentError(
+            "embed: scale is a tensor that requires grad; embed takes it as a number and gives "
+            "it no gradient (multiply the output by it instead)")
     settings = _native.embed_settings(
         "embed", scale=scale, vocab_start=vocab_start, vocab_shard=vocab_shard,
         positions=positions, position_table=position_table, sinusoid_base=sinusoid_base,
         sinusoid_layout=sinusoid_layout, norm=norm, norm_eps=norm_eps,
         norm_unit_offset=norm_unit_offset)
-    if norm is not None:
+    padding_idx = _padding_row("embed", padding_idx, table.shape[0], vocab_start, vocab_shard)
+    if settings.norm != _C.Normalization.none.value:
         if vocab_shard:
             raise _C.InvalidArgumentError(
                 "embed: norm cannot be combined with vocab_shard: a shard's rows are partial "
@@ -1083,16 +1143,18 @@ def embed(table: Union[Tensor, QuantizedTable], ids: Tensor, *, scale: float = 1
             table, ids, position_table, position_ids, position_offsets, type_table, type_ids,
             norm_weight, norm_bias, settings.scale, settings.vocab_start, settings.positions,
             settings.sinusoid_base, settings.sinusoid_layout, settings.norm,
-            settings.norm_eps, settings.norm_unit_offset,
-            None if padding_idx is None else int(padding_idx))
+            settings.norm_eps, settings.norm_unit_offset, padding_idx)
         return (out, pre) if return_pre_norm else out
     if return_pre_norm:
         raise _C.InvalidArgumentError("embed: return_pre_norm needs a norm")
+    if norm_weight is not None or norm_bias is not None or norm_unit_offset:
+        raise _C.InvalidArgumentError(
+            "embed: norm_weight, norm_bias or norm_unit_offset is given but norm is none; pass "
+            "norm='layer_norm' or norm='rms_norm'")
     return torch.ops.embrope.embed(
         table, ids, position_table, position_ids, position_offsets, type_table, type_ids,
         settings.scale, settings.vocab_start, settings.vocab_shard, settings.positions,
-        settings.sinusoid_base, settings.sinusoid_layout,
-        None if padding_idx is None else int(padding_idx))
+        settings.sinusoid_base, settings.sinusoid_layout, padding_idx)
 
 
 def embed_backward(grad_out: Tensor, ids: Tensor, *, table_rows: int = 0,
@@ -1105,11 +1167,23 @@ def embed_backward(grad_out: Tensor, ids: Tensor, *, table_rows: int = 0,
     """New gradients of :func:`embed`'s tables, deterministic: ``[grad_table,
     grad_position_table, grad_type_table]``, each ``[rows, D]`` (None where its rows are 0).
     `dtype` defaults to grad_out's."""
+    op = "embed_backward"
     rows = (int(table_rows), int(position_rows), int(type_rows))
+    if rows == (0, 0, 0):
+        raise _C.InvalidArgumentError(
+            f"{op}: table_rows, position_rows and type_rows are all 0; give the rows of each "
+            "table that needs a gradient")
+    for name, given, wanted in (("position_ids", position_ids, "position_rows"),
+                                ("position_offsets", position_offsets, "position_rows"),
+                                ("type_ids", type_ids, "type_rows")):
+        if given is not None and rows[1 if wanted == "position_rows" else 2] == 0:
+            raise _C.InvalidArgumentError(
+                f"{op}: {name} is given but {wanted} is 0; give the rows of the table whose "
+                "gradient it indexes")
     grads = torch.ops.embrope.embed_backward(
         grad_out, ids, position_ids, position_offsets, type_ids, *rows,
         grad_out.dtype if dtype is None else dtype, float(scale), int(vocab_start),
-        bool(vocab_shard), None if padding_idx is None else int(padding_idx))
+        bool(vocab_shard), _padding_row(op, padding_idx, rows[0], vocab_start, vocab_shard))
     return [g if n > 0 else None for g, n in zip(grads, rows)]
 
 

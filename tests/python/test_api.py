@@ -506,6 +506,36 @@ def test_an_unknown_cpu_isa_cap_is_an_error_naming_the_choices():
     assert "portable, avx2, avx512 or avx512_bf16" in got.stderr
 
 
+def test_an_unknown_cpu_isa_cap_is_each_ops_error_not_an_abort():
+    # The KV-cache appends chose the instruction set inside their thread team, where the error
+    # terminated the process (exit 134) instead of raising.
+    code = (
+        "import numpy as np\n"
+        "T, H, D = 256, 8, 128\n"
+        "cache = embrope.RopeCache(D, 512)\n"
+        "q, k, v = (np.ones((T, H, D), np.float32) for _ in range(3))\n"
+        "kc, vc, pos = np.zeros((T, 1, H, D), np.float32), np.zeros((T, 1, H, D), np.float32), "
+        "np.arange(T)\n"
+        "calls = {\n"
+        "    'apply_rope': lambda: embrope.apply_rope(q, k, pos, cache),\n"
+        "    'apply_rope_append_kv': lambda: embrope.apply_rope_append_kv(\n"
+        "        q, k, v, pos, cache, k_cache=kc, v_cache=vc, slot_mapping=pos),\n"
+        "    'apply_qk_norm_rope_append_kv': lambda: embrope.apply_qk_norm_rope_append_kv(\n"
+        "        q, k, v, pos, cache, k_cache=kc, v_cache=vc, slot_mapping=pos),\n"
+        "    'embed': lambda: embrope.embed(np.ones((300, D), np.float32), pos),\n"
+        "}\n"
+        "for name, call in calls.items():\n"
+        "    try:\n"
+        "        call()\n"
+        "    except embrope.InvalidArgumentError as error:\n"
+        "        print(name, \"EMBROPE_CPU_ISA is 'avx1024'\" in str(error))\n")
+    got = run_with_cpu_isa("avx1024", code)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split("\n")[:-1] == [
+        "apply_rope True", "apply_rope_append_kv True", "apply_qk_norm_rope_append_kv True",
+        "embed True"]
+
+
 def test_a_table_too_large_to_hold_is_a_memory_error():
     with pytest.raises(MemoryError, match="RopeCache") as info:
         embrope.RopeCache(2, 2 ** 44)

@@ -174,6 +174,11 @@ def test_axial_autograd_and_explicit_axes_with_a_table_tensor():
     jacobian = torch.stack(columns, -1).double()  # [T, H, out, in]
     want = torch.einsum("thoi,tho->thi", jacobian, w.double())
     torch.testing.assert_close(q.grad.double(), want, rtol=0, atol=1e-5)
+    # The explicit backward and the module take a table tensor's axes as apply_rope does.
+    dq, _ = et.apply_rope_backward(w, None, positions, table, axes_dim=[40, 40])
+    torch.testing.assert_close(dq, q.grad, rtol=0, atol=0)
+    module_out, _ = et.RotaryEmbedding(table, axes_dim=[40, 40])(positions, q.detach())
+    torch.testing.assert_close(module_out, out_cache.detach(), rtol=0, atol=0)
     assert torch.library.opcheck(torch.ops.embrope.apply_rope,
                                  (q.detach(), None, positions, table,
                                   *et._rope_arguments("apply_rope", cache, None, False, 0, None,

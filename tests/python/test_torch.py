@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+F = torch.nn.functional
 
 import embrope  # noqa: E402
 import embrope.torch as et  # noqa: E402
@@ -202,6 +203,23 @@ def test_in_place_op_and_rotary_embedding_module():
     assert q2 is x
 
 
+def test_rotary_embedding_keeps_its_tables_dtype_when_the_model_is_cast():
+    # model.half() cast the float32 table to float16 (rounding every value) with no word.
+    cache = embrope.RopeCache(64, 128)
+    model = torch.nn.Sequential(et.RotaryEmbedding(cache))
+    exact = model[0].cos_sin_cache.clone()
+    model.half().to(torch.bfloat16).to("cpu")
+    assert model[0].cos_sin_cache.dtype == torch.float32
+    assert torch.equal(model[0].cos_sin_cache, exact)
+    q, positions = torch.randn(4, 2, 64).half(), torch.tensor([0, 5, 77, 127])
+    got, _ = model[0](positions, q)
+    want, _ = et.apply_rope(q, None, positions, cache)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    own = et.RotaryEmbedding(exact.bfloat16())  # a caller's 16-bit table keeps its own dtype
+    own.float()
+    assert own.cos_sin_cache.dtype == torch.bfloat16
+
+
 def test_opcheck_of_every_operator():
     """torch.library.opcheck: schema, fake kernel, autograd registration, dispatch."""
     cache = embrope.RopeCache(16, 32)
@@ -326,6 +344,47 @@ def test_deferred_errors_mode_reports_without_raising():
             pass
 
 
+def test_a_backward_on_another_thread_reports_to_its_forwards_status():
+    # Autograd runs a CUDA backward on a thread of its own, where the forward thread's
+    # deferred_errors is not in effect: a bad position raised there (and synchronised).
+    import threading
+
+    cache = embrope.RopeCache(8, 16)
+    table = torch.randn(10, 8, requires_grad=True)
+
+    def backward_on_another_thread(loss):
+        failures = []
+
+        def run():
+            try:
+                loss.backward()
+            except Exception as error:  # collected: the caller asserts there is none
+                failures.append(error)
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        worker.join()
+        return failures
+
+    def forward(status):
+        q = torch.randn(3, 1, 8, requires_grad=True)
+        with et.deferred_errors(status):
+            rotated, _ = et.apply_rope(q, None, torch.tensor([1, 40, 2]), cache)
+            looked_up = et.embed(table, torch.tensor([1, 12, 2]))
+        return (rotated ** 2).sum() + (looked_up ** 2).sum()
+
+    status = embrope.DeferredStatus()
+    assert backward_on_another_thread(forward(status)) == []
+    with pytest.raises(embrope.BadIndexError):  # the lowest key: embed's ids[1] = 12
+        status.check()
+    # The backward's own thread's status comes first.
+    loss, own = forward(embrope.DeferredStatus()), embrope.DeferredStatus()
+    with et.deferred_errors(own):
+        loss.backward()
+    with pytest.raises(embrope.BadIndexError):
+        own.check()
+
+
 def test_torch_errors_name_the_op_and_argument():
     cache = embrope.RopeCache(8, 16)
     with pytest.raises(ValueError, match="apply_rope: rotary_dim 4"):
@@ -335,6 +394,23 @@ def test_torch_errors_name_the_op_and_argument():
         et.apply_rope(torch.randn(2, 1, 8), None, torch.arange(2), table)
     with pytest.raises(IndexError, match=r"embed: ids\[0\] = 9"):
         et.embed(torch.randn(4, 2), torch.tensor([9]))
+
+
+def test_public_rope_functions_take_a_table_that_requires_grad_without_grad_mode():
+    # A table held as a Parameter, used for inference: nothing can miss a gradient under
+    # no_grad or inference_mode (it was refused there too).
+    cache = embrope.RopeCache(8, 16)
+    table = torch.nn.Parameter(torch.from_numpy(np.array(cache.table)))
+    q, positions = torch.randn(2, 2, 8), torch.arange(2)
+    want, _ = et.apply_rope(q, None, positions, table.detach())
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            got, _ = et.apply_rope(q, None, positions, table)
+            normed, _ = et.apply_qk_norm_rope(q, None, positions, table, q_weight=torch.ones(8))
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+        assert normed.shape == q.shape
+    with pytest.raises(embrope.InvalidArgumentError, match="apply_rope: the cos/sin table"):
+        et.apply_rope(q, None, positions, table)  # grad mode on: refused
 
 
 def test_operators_called_directly_refuse_a_table_that_requires_grad():
@@ -371,6 +447,71 @@ def test_operators_called_directly_refuse_a_table_that_requires_grad():
         got, _ = torch.ops.embrope.apply_rope(q, k, positions, table, *rope)
     want, _ = embrope.apply_rope(q.numpy(), None, positions.numpy(), cache)
     torch.testing.assert_close(got, torch.from_numpy(want), atol=0, rtol=0)
+
+
+def test_embed_padding_idx_counts_back_from_the_end_as_torch_does():
+    # A negative padding_idx never matched an id: the row kept its gradient, silently.
+    ids = torch.tensor([[4, 1, 4], [0, 4, 2]])
+    for padding_idx in (-1, -5, 3):
+        # Small integers: every sum is exact, whatever its order.
+        table = torch.randint(-4, 5, (5, 4)).float().requires_grad_()
+        want_table = table.detach().clone().requires_grad_()
+        (et.embed(table, ids, padding_idx=padding_idx) ** 2).sum().backward()
+        (F.embedding(ids, want_table, padding_idx=padding_idx) ** 2).sum().backward()
+        torch.testing.assert_close(table.grad, want_table.grad, atol=0, rtol=0)
+        assert torch.all(table.grad[padding_idx] == 0)
+    table = torch.randn(5, 4, requires_grad=True)
+    with pytest.raises(embrope.InvalidArgumentError, match="embed: padding_idx -6 is below -5"):
+        et.embed(table, ids, padding_idx=-6)
+    with pytest.raises(embrope.InvalidArgumentError, match="padding_idx -1 is negative"):
+        et.embed(table, ids + 5, vocab_start=5, padding_idx=-1)
+    grads = et.embed_backward(torch.ones(2, 3, 4), ids, table_rows=5, padding_idx=-1)
+    assert torch.all(grads[0][4] == 0) and torch.all(grads[0][1] == 1)
+    # The NumPy surface keeps the ids' numbering: a negative id matches no row.
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match="embed_backward: padding_idx -1 is negative"):
+        embrope.embed_backward(np.ones((2, 3, 4), np.float32), ids.numpy(),
+                               np.zeros((5, 4), np.float32), padding_idx=-1)
+
+
+def test_embed_refuses_norm_arguments_without_a_norm():
+    # A forgotten norm= gave an unnormalised output and a norm weight that never trained.
+    table, ids = torch.randn(5, 4), torch.tensor([0, 3])
+    weight = torch.ones(4, requires_grad=True)
+    for given in ({"norm_weight": weight}, {"norm_bias": torch.zeros(4)},
+                  {"norm_unit_offset": True}):
+        with pytest.raises(embrope.InvalidArgumentError,
+                           match="embed: norm_weight, norm_bias or norm_unit_offset is given "
+                                 "but norm is none"):
+            et.embed(table, ids, **given)
+    # A learnable scale would be read as a number and get no gradient.
+    with pytest.raises(embrope.InvalidArgumentError, match="embed: scale is a tensor that "
+                                                            "requires grad"):
+        et.embed(table, ids, scale=torch.tensor(2.0, requires_grad=True))
+    torch.testing.assert_close(et.embed(table, ids, scale=torch.tensor(2.0)), 2 * table[ids],
+                               atol=0, rtol=0)
+    # norm="none" is no norm, as in embrope.embed.
+    torch.testing.assert_close(et.embed(table, ids, norm="none"), table[ids], atol=0, rtol=0)
+
+
+def test_embed_backward_refuses_index_tensors_whose_gradient_is_not_asked_for():
+    grad_out, ids = torch.ones(2, 3, 4), torch.tensor([[1, 2, 3], [0, 1, 2]])
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match="embed_backward: position_ids is given but position_rows is 0"):
+        et.embed_backward(grad_out, ids, table_rows=5, position_ids=ids)
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match="embed_backward: position_offsets is given but position_rows is 0"):
+        et.embed_backward(grad_out, ids, table_rows=5, position_offsets=torch.tensor([0, 1]))
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match="embed_backward: type_ids is given but type_rows is 0"):
+        et.embed_backward(grad_out, ids, table_rows=5, type_ids=ids)
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match="embed_backward: table_rows, position_rows and type_rows are all 0"):
+        et.embed_backward(grad_out, ids)
+    _, grad_positions, grad_types = et.embed_backward(grad_out, ids, position_rows=4,
+                                                      position_ids=ids, type_rows=4,
+                                                      type_ids=ids)
+    assert grad_positions[1].tolist() == [2.0] * 4 and grad_types[3].tolist() == [1.0] * 4
 
 
 def test_a_backward_through_an_operator_without_a_gradient_raises():
