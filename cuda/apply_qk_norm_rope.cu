@@ -711,21 +711,22 @@ __global__ void __launch_bounds__(kLanes, kHeadDim <= 128 ? 16 : 8)
 }
 
 // dw_j = the chunk partials of column j summed in ascending chunk order from +0 (zero for no
-// rows). Threads [0, D) take q's columns, [D, 2 D) k's.
+// rows). Ids [0, D) take q's columns, [D, 2 D) k's, striding over the grid (grid_for caps it).
 __global__ void qk_weight_grad_kernel(float* q_grad, const float* q_partials, std::int64_t q_chunks,
                                       float* k_grad, const float* k_partials, std::int64_t k_chunks,
                                       std::int64_t dim) {
-  const std::int64_t id = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (id >= 2 * dim) return;
-  const bool is_q = id < dim;
-  const std::int64_t j = is_q ? id : id - dim;
-  float* grad = is_q ? q_grad : k_grad;
-  if (grad == nullptr) return;
-  const float* partials = is_q ? q_partials : k_partials;
-  const std::int64_t chunks = is_q ? q_chunks : k_chunks;
-  float sum = 0.0f;
-  for (std::int64_t c = 0; c < chunks; ++c) sum += partials[c * dim + j];
-  grad[j] = sum;
+  for (std::int64_t id = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+       id < 2 * dim; id += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const bool is_q = id < dim;
+    const std::int64_t j = is_q ? id : id - dim;
+    float* grad = is_q ? q_grad : k_grad;
+    if (grad == nullptr) continue;
+    const float* partials = is_q ? q_partials : k_partials;
+    const std::int64_t chunks = is_q ? q_chunks : k_chunks;
+    float sum = 0.0f;
+    for (std::int64_t c = 0; c < chunks; ++c) sum += partials[c * dim + j];
+    grad[j] = sum;
+  }
 }
 
 // The workspace: [chunks, D] float32 partials for each side whose gradient is requested.

@@ -116,7 +116,8 @@ __global__ void count_chunks_kernel(const __grid_constant__ KeyLayout layout,
        r < layout.items; r += stride) {
     int c = 0;
     if (r < runs && run_keys[r] != layout.sentinel && run_lengths[r] > kChunk) {
-      c = (run_lengths[r] + kChunk - 1) / kChunk;
+      // (Not (length + kChunk - 1) / kChunk: a run of nearly 2^31 rows would overflow it.)
+      c = run_lengths[r] / kChunk + (run_lengths[r] % kChunk != 0 ? 1 : 0);
     }
     chunks[r] = c;
   }
@@ -144,7 +145,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, 4)
     // without chunks share their successor's start and are skipped by "last").
     int lo = 0, hi = runs - 1;
     while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
+      const int mid = lo + (hi - lo + 1) / 2;  // lo + hi + 1 could pass 2^31
       if (chunk_starts[mid] <= c) {
         lo = mid;
       } else {
@@ -152,8 +153,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock, 4)
       }
     }
     const int k = static_cast<int>(c - chunk_starts[lo]);
+    // Within the run, whose end is at most the items (< 2^31): begin + kChunk could pass it.
+    const int run_end = run_starts[lo] + run_lengths[lo];
     const int begin = run_starts[lo] + k * kChunk;
-    const int end = min(begin + kChunk, run_starts[lo] + run_lengths[lo]);
+    const int end = begin + min(kChunk, run_end - begin);
     float* out = partials + static_cast<std::int64_t>(c) * dim;
     for (std::int64_t j = lane * W; j < dim; j += 32 * W) {
       float part[W], v[W];
@@ -405,17 +408,13 @@ __global__ void __launch_bounds__(kNormRowThreads, 8)
   }
 }
 
-// N2. A thread per (chunk, column j): the chunk's partial sums of g_j * xhat_j (weight) and
-// g_j (bias) over its good rows, in row order, into weight_partials / bias_partials
-// [chunks, D] (null: not requested).
-__global__ void __launch_bounds__(256)
-    norm_partials_kernel(const __grid_constant__ Params p, const RowStats* stats,
-                         float* weight_partials, float* bias_partials) {
+// N2, one column j of one chunk: the chunk's partial sums of g_j * xhat_j (weight) and g_j
+// (bias) over its good rows [chunk * kWeightGradRows, end), in row order, into
+// weight_partials / bias_partials [chunks, D] (null: not requested).
+__device__ void norm_partials_column(const Params& p, const RowStats* stats, std::int64_t chunk,
+                                     std::int64_t end, std::int64_t j, float* weight_partials,
+                                     float* bias_partials) {
   const std::int64_t dim = p.rows.dim;
-  const std::int64_t j = blockIdx.y * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  const std::int64_t chunk = blockIdx.x;
-  if (j >= dim) return;
-  const std::int64_t end = min(p.rows.rows, (chunk + 1) * detail::kWeightGradRows);
   float weight_sum = 0.0f, bias_sum = 0.0f;
   for (std::int64_t n = chunk * detail::kWeightGradRows; n < end; ++n) {
     const RowStats rs = stats[n];
@@ -434,14 +433,29 @@ __global__ void __launch_bounds__(256)
   if (bias_partials != nullptr) bias_partials[chunk * dim + j] = bias_sum;
 }
 
-// N3. A thread per column: the chunk partials in order (0 chunks: 0).
+// N2. A block per (chunk, 256 columns), columns striding over grid.y, which holds at most
+// 65,535 blocks (past 16.7M columns a thread takes several).
+__global__ void __launch_bounds__(256)
+    norm_partials_kernel(const __grid_constant__ Params p, const RowStats* stats,
+                         float* weight_partials, float* bias_partials) {
+  const std::int64_t chunk = blockIdx.x;
+  const std::int64_t end = min(p.rows.rows, (chunk + 1) * detail::kWeightGradRows);
+  for (std::int64_t j = blockIdx.y * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+       j < p.rows.dim; j += static_cast<std::int64_t>(gridDim.y) * blockDim.x) {
+    norm_partials_column(p, stats, chunk, end, j, weight_partials, bias_partials);
+  }
+}
+
+// N3. A thread per column, striding over the grid (grid_for caps it): the chunk partials in
+// order (0 chunks: 0).
 __global__ void __launch_bounds__(256) norm_gradients_kernel(std::int64_t dim, std::int64_t chunks,
                                                              const float* partials, float* grad) {
-  const std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (j >= dim) return;
-  float sum = 0.0f;
-  for (std::int64_t chunk = 0; chunk < chunks; ++chunk) sum += partials[chunk * dim + j];
-  grad[j] = sum;
+  for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; j < dim;
+       j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float sum = 0.0f;
+    for (std::int64_t chunk = 0; chunk < chunks; ++chunk) sum += partials[chunk * dim + j];
+    grad[j] = sum;
+  }
 }
 
 // --------------------------------------------------------------------- atomic mode ----
@@ -728,7 +742,8 @@ void run_with_norm(const Params& p, cudaStream_t stream) {
     check_launch("norm_rows_kernel");
     if (w.weight_partials != nullptr || w.bias_partials != nullptr) {
       if (chunks > INT32_MAX) too_large("too many rows for the norm's gradients");
-      const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>((dim + 255) / 256));
+      const dim3 grid(static_cast<unsigned>(chunks),
+                      static_cast<unsigned>(std::min<std::int64_t>((dim + 255) / 256, 65535)));
       norm_partials_kernel<<<grid, 256, 0, stream>>>(p, w.stats, w.weight_partials,
                                                      w.bias_partials);
       check_launch("norm_partials_kernel");

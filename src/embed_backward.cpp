@@ -219,15 +219,20 @@ Params prepare(const Tensor& grad_out, const Tensor& ids, const std::optional<Te
   return p;
 }
 
+// Whether a call runs its kernel: rows of some width, or no rows but norm gradients (sums over
+// no rows, zero). Otherwise the tables are unchanged and nothing is launched.
+bool runs_kernel(const Params& p) {
+  const bool norm_gradients = p.grad_norm_weight != nullptr || p.grad_norm_bias != nullptr;
+  return p.rows.dim != 0 && (p.rows.rows != 0 || norm_gradients);
+}
+
 }  // namespace
 
 void embed_backward(const Tensor& grad_out, const Tensor& ids,
                     const std::optional<Tensor>& grad_table, const EmbedBackwardOptions& o) {
   Params p = prepare(grad_out, ids, grad_table, o);
   const Device device = ids.device();
-  // No rows: the tables are unchanged, but the norm's gradients (sums over no rows) are zero.
-  const bool norm_gradients = p.grad_norm_weight != nullptr || p.grad_norm_bias != nullptr;
-  if (p.rows.dim == 0 || (p.rows.rows == 0 && !norm_gradients)) return;
+  if (!runs_kernel(p)) return;
   if (device.kind == DeviceKind::cuda && p.workspace != nullptr) {
     const std::size_t needed = gpu::embed_backward_workspace_size(p, device);
     if (p.workspace_bytes < needed) {
@@ -243,7 +248,8 @@ std::size_t embed_backward_workspace_size(const Tensor& grad_out, const Tensor& 
                                           const std::optional<Tensor>& grad_table,
                                           const EmbedBackwardOptions& o) {
   const Params p = prepare(grad_out, ids, grad_table, o);
-  if (ids.device().kind == DeviceKind::cpu || p.rows.rows == 0 || p.rows.dim == 0) return 0;
+  // The call's own rule: a call that runs its kernel is checked against this size.
+  if (ids.device().kind == DeviceKind::cpu || !runs_kernel(p)) return 0;
   return gpu::embed_backward_workspace_size(p, ids.device());
 }
 

@@ -125,12 +125,44 @@ std::optional<std::int64_t> model_config_integer(const json& object, const char*
   return integer(object, key, where);
 }
 
+// HF transformers' RoPE defaults of a model type, where its config class's differ from the
+// generic ones: what HF uses when config.json leaves the field out.
+struct HfRopeDefaults {
+  const char* model_type;
+  double theta;            // rope_theta (of the full-attention layers, with a local one)
+  double local_theta;      // the sliding-window layers' (Gemma 3's rope_local_base_freq); 0: none
+  double rotary_fraction;  // partial_rotary_factor (GPT-NeoX's rotary_pct)
+  const char* rope_type;   // the RoPE's type when the config gives none
+};
+constexpr HfRopeDefaults kHfRopeDefaults[] = {
+#include "hf_rope_defaults.inc"
+};
+
+HfRopeDefaults hf_rope_defaults(const std::string& model_type) {
+  for (const HfRopeDefaults& d : kHfRopeDefaults) {
+    if (model_type == d.model_type) return d;
+  }
+  return {"", 10000.0, 0.0, 1.0, "default"};  // PretrainedConfig's
+}
+
+// Phi-3's config class holds original_max_position_embeddings (4096 unless given) outside the
+// RoPE parameters, and HF gives it priority over theirs.
+std::optional<std::int64_t> class_original_max_positions(const std::string& model_type) {
+  if (one_of(model_type, {"phi3", "phi4_multimodal"})) return 4096;
+  return std::nullopt;
+}
+
 // A variant's view of the rope parameters `p` of config `j` (src/rope_scaling/common.hpp).
 class JsonRopeParams final : public internal::HfRopeParams {
  public:
   JsonRopeParams(const json& j, const json& p, const char* where, const std::string& type,
-                 std::int64_t max_positions)
-      : j_(j), p_(p), where_(where), type_(type), max_positions_(max_positions) {}
+                 std::int64_t max_positions, std::optional<std::int64_t> class_original)
+      : j_(j),
+        p_(p),
+        where_(where),
+        type_(type),
+        max_positions_(max_positions),
+        class_original_(class_original) {}
   std::optional<double> number(const char* key) const override {
     return model_config_number(p_, key, where_);
   }
@@ -152,7 +184,10 @@ class JsonRopeParams final : public internal::HfRopeParams {
     return number_array(p_, key, where_);
   }
   std::optional<std::int64_t> top_level_original_max_positions() const override {
-    return model_config_integer(j_, "original_max_position_embeddings", "");
+    if (auto given = model_config_integer(j_, "original_max_position_embeddings", "")) {
+      return given;
+    }
+    return class_original_;
   }
   std::int64_t max_positions() const override { return max_positions_; }
 
@@ -162,6 +197,7 @@ class JsonRopeParams final : public internal::HfRopeParams {
   const char* where_;
   const std::string& type_;
   std::int64_t max_positions_;
+  std::optional<std::int64_t> class_original_;
 };
 
 void read_rope(const json& j, ModelConfig& m, std::string_view layer_type) {
@@ -202,8 +238,13 @@ void read_rope(const json& j, ModelConfig& m, std::string_view layer_type) {
   // transformers >= 5 keys rope_parameters by layer type; earlier versions give the full
   // attention layers' in rope_theta / rope_scaling and the sliding ones' base in
   // rope_local_base_freq (with the default frequencies). Which one is wanted must be said.
+  // Fields the config leaves out take HF's defaults for the model type (hf_rope_defaults.inc):
+  // Gemma 3's sliding-window layers have base 1e4 without rope_local_base_freq.
+  const HfRopeDefaults defaults = hf_rope_defaults(m.model_type);
   json local;
   const json* local_base = find(j, "rope_local_base_freq");
+  const json local_default = defaults.local_theta;
+  if (local_base == nullptr && defaults.local_theta != 0.0) local_base = &local_default;
   if (params != nullptr && where_text == "rope_parameters." && per_layer_type(*params)) {
     if (layer_type.empty()) {
       fail(kOp,
@@ -244,7 +285,7 @@ void read_rope(const json& j, ModelConfig& m, std::string_view layer_type) {
   RopeConfig& c = m.rope;
   c.base = number(p, "rope_theta", where)
                .value_or(number(j, "rope_theta", "")
-                             .value_or(number(j, "rotary_emb_base", "").value_or(10000.0)));
+                             .value_or(number(j, "rotary_emb_base", "").value_or(defaults.theta)));
   // The rotary dim, in the field each family uses (HF: int(head_dim * partial_rotary_factor)).
   if (auto qk_rope = integer(j, "qk_rope_head_dim", "")) {
     c.rotary_dim = *qk_rope;  // DeepSeek-V2/V3: a separate RoPE part of each head
@@ -252,9 +293,11 @@ void read_rope(const json& j, ModelConfig& m, std::string_view layer_type) {
   } else if (auto rotary_dim = integer(j, "rotary_dim", "")) {
     c.rotary_dim = *rotary_dim;  // GPT-J
   } else {
-    const double fraction = number(p, "partial_rotary_factor", where)
-                                .value_or(number(j, "partial_rotary_factor", "")
-                                              .value_or(number(j, "rotary_pct", "").value_or(1.0)));
+    const double fraction =
+        number(p, "partial_rotary_factor", where)
+            .value_or(
+                number(j, "partial_rotary_factor", "")
+                    .value_or(number(j, "rotary_pct", "").value_or(defaults.rotary_fraction)));
     if (!(fraction > 0.0 && fraction <= 1.0)) {
       fail(kOp, "the rotary fraction (partial_rotary_factor or rotary_pct) {} must be in (0, 1]",
            fraction);
@@ -285,7 +328,14 @@ void read_rope(const json& j, ModelConfig& m, std::string_view layer_type) {
     type = t->get<std::string>();
   } else if (const json* t2 = find(p, "type"); t2 != nullptr && t2->is_string()) {
     type = t2->get<std::string>();
+  } else if (std::string_view(defaults.rope_type) != "default" && params != &local) {
+    fail(kOp,
+         "{}'s RoPE is {} by default in HF transformers, whose parameters the config does not "
+         "give: give rope_scaling or rope_parameters with its rope_type",
+         m.model_type, defaults.rope_type);
   }
+  // Phi-3's config class reads yarn, a type its earlier checkpoints wrote, as longrope.
+  if (one_of(m.model_type, {"phi3", "phi4_multimodal"}) && type == "yarn") type = "longrope";
   if (const json* sections = find(p, "mrope_section")) {
     const std::vector<double> s = number_array(p, "mrope_section", where);
     if (s.size() != 3)
@@ -334,7 +384,9 @@ void read_rope(const json& j, ModelConfig& m, std::string_view layer_type) {
     fail(kOp, "{}rope_type {} is not supported ({}, mrope)", where, type, listed);
   }
   c.scaling = variant->kind;
-  variant->from_hf(JsonRopeParams(j, p, where, type, max_positions), c);
+  variant->from_hf(
+      JsonRopeParams(j, p, where, type, max_positions, class_original_max_positions(m.model_type)),
+      c);
   if (one_of(m.model_type, {"gemma", "gemma2", "gemma3", "gemma3_text"})) {
     m.embedding_scale = std::sqrt(static_cast<double>(m.hidden_size));
   }
@@ -397,7 +449,8 @@ ModelConfig model_config_from_hf_json(std::string_view json_text, std::string_vi
              find(j, "rope_parameters") != nullptr || find(j, "rotary_dim") != nullptr ||
              find(j, "rotary_emb_base") != nullptr || find(j, "rotary_pct") != nullptr ||
              one_of(m.model_type, {"llama", "mistral", "qwen2", "qwen2_vl", "phi3", "gemma",
-                                   "gemma2", "gptj", "gpt_neox", "deepseek_v2", "deepseek_v3"})) {
+                                   "gemma2", "gptj", "gpt_neox", "deepseek_v2", "deepseek_v3"}) ||
+             *hf_rope_defaults(m.model_type).model_type != '\0') {
     read_rope(j, m, layer_type);
   } else {
     fail(kOp,

@@ -117,7 +117,8 @@ static inline void embrope_rope_config_init(embrope_rope_config_t* config) {
 }
 
 /* The frequencies (rotary_dim / 2 doubles into inv_freq) and attention factor that a
- * configuration gives, computed in float64 without building a table. */
+ * configuration gives, computed in float64 without building a table. The configuration is
+ * checked as for a cache (max_positions > 0 included). */
 EMBROPE_API embrope_status_t embrope_rope_frequencies(const embrope_rope_config_t* config,
                                                       double* inv_freq, int64_t capacity,
                                                       double* attention_factor);

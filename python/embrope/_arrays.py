@@ -82,11 +82,17 @@ def is_numpy_bfloat16(x: Any) -> bool:
 
 
 def importable(x: Any) -> Any:
-    """`x` as the native module reads it: a NumPy bfloat16 array (which NumPy cannot export
-    through DLPack) as a zero-copy bfloat16 view of its bytes; anything else as it is."""
+    """`x` as the native module reads it: a NumPy bfloat16 or float8 array of ml_dtypes
+    (which NumPy cannot export through DLPack) as a zero-copy view of its bytes; anything else
+    as it is."""
     if is_numpy_bfloat16(x):
         return _C.bfloat16_view(x.view(np.uint16))
+    if isinstance(x, np.ndarray) and x.dtype.itemsize == 1 and x.dtype.name in _FLOAT8_E5M2:
+        return _C.float8_view(x.view(np.uint8), _FLOAT8_E5M2[x.dtype.name])
     return x
+
+
+_FLOAT8_E5M2 = {"float8_e4m3fn": False, "float8_e5m2": True}  # ml_dtypes' names
 
 
 def check_optional(op: str, name: str, x: Any, *, autograd: bool = True) -> None:

@@ -119,11 +119,15 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
         if len(table_shape) != 2:
             raise _C.InvalidArgumentError(
                 f"{op}: table has shape {list(table_shape)}; it must be [V, D]")
-        out = _arrays.empty_like(op, like, _arrays.shape_of(ids) + (table_shape[1],), dtype)
+        out_shape = _arrays.shape_of(ids) + (table_shape[1],)
+        out_dtype = like.dtype if dtype is None else dtype
+        out = _arrays.empty_like(op, like, out_shape, out_dtype)
     _arrays.check_writable(op, "out", out)
     pre_allocated = return_pre_norm and pre_norm_out is None
-    if pre_allocated:
-        pre_norm_out = _arrays.empty_like(op, like, _arrays.shape_of(out), out.dtype)
+    if pre_allocated:  # (an allocated bfloat16 output for JAX is a bare view: no shape of its own)
+        if not allocated:
+            out_shape, out_dtype = _arrays.shape_of(out), out.dtype
+        pre_norm_out = _arrays.empty_like(op, like, out_shape, out_dtype)
     if pre_norm_out is not None:
         _arrays.check_writable(op, "pre_norm_out", pre_norm_out)
     arrays = dict(options=options, position_table=position_table, position_ids=position_ids,

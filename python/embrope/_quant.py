@@ -127,7 +127,7 @@ class QuantizedTable:
             ids = torch.from_numpy(ids).to(self.data.device)
         out = _arrays.empty_like("QuantizedTable.dequantize", self.data, (self.vocab_size, self.dim),
                                  self.default_dtype() if dtype is None else dtype)
-        return embed(self, ids, out=out)
+        return _arrays.to_framework(self.data, embed(self, ids, out=out))
 
     def __repr__(self) -> str:
         return (f"QuantizedTable({self.format!r}, V={self.vocab_size}, D={self.dim}, "
@@ -153,6 +153,11 @@ class QuantizedTable:
             raise _C.NotAvailableError(
                 f"{op}: reading .gguf files needs the gguf package (pip install gguf)") from e
         reader = source if isinstance(source, gguf.GGUFReader) else gguf.GGUFReader(source)
+        if reader.byte_order != "I":
+            # Its blocks' float16 scales and BF16 values would be read in the wrong byte order.
+            raise _C.InvalidArgumentError(
+                f"{op}: the file's byte order is not this machine's (a big-endian .gguf); "
+                "convert it with gguf's gguf_convert_endian script")
         found = [t for t in reader.tensors if t.name == name]
         if not found:
             names = ", ".join(t.name for t in reader.tensors[:8])

@@ -167,6 +167,12 @@ class _Tables:
         self.mrope = (dict(mrope_section=cache.mrope_section,
                            mrope_interleaved=cache.mrope_interleaved)
                       if cache.mrope_section is not None else {})
+        if self.scaling == _C.RopeScaling.dynamic:
+            # HF starts from the frequencies of the original context (its seq_len defaults to
+            # max_position_embeddings), not those of a sequence as long as the table.
+            cache = RopeCache.from_hf_config(config, layer_type=layer_type,
+                                             max_positions=max_positions,
+                                             sequence_length=self.original)
         self.table = _table_tensor(cache)
         if self.scaling == _C.RopeScaling.longrope:
             short = RopeCache.from_hf_config(config, layer_type=layer_type,

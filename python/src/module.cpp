@@ -140,6 +140,22 @@ std::pair<void*, std::size_t> workspace_of(const OptionalArray& a) {
   return {static_cast<char*>(const_cast<void*>(a->data_handle())) + a->byte_offset(), a->nbytes()};
 }
 
+// The bytes of a NumPy array of Bits seen as `dtype` of the same width, zero-copy. The view
+// keeps the array alive (it is the array itself: no converted copy is made, which the view
+// would outlive); whether it may be written is the package's check, on the array itself.
+template <typename Bits>
+nb::ndarray<nb::array_api> bits_view(nb::handle array, nb::dlpack::dtype dtype) {
+  const auto bits = nb::cast<nb::ndarray<nb::numpy, Bits, nb::ro>>(array, /*convert=*/false);
+  std::vector<std::size_t> shape(bits.ndim());
+  std::vector<std::int64_t> strides(bits.ndim());
+  for (std::size_t i = 0; i < bits.ndim(); ++i) {
+    shape[i] = bits.shape(i);
+    strides[i] = bits.stride(i);
+  }
+  return nb::ndarray<nb::array_api>(const_cast<Bits*>(bits.data()), bits.ndim(), shape.data(),
+                                    array, strides.data(), dtype, nb::device::cpu::value);
+}
+
 // --------------------------------------------------------------------- bindings ----
 
 void bind_enums(nb::module_& m) {
@@ -225,8 +241,10 @@ void bind_rope_cache(nb::module_& m) {
                     nb::gil_scoped_release nogil;
                     return RopeCache::axial(axes, device, stream_of(stream));
                   })
-      .def_prop_ro("config", &RopeCache::config)
-      .def_prop_ro("axes", &RopeCache::axes)
+      // Copies: a reference would let Python change the live cache's sizes under its table.
+      .def_prop_ro("config", [](const RopeCache& c) { return embrope::RopeConfig(c.config()); })
+      .def_prop_ro("axes",
+                   [](const RopeCache& c) { return std::vector<embrope::RopeConfig>(c.axes()); })
       .def_prop_ro("axes_dim", &RopeCache::axes_dim)
       .def_prop_ro("device", [](const RopeCache& c) { return device_pair(c.device()); })
       .def_prop_ro("attention_factor", &RopeCache::attention_factor)
@@ -917,21 +935,15 @@ NB_MODULE(_embrope, m) {
   bind_embed(m);
   bind_embed_backward(m);
   bind_packed_positions(m);
-  // The bytes of a uint16 NumPy array (any strides) seen as bfloat16: NumPy has no bfloat16
-  // of its own that DLPack can export. For ml_dtypes.bfloat16 arrays (viewed as uint16), and
-  // host memory for outputs of frameworks whose arrays are immutable. The view keeps the
-  // array alive; whether it may be written is the package's check, on the array itself.
+  // The bytes of a uint16 (uint8) NumPy array (any strides) seen as bfloat16 (float8): NumPy
+  // has no such dtype of its own that DLPack can export. For ml_dtypes' arrays (viewed as
+  // unsigned integers), and host memory for outputs of frameworks whose arrays are immutable.
   m.def("bfloat16_view", [](nb::handle array) {
-    const auto bits = nb::cast<nb::ndarray<nb::numpy, std::uint16_t, nb::ro>>(array);
-    std::vector<std::size_t> shape(bits.ndim());
-    std::vector<std::int64_t> strides(bits.ndim());
-    for (std::size_t i = 0; i < bits.ndim(); ++i) {
-      shape[i] = bits.shape(i);
-      strides[i] = bits.stride(i);
-    }
-    return nb::ndarray<nb::array_api>(
-        const_cast<std::uint16_t*>(bits.data()), bits.ndim(), shape.data(), array, strides.data(),
-        nb::dlpack::dtype{static_cast<std::uint8_t>(kDLBfloat), 16, 1}, nb::device::cpu::value);
+    return bits_view<std::uint16_t>(array, {static_cast<std::uint8_t>(kDLBfloat), 16, 1});
+  });
+  m.def("float8_view", [](nb::handle array, bool e5m2) {
+    // DLPack 1.1's kDLFloat8_e5m2 and kDLFloat8_e4m3fn (src/dlpack.cpp reads them).
+    return bits_view<std::uint8_t>(array, {static_cast<std::uint8_t>(e5m2 ? 12 : 10), 8, 1});
   });
   m.def("cpu_isa", [] { return std::string(embrope::cpu_isa()); });
   m.def("cuda_device_count", [] {

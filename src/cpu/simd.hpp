@@ -33,27 +33,40 @@
 // For a function whose only effect is prefetches: GCC's interprocedural analysis counts a
 // prefetch as no side effect, takes such a function as const and deletes its calls (seen with
 // GCC 12 at -O1 to -O3); noipa keeps them. (Clang keeps calls to a function that prefetches.)
+// A prefetch loop inlined into a function that also does other work stays where it is.
 #if defined(__GNUC__) && !defined(__clang__)
 #define EMBROPE_PREFETCH_ONLY __attribute__((noipa))
 #else
 #define EMBROPE_PREFETCH_ONLY
 #endif
+#if defined(__GNUC__)
+#define EMBROPE_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define EMBROPE_ALWAYS_INLINE inline
+#endif
 
 namespace embrope::cpu {
 
 // Asks for every cache line holding a byte of [base + from, base + to) in L2 (kLocality 2; 3:
-// L1), for reading or (kWrite 1) writing: the rows of a gather lie at random addresses, where
-// the hardware prefetchers restart at every row. The first line is the one holding the first
-// byte, wherever the range starts in it. The addresses are only asked for, never formed as
-// pointers outside the range.
+// L1), for reading or (kWrite 1) writing: the rows of a gather lie at random addresses, and a
+// partial rotation touches part of each row, where the hardware prefetchers restart. The
+// first line is the one holding the first byte, wherever the range starts in it. The
+// addresses are only asked for, never formed as pointers outside the range. Always inlined
+// (a per-row loop pays no call); a function that only prefetches calls prefetch_lines.
 template <int kWrite = 0, int kLocality = 2>
-EMBROPE_PREFETCH_ONLY void prefetch_lines(const void* base, std::int64_t from, std::int64_t to) {
+EMBROPE_ALWAYS_INLINE void ask_for_lines(const void* base, std::int64_t from, std::int64_t to) {
   constexpr std::uintptr_t kLine = 64;
   const auto start = reinterpret_cast<std::uintptr_t>(base);
   for (std::uintptr_t a = (start + static_cast<std::uintptr_t>(from)) / kLine * kLine;
        a < start + static_cast<std::uintptr_t>(to); a += kLine) {
     __builtin_prefetch(reinterpret_cast<const void*>(a), kWrite, kLocality);
   }
+}
+
+// ask_for_lines as a call of its own, which nothing deletes (EMBROPE_PREFETCH_ONLY).
+template <int kWrite = 0, int kLocality = 2>
+EMBROPE_PREFETCH_ONLY void prefetch_lines(const void* base, std::int64_t from, std::int64_t to) {
+  ask_for_lines<kWrite, kLocality>(base, from, to);
 }
 
 }  // namespace embrope::cpu

@@ -35,10 +35,11 @@ struct DynamicScaling {
     return default_inv_freq(c.rotary_dim, ntk_base(c));
   }
   static double attention_factor(const RopeConfig&) { return 1.0; }
+  // HF's pretrained context here is always max_position_embeddings: its formula and its
+  // rotary module's reset (original_max_seq_len) ignore an original_max_position_embeddings.
   static void from_hf(const HfRopeParams& hf, RopeConfig& c) {
     c.factor = hf.required("factor");
-    c.original_max_positions =
-        hf.integer("original_max_position_embeddings").value_or(hf.max_positions());
+    c.original_max_positions = hf.max_positions();
   }
 };
 

@@ -51,10 +51,10 @@ struct Llama3Scaling {
     c.high_freq_factor = hf.required("high_freq_factor");
     // As a whole number an int64_t holds (integer() refuses others: a larger double's
     // conversion is undefined); required() names it when it is missing.
+    // Without one, HF takes max_position_embeddings (standardize_rope_params).
     std::optional<std::int64_t> given = hf.top_level_original_max_positions();
     if (!given) given = hf.integer("original_max_position_embeddings");
-    if (!given) (void)hf.required("original_max_position_embeddings");  // throws: missing
-    c.original_max_positions = given.value_or(0);
+    c.original_max_positions = given.value_or(hf.max_positions());
   }
 };
 

@@ -164,6 +164,18 @@ def test_rope_cache_arrays_and_properties():
     np.testing.assert_allclose(cache.sin, np.sin(p * inv) * attention, atol=2 ** -24 * 2, rtol=0)
     assert not cache.table.flags.writeable  # the shared table cannot be changed by accident
     assert cache.device == "cpu" and cache.rotary_dim == 16 and cache.max_positions == 100
+    # config is a copy: changing it once grew the live cache's sizes past its table (rows
+    # 100+ read from the heap, bad positions no longer refused).
+    config = cache.config
+    config.max_positions, config.rotary_dim = 400, 4
+    assert cache.max_positions == 100 and cache.rotary_dim == 16
+    assert cache.table.shape == (100, 16)
+    with pytest.raises(embrope.BadIndexError, match=r"positions\[0\] = 150"):
+        embrope.apply_rope(np.ones((1, 1, 16), np.float32), None, np.array([150]), cache)
+    axial = embrope.RopeCache.axial([8, 8], 32, 100.0)
+    axial.config.max_positions = 400
+    axial._native.axes[0].rotary_dim = 2
+    assert axial.max_positions == 32 and axial._native.axes[0].rotary_dim == 8
     freqs, factor = embrope.rope_frequencies(16, 500.0, scaling="yarn", factor=4.0,
                                              original_max_positions=25)
     np.testing.assert_array_equal(freqs, cache.inv_freq)
@@ -459,6 +471,19 @@ def test_every_op_in_every_framework_and_dtype(framework, dtype, rng):
     ids = np.array([[1, 9, 9], [0, 4, 2]])
     out = embrope.embed(table, make(framework, ids), scale=0.5)
     check(out, 0.5 * table_in[ids], np.abs(0.5 * table_in[ids]))
+    # Both allocated outputs of a norm (a JAX bfloat16 pre-norm output raised AttributeError),
+    # and a quantized table's dequantized rows (handed back as a bare view).
+    normed, pre = embrope.embed(table, make(framework, ids), norm="rms_norm",
+                                return_pre_norm=True)
+    rows = as_f64(pre)
+    check(pre, table_in[ids], np.abs(table_in[ids]))
+    rms = rows / np.sqrt(np.mean(rows ** 2, axis=-1, keepdims=True) + 1e-5)
+    check(normed, rms, 4 * np.abs(rms))
+    codes = make(framework, rng.integers(-128, 128, (10, 8)).astype(np.int8))
+    scales = make(framework, rng.uniform(0.5, 1.0, (10, 1)).astype(np.float32), dtype)
+    quantized = embrope.QuantizedTable("int8", codes, scales=scales)
+    want = np.asarray(codes).astype(np.float64) * as_f64(scales)
+    check(quantized.dequantize(), want, np.abs(want))
 
     grad_out = make(framework, rng.standard_normal((2, 3, 8)).astype(np.float32), dtype)
     go = as_f64(grad_out)

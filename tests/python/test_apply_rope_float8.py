@@ -208,3 +208,24 @@ def test_mla_rope_quantize_fp8_q_nope_and_kv_c(fp8):
                        match="apply_rope: q_nope is given but q_nope_out is not"):
         embrope.apply_rope(q[..., nope:], None, positions, cache, q_out=outs[0],
                            q_nope=q[..., :nope])
+
+
+@pytest.mark.parametrize("fp8", sorted(FLOAT8))
+def test_numpy_float8_outputs_of_ml_dtypes(fp8):
+    # NumPy cannot export ml_dtypes' float8 through DLPack: such an output was a TypeError
+    # listing nanobind's overloads. Its bytes are torch's codes of the same rotation.
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(6)
+    cache = embrope.RopeCache(64, 128)
+    q = (rng.standard_normal((5, 2, 64)) * 40).astype(np.float32)
+    positions = rng.integers(0, 128, 5)
+    q_out = np.empty((5, 2, 64), dtype=getattr(ml_dtypes, fp8))
+    got, _ = embrope.apply_rope(q, None, positions, cache, q_out=q_out, q_out_scale=2.0)
+    assert got is q_out
+    q32, _ = embrope.apply_rope(q, None, positions, cache, inplace=False)
+    want = torch_float8(torch.from_numpy(q32) * 2.0, fp8)
+    assert np.array_equal(q_out.view(np.uint8), codes(want).numpy())
+    read_only = np.empty((5, 2, 64), dtype=getattr(ml_dtypes, fp8))
+    read_only.flags.writeable = False
+    with pytest.raises(embrope.InvalidArgumentError, match="q_out is read-only"):
+        embrope.apply_rope(q, None, positions, cache, q_out=read_only)

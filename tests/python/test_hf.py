@@ -545,3 +545,74 @@ def test_multimodal_configs_read_their_text_config_with_hfs_mrope_defaults(famil
     error = np.abs(np.asarray(ours) - hf_q.transpose(1, 2).numpy()).max()
     report(f"{family} config (text_config, HF's default mrope): apply_rope vs HF max {error:.1e}")
     assert error < 1e-4  # HF's float32 angles at positions below 512
+
+
+def _hf_text_config(d: dict):
+    """HF's config class's object for the config.json dict d (its language model's)."""
+    config = CONFIG_MAPPING[d["model_type"]].from_dict(copy.deepcopy(d))
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _hf_rope_of(d: dict, layer_type=None):
+    """(rope_theta, rotary_dim, rope_type, original_max_position_embeddings) as HF's config
+    class fills them in for the config.json dict d."""
+    config = _hf_text_config(d)
+    p = config.rope_parameters if layer_type is None else config.rope_parameters[layer_type]
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return (float(p["rope_theta"]), int(head_dim * p.get("partial_rotary_factor", 1.0)),
+            p["rope_type"], p.get("original_max_position_embeddings"))
+
+
+MINIMAL = dict(hidden_size=256, num_attention_heads=4, head_dim=64, max_position_embeddings=8192,
+               vocab_size=100)
+LEFT_OUT = [  # config.json dicts that leave fields to the config class's defaults
+    ("gpt_neox", dict(model_type="gpt_neox"), None),  # rotary_pct 0.25
+    ("stablelm", dict(model_type="stablelm"), None),  # partial_rotary_factor 0.25
+    ("phi", dict(model_type="phi"), None),  # 0.5
+    ("glm4", dict(model_type="glm4"), None),  # 0.5
+    ("mixtral", dict(model_type="mixtral"), None),  # rope_theta 1e6
+    ("qwen3_vl", dict(model_type="qwen3_vl_text"), None),  # 5e5
+    ("gemma3 full", dict(model_type="gemma3_text", rope_theta=1e6,
+                         rope_scaling=dict(rope_type="linear", factor=8.0)), "full_attention"),
+    ("gemma3 sliding", dict(model_type="gemma3_text", rope_theta=1e6,
+                            rope_scaling=dict(rope_type="linear", factor=8.0)),
+     "sliding_attention"),  # rope_local_base_freq 1e4 and no scaling
+    ("llama3 without original", dict(model_type="llama", rope_scaling=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)), None),
+    ("dynamic with original", dict(model_type="llama", rope_scaling=dict(
+        rope_type="dynamic", factor=2.0, original_max_position_embeddings=1024)), None),
+    ("phi3 original inside only", dict(model_type="phi3", rope_scaling=dict(
+        type="longrope", short_factor=[1.0] * 32, long_factor=[2.0] * 32,
+        original_max_position_embeddings=2048)), None),  # the class's 4096 wins
+    ("phi3 yarn", dict(model_type="phi3", original_max_position_embeddings=4096, rope_scaling=dict(
+        type="yarn", short_factor=[1.0] * 32, long_factor=[2.0] * 32, factor=2.0)), None),
+]
+
+
+@pytest.mark.parametrize("name,fields,layer_type", LEFT_OUT, ids=[c[0] for c in LEFT_OUT])
+def test_fields_a_config_leaves_out_take_hfs_class_defaults(name, fields, layer_type):
+    # Each was read with the generic defaults (base 1e4, the whole head, one RoPE) or refused,
+    # where HF's config class fills in its own, which its model then uses.
+    d = dict(MINIMAL, **fields)
+    theta, rotary_dim, rope_type, original = _hf_rope_of(d, layer_type)
+    config = embrope.model_config_from_hf(d, layer_type=layer_type).rope
+    assert (config.base, config.rotary_dim) == (theta, rotary_dim)
+    kind = {"default": "none"}.get(rope_type, rope_type)
+    assert config.scaling.name == kind
+    if rope_type == "dynamic":  # HF measures the growth against max_position_embeddings only
+        original = d["max_position_embeddings"]
+    if original is not None:
+        assert config.original_max_positions == original
+    if rope_type == "longrope":  # HF's init takes the short factors
+        config.sequence_length = original
+    np.testing.assert_allclose(
+        embrope.RopeCache.from_config(config).inv_freq,
+        ROPE_INIT_FUNCTIONS[rope_type](_hf_text_config(d), "cpu", layer_type=layer_type)[0]
+        .double()
+        if rope_type != "default" else
+        1.0 / theta ** (np.arange(0, rotary_dim, 2) / rotary_dim), rtol=1e-6)
+
+
+def test_a_model_type_whose_default_rope_is_scaled_needs_its_parameters():
+    with pytest.raises(embrope.InvalidArgumentError, match="apertus's RoPE is llama3 by default"):
+        embrope.model_config_from_hf(dict(MINIMAL, model_type="apertus"))

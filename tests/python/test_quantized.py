@@ -241,3 +241,20 @@ def test_torch_embed_takes_a_quantized_table_forward_only():
                            match="table.scales requires grad, and embed has no backward for "
                                  "quantized tables"):
             call(graded, ids)
+
+
+def test_a_big_endian_gguf_file_is_refused(tmp_path):
+    # Its Q8_0 blocks' float16 scales were read in this machine's byte order: values off by
+    # up to 1e6, silently.
+    gguf = pytest.importorskip("gguf")
+    rows = np.random.default_rng(8).standard_normal((8, 64)).astype(np.float32)
+    path = tmp_path / "big.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama", endianess=gguf.GGUFEndian.BIG)
+    writer.add_tensor("token_embd.weight", gguf.quants.quantize(rows, gguf.GGMLQuantizationType.Q8_0),
+                      raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(embrope.InvalidArgumentError, match="byte order is not this machine's"):
+        QuantizedTable.from_gguf(str(path))

@@ -602,6 +602,21 @@ def test_dynamic_ntk_grows_and_resets_as_hf():
         assert logits_error(hf, patched, positions) < (2e-5 if start == 0 else FAR), start
 
 
+def test_dynamic_ntk_starts_and_resets_at_hfs_context_whatever_the_table():
+    # HF starts from the plain base and measures growth against max_position_embeddings only:
+    # a table of 16K rows started scaled for 16K (logits off by about 4), and an
+    # original_max_position_embeddings in the parameters (which HF ignores) moved the growth.
+    hf = _model("llama_dynamic")
+    for parameters in ({}, {"original_max_position_embeddings": 1024}):
+        model = copy.deepcopy(hf)
+        model.config.rope_parameters.update(parameters)
+        et.patch(model, max_positions=16384)
+        for start in (0, 2000, 6000, 100):
+            positions = torch.arange(start, start + 12)[None]
+            assert logits_error(hf, model, positions) < (2e-5 if start == 0 else FAR), \
+                (parameters, start)
+
+
 # ------------------------------------------------------------- the patch itself ----
 
 def test_report_names_what_was_replaced_and_what_was_kept():
