@@ -130,7 +130,7 @@ std::optional<std::int64_t> model_config_integer(const json& object, const char*
 struct HfRopeDefaults {
   const char* model_type;
   double theta;            // rope_theta (of the full-attention layers, with a local one)
-  double local_theta;      // the sliding-window layers' (Gemma 3's rope_local_base_freq); 0: none
+  double local_theta;      // rope_local_base_freq's (Gemma 3: its sliding-window layers'); 0: none
   double rotary_fraction;  // partial_rotary_factor (GPT-NeoX's rotary_pct)
   const char* rope_type;   // the RoPE's type when the config gives none
 };
@@ -143,6 +143,11 @@ HfRopeDefaults hf_rope_defaults(const std::string& model_type) {
     if (model_type == d.model_type) return d;
   }
   return {"", 10000.0, 0.0, 1.0, "default"};  // PretrainedConfig's
+}
+
+// Whether the model type has RoPE defaults of its own (so it is a RoPE model).
+bool has_hf_rope_defaults(const std::string& model_type) {
+  return *hf_rope_defaults(model_type).model_type != '\0';
 }
 
 // Phi-3's config class holds original_max_position_embeddings (4096 unless given) outside the
@@ -450,7 +455,7 @@ ModelConfig model_config_from_hf_json(std::string_view json_text, std::string_vi
              find(j, "rotary_emb_base") != nullptr || find(j, "rotary_pct") != nullptr ||
              one_of(m.model_type, {"llama", "mistral", "qwen2", "qwen2_vl", "phi3", "gemma",
                                    "gemma2", "gptj", "gpt_neox", "deepseek_v2", "deepseek_v3"}) ||
-             *hf_rope_defaults(m.model_type).model_type != '\0') {
+             has_hf_rope_defaults(m.model_type)) {
     read_rope(j, m, layer_type);
   } else {
     fail(kOp,

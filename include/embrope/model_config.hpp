@@ -62,14 +62,17 @@ EMBROPE_EXPORT ModelConfig model_preset(std::string_view name);
 // rotary_pct, rotary_dim, qk_rope_head_dim), max_position_embeddings (or n_positions),
 // original_max_position_embeddings, rope_scaling or rope_parameters (rope_type or type:
 // default, linear, dynamic, yarn, llama3, longrope or su, mrope with mrope_section),
-// rope_interleave, type_vocab_size. A missing or malformed field that the model needs is
-// Error(invalid_argument) naming it; an unsupported rope_type likewise (never ignored).
+// rope_interleave, type_vocab_size. A field left out takes the default HF transformers' config
+// class of the model_type gives it (src/hf_rope_defaults.inc; docs/ops.md, "Model configs");
+// a malformed field, or a missing one without such a default, is Error(invalid_argument)
+// naming it; an unsupported rope_type likewise (never ignored).
 EMBROPE_EXPORT ModelConfig model_config_from_hf_json(std::string_view json_text);
 // The same for the layers of one type, for models with a RoPE per layer type (Gemma 3:
 // "sliding_attention" layers base 1e4, "full_attention" layers base 1e6 with linear x8; in
 // transformers >= 5 rope_parameters keyed by layer type, before that rope_local_base_freq
-// beside rope_theta). Without a layer type such a config is Error(invalid_argument) saying
-// so, never one of the two silently; a config with one RoPE takes any layer type.
+// beside rope_theta, or for Gemma 3's model types without it its default 1e4). Without a
+// layer type such a config is Error(invalid_argument) saying so, never one of the two
+// silently; a config with one RoPE takes any layer type.
 EMBROPE_EXPORT ModelConfig model_config_from_hf_json(std::string_view json_text,
                                                      std::string_view layer_type);
 // The same from a file (for example a downloaded model's config.json).

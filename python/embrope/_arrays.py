@@ -87,12 +87,13 @@ def importable(x: Any) -> Any:
     as it is."""
     if is_numpy_bfloat16(x):
         return _C.bfloat16_view(x.view(np.uint16))
-    if isinstance(x, np.ndarray) and x.dtype.itemsize == 1 and x.dtype.name in _FLOAT8_E5M2:
-        return _C.float8_view(x.view(np.uint8), _FLOAT8_E5M2[x.dtype.name])
+    if isinstance(x, np.ndarray) and x.dtype.itemsize == 1 and x.dtype.name in _IS_E5M2:
+        return _C.float8_view(x.view(np.uint8), _IS_E5M2[x.dtype.name])
     return x
 
 
-_FLOAT8_E5M2 = {"float8_e4m3fn": False, "float8_e5m2": True}  # ml_dtypes' names
+# ml_dtypes' float8 dtypes that DLPack has, by name: whether each is e5m2 (else e4m3fn).
+_IS_E5M2 = {"float8_e4m3fn": False, "float8_e5m2": True}
 
 
 def check_optional(op: str, name: str, x: Any, *, autograd: bool = True) -> None:

@@ -47,8 +47,9 @@ def model_config_from_hf(config: Union[str, os.PathLike, Mapping[str, Any], Any]
     Raises
     ------
     InvalidArgumentError
-        When a field the model needs is missing or malformed, or its rope_type is not
-        supported (never ignored).
+        When a field the model needs is malformed, or missing without a default of HF's
+        config class for the model_type (which a field left out takes), or its rope_type is
+        not supported (never ignored).
     """
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)

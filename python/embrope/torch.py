@@ -62,7 +62,8 @@ def deferred_errors(status: DeferredStatus) -> Iterator[DeferredStatus]:
 
     The setting is per thread; `status` must be on the device of the tensors. A backward
     reports to the status in effect on its own thread, else to its forward's: autograd runs a
-    CUDA backward on a thread of its own.
+    CUDA backward on a thread of its own. A backward compiled by ``torch.compile`` reads only
+    the status of the thread it runs on.
     """
     if not isinstance(status, DeferredStatus):
         raise TypeError(f"deferred_errors: status must be an embrope.DeferredStatus, not "
@@ -804,6 +805,12 @@ def apply_rope_backward(dq: Tensor, dk: Optional[Tensor], positions: Tensor,
     return dq_out, (dk_out if dk is not None else None)
 
 
+def _device_after(fn: Callable, device: torch.device) -> torch.device:
+    """The device a Module._apply function moves a tensor on `device` to (its dtype cast, if
+    any, left out): for modules whose tables keep their dtype."""
+    return fn(torch.empty(0, device=device)).device
+
+
 class RotaryEmbedding(torch.nn.Module):
     """RoPE as a module holding its cos/sin table as a (non-persistent) buffer, so that it
     moves with ``.to(device)`` and is a constant to ``torch.compile``.
@@ -834,10 +841,9 @@ class RotaryEmbedding(torch.nn.Module):
         # .to(device) moves the table; a dtype cast (model.half()) keeps its dtype, as the
         # transformers integration's tables do: the table's precision is the caller's choice
         # (a RopeCache's float32 values are exact), not the model's.
-        table = self.cos_sin_cache
-        probe = fn(torch.empty(0, device=table.device))
-        if probe.device != table.device:
-            self.cos_sin_cache = table.to(probe.device)
+        device = _device_after(fn, self.cos_sin_cache.device)
+        if device != self.cos_sin_cache.device:
+            self.cos_sin_cache = self.cos_sin_cache.to(device)
         return self
 
     def forward(self, positions: Tensor, q: Tensor, k: Optional[Tensor] = None, *,
@@ -1069,9 +1075,11 @@ def _padding_row(op: str, padding_idx: Optional[int], rows: int, vocab_start: in
                  vocab_shard: bool) -> Optional[int]:
     """padding_idx in the ids' numbering. A negative one counts back from the table's end, as
     torch.nn.Embedding's does, where the ids number the table's rows (no vocab_start or
-    vocab_shard). Without table rows (no table gradient) it is passed on as it is."""
-    if padding_idx is None or int(padding_idx) >= 0 or rows == 0:
-        return None if padding_idx is None else int(padding_idx)
+    vocab_shard). Without table rows (no table gradient) it has nothing to keep: None."""
+    if padding_idx is None or rows == 0:
+        return None
+    if int(padding_idx) >= 0:
+        return int(padding_idx)
     padding_idx = int(padding_idx)
     if vocab_start or vocab_shard:
         raise _C.InvalidArgumentError(
@@ -1173,12 +1181,13 @@ def embed_backward(grad_out: Tensor, ids: Tensor, *, table_rows: int = 0,
         raise _C.InvalidArgumentError(
             f"{op}: table_rows, position_rows and type_rows are all 0; give the rows of each "
             "table that needs a gradient")
-    for name, given, wanted in (("position_ids", position_ids, "position_rows"),
-                                ("position_offsets", position_offsets, "position_rows"),
-                                ("type_ids", type_ids, "type_rows")):
-        if given is not None and rows[1 if wanted == "position_rows" else 2] == 0:
+    for name, given, rows_name, wanted in (
+            ("position_ids", position_ids, "position_rows", rows[1]),
+            ("position_offsets", position_offsets, "position_rows", rows[1]),
+            ("type_ids", type_ids, "type_rows", rows[2])):
+        if given is not None and wanted == 0:
             raise _C.InvalidArgumentError(
-                f"{op}: {name} is given but {wanted} is 0; give the rows of the table whose "
+                f"{op}: {name} is given but {rows_name} is 0; give the rows of the table whose "
                 "gradient it indexes")
     grads = torch.ops.embrope.embed_backward(
         grad_out, ids, position_ids, position_offsets, type_ids, *rows,

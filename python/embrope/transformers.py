@@ -237,8 +237,7 @@ class _EmbropePositions(torch.nn.Module):
         # .to(device) moves the tables; a dtype cast (model.half()) leaves them float32, as
         # the position code must stay exact whatever the model's dtype.
         for tables in self._tables.values():
-            probe = fn(torch.empty(0, device=tables.table.device))
-            tables.to(probe.device)
+            tables.to(_etorch._device_after(fn, tables.table.device))
         return self
 
     def forward(self, x: Tensor, position_ids: Tensor, layer_type: Optional[str] = None

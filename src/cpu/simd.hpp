@@ -39,11 +39,6 @@
 #else
 #define EMBROPE_PREFETCH_ONLY
 #endif
-#if defined(__GNUC__)
-#define EMBROPE_ALWAYS_INLINE inline __attribute__((always_inline))
-#else
-#define EMBROPE_ALWAYS_INLINE inline
-#endif
 
 namespace embrope::cpu {
 
@@ -54,7 +49,8 @@ namespace embrope::cpu {
 // addresses are only asked for, never formed as pointers outside the range. Always inlined
 // (a per-row loop pays no call); a function that only prefetches calls prefetch_lines.
 template <int kWrite = 0, int kLocality = 2>
-EMBROPE_ALWAYS_INLINE void ask_for_lines(const void* base, std::int64_t from, std::int64_t to) {
+EMBROPE_INLINE_INTO_CALLER void ask_for_lines(const void* base, std::int64_t from,
+                                              std::int64_t to) {
   constexpr std::uintptr_t kLine = 64;
   const auto start = reinterpret_cast<std::uintptr_t>(base);
   for (std::uintptr_t a = (start + static_cast<std::uintptr_t>(from)) / kLine * kLine;

@@ -374,8 +374,8 @@ def test_a_backward_on_another_thread_reports_to_its_forwards_status():
         return (rotated ** 2).sum() + (looked_up ** 2).sum()
 
     status = embrope.DeferredStatus()
-    assert backward_on_another_thread(forward(status)) == []
-    with pytest.raises(embrope.BadIndexError):  # the lowest key: embed's ids[1] = 12
+    assert backward_on_another_thread(forward(status)) == []  # it raised there
+    with pytest.raises(embrope.BadIndexError, match=r"ids\[1\] = 12"):  # the lowest key
         status.check()
     # The backward's own thread's status comes first.
     loss, own = forward(embrope.DeferredStatus()), embrope.DeferredStatus()
@@ -467,6 +467,10 @@ def test_embed_padding_idx_counts_back_from_the_end_as_torch_does():
         et.embed(table, ids + 5, vocab_start=5, padding_idx=-1)
     grads = et.embed_backward(torch.ones(2, 3, 4), ids, table_rows=5, padding_idx=-1)
     assert torch.all(grads[0][4] == 0) and torch.all(grads[0][1] == 1)
+    # Without a table gradient it has nothing to keep (no error about grad_table).
+    _, positions_grad, _ = et.embed_backward(torch.ones(2, 3, 4), ids, position_rows=6,
+                                             position_ids=ids, padding_idx=-1)
+    assert positions_grad[4].tolist() == [3.0] * 4
     # The NumPy surface keeps the ids' numbering: a negative id matches no row.
     with pytest.raises(embrope.InvalidArgumentError,
                        match="embed_backward: padding_idx -1 is negative"):

@@ -607,6 +607,13 @@ def test_dynamic_ntk_starts_and_resets_at_hfs_context_whatever_the_table():
     # a table of 16K rows started scaled for 16K (logits off by about 4), and an
     # original_max_position_embeddings in the parameters (which HF ignores) moved the growth.
     hf = _model("llama_dynamic")
+    # HF's frequencies do not depend on that field (so hf stands for both configs).
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    with_field = copy.deepcopy(hf.config)
+    with_field.rope_parameters["original_max_position_embeddings"] = 1024
+    for length in (None, 6000):
+        assert torch.equal(ROPE_INIT_FUNCTIONS["dynamic"](hf.config, "cpu", seq_len=length)[0],
+                           ROPE_INIT_FUNCTIONS["dynamic"](with_field, "cpu", seq_len=length)[0])
     for parameters in ({}, {"original_max_position_embeddings": 1024}):
         model = copy.deepcopy(hf)
         model.config.rope_parameters.update(parameters)
