@@ -86,6 +86,8 @@ gpu_tests=$build/tests/gpu/embrope_gpu_tests
 
 if wants test; then
   step gpu-tests "$gpu_tests" -r junit -o "$out/gpu-tests.xml"
+  # The hidden cases (rows wider than a capped grid; several GB).
+  step gpu-wide-tests "$gpu_tests" "[gpu_wide]"
   [ -f "$out/gpu-tests.xml" ] && grep -o "<testsuite [^>]*>" "$out/gpu-tests.xml" | tee -a "$log"
   # gpu_parity is the suite just run; the CPU suite is the rest.
   step cpu-tests ctest --test-dir $build --output-on-failure -j "$(nproc)" \

@@ -392,3 +392,19 @@ TEST_CASE("GPU embed_backward with a norm equals the CPU bit for bit",
   check_norm_backward(DType::bfloat16, DType::bfloat16, DType::float32,
                       embrope::Normalization::layer_norm, 128, true, embrope::BackwardMode::atomic);
 }
+
+// Hidden ([.]: about 5 GB on an H100; scripts/gpu-check.sh runs it): the norm's weight and bias
+// gradients take a thread per column on a grid of at most 4 waves of blocks (grid_for), so
+// columns past 4 x SMs x 8 blocks x 256 threads (1,081,344 on an H100) were never written. D
+// one block past that. On the emulated device, SIMT_SM_COUNT=1 makes it D = 8,448.
+TEST_CASE("GPU embed_backward with a norm: a row wider than the columns' grid",
+          "[.][gpu_wide][embed_backward][norm]") {
+  int device = 0, sms = 0, threads = 0;
+  cuda_check(cudaGetDevice(&device));
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  cuda_check(cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+  const std::int64_t d = 4 * static_cast<std::int64_t>(sms) * (threads / 256) * 256 + 256;
+  check_norm_backward(DType::bfloat16, DType::bfloat16, DType::float32,
+                      embrope::Normalization::layer_norm, d, false,
+                      embrope::BackwardMode::deterministic);
+}
