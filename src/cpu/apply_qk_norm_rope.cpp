@@ -15,6 +15,7 @@
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
 #include "isa.hpp"
+#include "per_thread.hpp"
 #include "token_schedule.hpp"
 
 namespace embrope::cpu {
@@ -200,9 +201,10 @@ void forward_by_token(const QkNormRopeParams& p, const VectorBody<T>& body, bool
   weight_factors(p, weights.data());
   std::int64_t first_bad = internal::kNoBadIndex;
   const bool threaded = tokens > 1 && tokens * heads * dim >= (1 << 15);
-#pragma omp parallel if (threaded) reduction(min : first_bad)
+  PerThread<std::vector<float>> buffers(threaded, static_cast<std::size_t>(token_floats(r)));
+#pragma omp parallel num_threads(buffers.threads()) if (threaded) reduction(min : first_bad)
   {
-    std::vector<float> buffer(static_cast<std::size_t>(token_floats(r)));
+    std::vector<float>& buffer = buffers.mine();
 #pragma omp for EMBROPE_TOKEN_SCHEDULE
     for (std::int64_t t = 0; t < tokens; ++t) {
       const std::int64_t b = t / r.seq, s = t % r.seq;
@@ -291,10 +293,12 @@ std::int64_t backward_side(const QkNormRopeParams& p, bool is_q) {
   const float sin_sign = r.inverse ? -1.0f : 1.0f;
   std::int64_t first_bad = internal::kNoBadIndex;
   const bool threaded = rows * dim >= (1 << 15);
-#pragma omp parallel if (threaded) reduction(min : first_bad)
+  // No rows, no scratch: a zero-size call may declare any head dim.
+  PerThread<std::vector<float>> scratches(threaded,
+                                          rows > 0 ? static_cast<std::size_t>(2 * dim) : 0);
+#pragma omp parallel num_threads(scratches.threads()) if (threaded) reduction(min : first_bad)
   {
-    // No rows, no scratch: a zero-size call may declare any head dim.
-    std::vector<float> scratch(rows > 0 ? static_cast<std::size_t>(2 * dim) : 0);
+    std::vector<float>& scratch = scratches.mine();
 #pragma omp for schedule(static)
     for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
       float* partial = weight_grad != nullptr ? partials.data() + chunk * dim : nullptr;

@@ -13,6 +13,7 @@
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/rope_math.hpp"
 #include "isa.hpp"
+#include "per_thread.hpp"
 #include "token_schedule.hpp"
 
 namespace embrope::cpu {
@@ -85,11 +86,13 @@ void rope_kernel(const internal::RopeParams& p) {
   // Threads pay off only past a few thousand elements (decode-sized calls stay serial).
   const bool threaded = rows * p.head_dim >= (1 << 15);
 
-#pragma omp parallel if (threaded)
+  // mrope: the token's cos/sin row gathered from its three streams' table rows, widened to
+  // float32 (exact).
+  PerThread<std::vector<float>> gathered_rows(threaded,
+                                              p.mrope ? static_cast<std::size_t>(p.rotary_dim) : 0);
+#pragma omp parallel num_threads(gathered_rows.threads()) if (threaded)
   {
-    // mrope: the token's cos/sin row gathered from its three streams' table rows, widened
-    // to float32 (exact).
-    std::vector<float> gathered(p.mrope ? static_cast<std::size_t>(p.rotary_dim) : 0);
+    std::vector<float>& gathered = gathered_rows.mine();
     std::int64_t gathered_token = -1;
 #pragma omp for schedule(static) reduction(min : first_bad)
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -188,9 +191,11 @@ void rope_by_token(const internal::RopeParams& p, RotateToken<T> rotate_token) {
     float* widened = heap.empty() ? stack : heap.data();
     for (std::int64_t t = 0; t < tokens; ++t) first_bad = std::min(first_bad, token(t, widened));
   } else {
-#pragma omp parallel reduction(min : first_bad)
+    PerThread<std::vector<float>> widened_rows(
+        true, static_cast<std::size_t>(kWidenedFloats * p.rotary_dim));
+#pragma omp parallel num_threads(widened_rows.threads()) reduction(min : first_bad)
     {
-      std::vector<float> widened(static_cast<std::size_t>(kWidenedFloats * p.rotary_dim));
+      std::vector<float>& widened = widened_rows.mine();
 #pragma omp for EMBROPE_TOKEN_SCHEDULE
       for (std::int64_t t = 0; t < tokens; ++t) {
         first_bad = std::min(first_bad, token(t, widened.data()));

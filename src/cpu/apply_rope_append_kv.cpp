@@ -13,6 +13,7 @@
 #include "../dispatch.hpp"
 #include "embrope/detail/numeric_types.hpp"
 #include "isa.hpp"
+#include "per_thread.hpp"
 #include "token_schedule.hpp"
 
 namespace embrope::cpu {
@@ -171,20 +172,25 @@ void append_kv(const internal::RopeAppendKvParams& p) {
   const std::int64_t elements =
       tokens * ((r.q.heads + kv_heads) * r.head_dim + kv_heads * p.v_cache.head_dim +
                 r.q_nope.heads * r.q_nope_dim);
+  struct Scratch {
+    std::vector<float> widened;
+    std::unique_ptr<T[]> k_rows;
+    Scratch(std::size_t widened_floats, std::size_t k_elements)
+        : widened(widened_floats), k_rows(k_elements > 0 ? new T[k_elements] : nullptr) {}
+  };
   if (tokens <= 1 || elements < (1 << 15)) {
-    std::vector<float> widened(widened_floats);
-    const std::unique_ptr<T[]> scratch(scratch_elements > 0 ? new T[scratch_elements] : nullptr);
+    Scratch scratch(widened_floats, scratch_elements);
     for (std::int64_t t = 0; t < tokens; ++t) {
-      first_bad = std::min(first_bad, token(t, widened.data(), scratch.get()));
+      first_bad = std::min(first_bad, token(t, scratch.widened.data(), scratch.k_rows.get()));
     }
   } else {
-#pragma omp parallel reduction(min : first_bad)
+    PerThread<Scratch> scratches(true, widened_floats, scratch_elements);
+#pragma omp parallel num_threads(scratches.threads()) reduction(min : first_bad)
     {
-      std::vector<float> widened(widened_floats);
-      const std::unique_ptr<T[]> scratch(scratch_elements > 0 ? new T[scratch_elements] : nullptr);
+      Scratch& scratch = scratches.mine();
 #pragma omp for EMBROPE_TOKEN_SCHEDULE
       for (std::int64_t t = 0; t < tokens; ++t) {
-        first_bad = std::min(first_bad, token(t, widened.data(), scratch.get()));
+        first_bad = std::min(first_bad, token(t, scratch.widened.data(), scratch.k_rows.get()));
       }
     }
   }

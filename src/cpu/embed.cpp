@@ -21,6 +21,7 @@
 #include "embrope/detail/numeric_types.hpp"
 #include "embrope/detail/sinusoid.hpp"
 #include "isa.hpp"
+#include "per_thread.hpp"
 #include "sinusoid_rows.hpp"
 
 namespace embrope::cpu {
@@ -210,12 +211,20 @@ void embed_kernel(const internal::EmbedParams& p, const VectorBody<T>* vector) {
   // A large output is written with streaming stores (the vector bodies; simd.hpp).
   const bool stream = p.rows * dim * static_cast<std::int64_t>(sizeof(T)) >= kStreamingOutputBytes;
 
-#pragma omp parallel reduction(min : first_bad) if (threaded)
-  {
+  struct Scratch {
     // The row's float32 sum (the portable path's, or the vector bodies' before a norm).
-    std::vector<float> acc(static_cast<std::size_t>(plain ? 0 : dim));
+    std::vector<float> acc;
     std::optional<SinusoidCall::Rows> sinusoid_rows;
-    if (sinusoidal) sinusoid_rows.emplace(*sinusoids);
+    Scratch(std::size_t acc_floats, const std::optional<SinusoidCall>& sinusoids)
+        : acc(acc_floats) {
+      if (sinusoids) sinusoid_rows.emplace(*sinusoids);
+    }
+  };
+  PerThread<Scratch> scratches(threaded, static_cast<std::size_t>(plain ? 0 : dim), sinusoids);
+#pragma omp parallel num_threads(scratches.threads()) reduction(min : first_bad) if (threaded)
+  {
+    std::vector<float>& acc = scratches.mine().acc;
+    std::optional<SinusoidCall::Rows>& sinusoid_rows = scratches.mine().sinusoid_rows;
     // The thread's next row, resolved a row ahead (vector bodies only) so that its table rows
     // can be asked for while the current one is written.
     std::int64_t ahead_n = -1;

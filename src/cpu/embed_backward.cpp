@@ -25,6 +25,7 @@
 #include "embrope/detail/embed_backward_math.hpp"
 #include "embrope/detail/norm_math.hpp"
 #include "embrope/detail/numeric_types.hpp"
+#include "per_thread.hpp"
 #include "simd.hpp"
 
 namespace embrope::cpu {
@@ -307,9 +308,10 @@ void norm_backward(const Params& p, float* dx) {
   std::vector<float> weight_partials(p.grad_norm_weight != nullptr ? partial_floats : 0, 0.0f);
   std::vector<float> bias_partials(p.grad_norm_bias != nullptr ? partial_floats : 0, 0.0f);
   const bool threaded = rows * dim >= (1 << 15);
-#pragma omp parallel if (threaded)
+  PerThread<std::vector<float>> scratches(threaded, static_cast<std::size_t>(3 * dim));
+#pragma omp parallel num_threads(scratches.threads()) if (threaded)
   {
-    std::vector<float> scratch(static_cast<std::size_t>(3 * dim));
+    std::vector<float>& scratch = scratches.mine();
 #pragma omp for schedule(static)
     for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
       float* wp = weight_partials.empty() ? nullptr : weight_partials.data() + chunk * dim;
