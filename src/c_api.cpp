@@ -69,6 +69,15 @@ embrope::Normalization normalization_of(const char* function, const embrope_norm
   }
 }
 
+// The C statuses are the C++ error codes' values, cast one to the other here.
+static_assert(EMBROPE_OK == static_cast<int>(ErrorCode::ok) &&
+              EMBROPE_ERROR_INVALID_ARGUMENT == static_cast<int>(ErrorCode::invalid_argument) &&
+              EMBROPE_ERROR_INDEX_OUT_OF_RANGE ==
+                  static_cast<int>(ErrorCode::index_out_of_range) &&
+              EMBROPE_ERROR_NOT_IMPLEMENTED == static_cast<int>(ErrorCode::not_implemented) &&
+              EMBROPE_ERROR_CUDA == static_cast<int>(ErrorCode::cuda_error) &&
+              EMBROPE_ERROR_OUT_OF_MEMORY == static_cast<int>(ErrorCode::out_of_memory) &&
+              EMBROPE_ERROR_INTERNAL == static_cast<int>(ErrorCode::internal));
 embrope_status_t to_status(ErrorCode code) {
   return static_cast<embrope_status_t>(code);
 }
@@ -224,6 +233,15 @@ embrope::QkNormGradients qk_norm_gradients(const char* function,
 }  // namespace
 
 namespace {
+
+// The C scaling values are the C++ ones' (scaling_variant looks a C value up among them, and
+// embrope_rope_cache_info casts back).
+static_assert(EMBROPE_ROPE_SCALING_NONE == static_cast<int>(embrope::RopeScaling::none) &&
+              EMBROPE_ROPE_SCALING_LINEAR == static_cast<int>(embrope::RopeScaling::linear) &&
+              EMBROPE_ROPE_SCALING_DYNAMIC == static_cast<int>(embrope::RopeScaling::dynamic) &&
+              EMBROPE_ROPE_SCALING_YARN == static_cast<int>(embrope::RopeScaling::yarn) &&
+              EMBROPE_ROPE_SCALING_LLAMA3 == static_cast<int>(embrope::RopeScaling::llama3) &&
+              EMBROPE_ROPE_SCALING_LONGROPE == static_cast<int>(embrope::RopeScaling::longrope));
 
 embrope::RopeConfig to_rope_config(const char* fn, const embrope_rope_config_t& caller) {
   const embrope_rope_config_t in = read_sized(fn, "config", &caller, embrope_rope_config_init_size);
@@ -458,6 +476,10 @@ embrope_status_t embrope_rope_cache_info(const embrope_rope_cache_t* cache,
         config->num_factors = static_cast<int64_t>(c.short_factor.size());
       }
       std::memcpy(static_cast<void*>(out), &full, std::min(size, sizeof full));
+      // A newer caller's fields past this library's struct: zero, their defaults (docs/abi.md).
+      if (size > sizeof full) {
+        std::memset(reinterpret_cast<unsigned char*>(out) + sizeof full, 0, size - sizeof full);
+      }
       out->struct_size = size;
     }
     if (device != nullptr) {

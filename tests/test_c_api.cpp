@@ -1498,6 +1498,18 @@ TEST_CASE("C structs of a newer header: zeros past the known fields, else a clea
   CHECK(info->rotary_dim == 16);
   CHECK(info->struct_size == older);
   for (std::size_t i = older; i < sizeof config_bytes; ++i) CHECK(config_bytes[i] == 0xCD);
+
+  // A newer caller's struct: its fields past the library's are written as zero, their
+  // defaults, not left as they were.
+  constexpr std::size_t newer_size = sizeof(embrope_rope_config_t) + 16;
+  alignas(embrope_rope_config_t) unsigned char newer_bytes[newer_size];
+  auto* newer_info = reinterpret_cast<embrope_rope_config_t*>(newer_bytes);
+  embrope_rope_config_init_size(newer_info, newer_size);
+  std::memset(newer_bytes + sizeof(embrope_rope_config_t), 0xCD, 16);
+  REQUIRE(embrope_rope_cache_info(cache.handle, newer_info, nullptr) == EMBROPE_OK);
+  CHECK(newer_info->rotary_dim == 16);
+  CHECK(newer_info->struct_size == newer_size);
+  for (std::size_t i = sizeof(embrope_rope_config_t); i < newer_size; ++i) CHECK(newer_bytes[i] == 0);
 }
 
 TEST_CASE("embrope_rope_options_t of the header before float8 outputs: its padding is not read",
