@@ -89,6 +89,7 @@ class QuantizedTable:
         self.dim = int(dim)
         self.scales = scales
         self.zero_points = zero_points
+        self._out_dtype = None  # from_torchao: the weight's dtype
 
     @property
     def vocab_size(self) -> int:
@@ -107,8 +108,11 @@ class QuantizedTable:
                    if a is not None)
 
     def default_dtype(self) -> Any:
-        """The dtype embed writes when it allocates the output: the scales' float dtype, or
-        float32 (GGUF tables, as llama.cpp's get_rows writes them)."""
+        """The dtype embed writes when it allocates the output: the weight's dtype for a table
+        from :meth:`from_torchao` (as ``F.embedding`` of the weight gives), else the scales'
+        float dtype, or float32 (GGUF tables, as llama.cpp's get_rows writes them)."""
+        if self._out_dtype is not None:
+            return self._out_dtype
         scales = self.scales
         if scales is not None and str(scales.dtype).split(".")[-1] in (
                 "float32", "float16", "bfloat16"):
@@ -202,12 +206,25 @@ class QuantizedTable:
                 f"{op}: {type(weight).__name__} has no qdata and scale (a torchao "
                 "IntxUnpackedToInt8Tensor or float8 tensor is expected)")
         kind = str(qdata.dtype).split(".")[-1]
-        if kind == "int8":
-            return cls("int8", qdata, scales=scale,
-                       zero_points=getattr(weight, "zero_point", None))
-        if kind in ("float8_e4m3fn", "float8_e5m2"):
-            return cls(kind, qdata, scales=scale)
-        raise _C.InvalidArgumentError(f"{op}: qdata has dtype {kind}; int8 or float8 expected")
+        if kind not in ("int8", "float8_e4m3fn", "float8_e5m2"):
+            raise _C.InvalidArgumentError(
+                f"{op}: qdata has dtype {kind}; int8 or float8 expected")
+        # One stored value per weight value: packed layouts (Int4Tensor's two int4 values per
+        # int8, its scales [D / group, V]) are not these.
+        if tuple(qdata.shape) != tuple(weight.shape):
+            raise _C.InvalidArgumentError(
+                f"{op}: {type(weight).__name__} keeps qdata of shape {list(qdata.shape)} for a "
+                f"weight of shape {list(weight.shape)}; embrope reads torchao layouts with one "
+                "value per element (IntxUnpackedToInt8Tensor from IntxWeightOnlyConfig, "
+                "Int8Tensor, float8 tensors), not packed ones such as Int4Tensor")
+        table = (cls("int8", qdata, scales=scale, zero_points=getattr(weight, "zero_point", None))
+                 if kind == "int8" else cls(kind, qdata, scales=scale))
+        # embed's output dtype by default: the weight's, as F.embedding of it gives (a float8
+        # weight of a bfloat16 model keeps float32 scales).
+        dtype = getattr(weight, "dtype", None)
+        if str(dtype).split(".")[-1] in ("float32", "float16", "bfloat16"):
+            table._out_dtype = dtype
+        return table
 
     @classmethod
     def quantize(cls, table: Any, format: str, *, group_size: Optional[int] = None,
@@ -226,8 +243,9 @@ class QuantizedTable:
         - gguf_q4_k / gguf_q6_k (which the gguf package cannot quantize): a direct quantizer of
           the blocks' layout, min/max per sub-block of 32 (Q4_K) and max|x| per group of 16
           (Q6_K), the sub-block factors quantized to 6 and 8 bits against a float16 super-block
-          scale, the values then rounded against the quantized factors. Every value lies within
-          about one step of its sub-block; llama.cpp's ``llama-quantize`` searches the factors
+          scale (rounded up, so that the levels cover each sub-block), the values then rounded
+          against the quantized factors. Every value lies within one step of its sub-block
+          (about half a step at a model's magnitudes); llama.cpp's ``llama-quantize`` searches the factors
           further (``make_qkx2_quants``) and gives other, slightly closer, blocks.
         """
         op = "QuantizedTable.quantize"
@@ -322,9 +340,16 @@ class QuantizedTable:
                    zero_points=back(zp) if zero_point else None)
 
 
-def _f16(a: np.ndarray) -> np.ndarray:
-    """float32 values rounded to float16 and back (the blocks' scale fields)."""
-    return a.astype(np.float16).astype(np.float32)
+def _f16_up(a: np.ndarray) -> np.ndarray:
+    """Non-negative float32 values rounded up to float16 and back (the blocks' super-block
+    scales): never below the value, so the 6- and 8-bit factors against it stay within their
+    range, and never 0 for a value above 0. Rounded to nearest, a table of values below about
+    1e-4 (Q6_K) or 1e-5 (Q4_K) had scales of 0: all-zero rows, or every value its
+    sub-block's minimum."""
+    h = a.astype(np.float16)
+    low = h.astype(np.float32) < a
+    h[low] = np.nextafter(h[low], np.float16(np.inf))
+    return h.astype(np.float32)
 
 
 def _check_block_scales(format: str, x: np.ndarray, *scales: np.ndarray) -> None:
@@ -346,15 +371,18 @@ def _quantize_q4_k(x: np.ndarray) -> np.ndarray:
     hi = np.maximum(blocks.max(axis=2), 0.0)
     scale = (hi - lo) / 15.0  # of each sub-block
     offset = -lo              # its min, >= 0
-    d = _f16(scale.max(axis=1) / 63.0)
-    dmin = _f16(offset.max(axis=1) / 63.0)
+    d = _f16_up(scale.max(axis=1) / 63.0)
+    dmin = _f16_up(offset.max(axis=1) / 63.0)
     _check_block_scales("gguf_q4_k", x, d, dmin)
+    # The factors rounded up, so that the 16 levels cover the sub-block (rounded to nearest,
+    # a factor below its value clipped the largest values by up to half the factor's step).
     with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.where(d[:, None] > 0, np.rint(scale / d[:, None]), 0).clip(0, 63).astype(np.uint8)
-        mq = np.where(dmin[:, None] > 0, np.rint(offset / dmin[:, None]), 0).clip(0, 63)
+        mq = np.where(dmin[:, None] > 0, np.ceil(offset / dmin[:, None]), 0).clip(0, 63)
         mq = mq.astype(np.uint8)
-        step = (d[:, None] * sc).astype(np.float32)
         shift = (dmin[:, None] * mq).astype(np.float32)
+        sc = np.where(d[:, None] > 0, np.ceil((hi + shift) / 15.0 / d[:, None]), 0)
+        sc = sc.clip(0, 63).astype(np.uint8)
+        step = (d[:, None] * sc).astype(np.float32)
         q = np.where(step[:, :, None] > 0,
                      np.rint((blocks + shift[:, :, None]) / step[:, :, None]), 0)
     q = q.clip(0, 15).astype(np.uint8)
@@ -377,10 +405,11 @@ def _quantize_q6_k(x: np.ndarray) -> np.ndarray:
     vocab, dim = x.shape
     groups = x.reshape(-1, 16, 16)  # every block as 16 groups of 16
     scale = np.abs(groups).max(axis=2) / 31.0
-    d = _f16(scale.max(axis=1) / 127.0)
+    d = _f16_up(scale.max(axis=1) / 127.0)
     _check_block_scales("gguf_q6_k", x, d)
+    # The factors rounded up: the levels cover the group (see _quantize_q4_k).
     with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.where(d[:, None] > 0, np.rint(scale / d[:, None]), 0).clip(0, 127).astype(np.int8)
+        sc = np.where(d[:, None] > 0, np.ceil(scale / d[:, None]), 0).clip(0, 127).astype(np.int8)
         step = (d[:, None] * sc).astype(np.float32)
         q = np.where(step[:, :, None] > 0, np.rint(groups / step[:, :, None]), 0)
     q = (q.clip(-32, 31) + 32).astype(np.uint8).reshape(-1, 2, 4, 32)  # [block, half, k, l]

@@ -1115,6 +1115,10 @@ def embed(table: Union[Tensor, QuantizedTable], ids: Tensor, *, scale: float = 1
     :func:`embrope.embed` computes it (out in the table's default dtype), since there is no
     backward for quantized tables; a `position_table`, `type_table`, `norm_weight` or
     `norm_bias` that requires grad is refused (it would get none) while grad mode is on."""
+    if isinstance(scale, Tensor) and scale.requires_grad and torch.is_grad_enabled():
+        raise _C.InvalidArgumentError(
+            "embed: scale is a tensor that requires grad; embed takes it as a number and gives "
+            "it no gradient (multiply the output by it instead)")
     if isinstance(table, QuantizedTable):
         if torch.is_grad_enabled():
             for name, x in (("position_table", position_table), ("type_table", type_table),
@@ -1132,10 +1136,6 @@ def embed(table: Union[Tensor, QuantizedTable], ids: Tensor, *, scale: float = 1
             position_offsets=position_offsets, type_table=type_table, type_ids=type_ids,
             norm=norm, norm_weight=norm_weight, norm_bias=norm_bias, norm_eps=norm_eps,
             norm_unit_offset=norm_unit_offset, return_pre_norm=return_pre_norm)
-    if isinstance(scale, Tensor) and scale.requires_grad and torch.is_grad_enabled():
-        raise _C.InvalidArgumentError(
-            "embed: scale is a tensor that requires grad; embed takes it as a number and gives "
-            "it no gradient (multiply the output by it instead)")
     settings = _native.embed_settings(
         "embed", scale=scale, vocab_start=vocab_start, vocab_shard=vocab_shard,
         positions=positions, position_table=position_table, sinusoid_base=sinusoid_base,

@@ -106,6 +106,41 @@ def test_torchao_quantized_embedding_equals_its_own_forward(granularity, weight_
     assert torch.equal(got, want * 2.0)
 
 
+def test_torchao_float8_weight_looks_up_in_the_weights_dtype():
+    pytest.importorskip("torchao")
+    from torchao.quantization import Float8Tensor
+    from torchao.quantization.granularity import PerRow
+
+    torch.manual_seed(0)
+    weight = Float8Tensor.from_hp(torch.randn(10, 256, dtype=torch.bfloat16),
+                                  granularity=PerRow())
+    assert weight.scale.dtype == torch.float32  # the scales alone would say float32
+    table = QuantizedTable.from_torchao(weight)
+    assert table.format == "float8_e4m3fn" and table.default_dtype() == torch.bfloat16
+    ids = torch.tensor([[1, 2, 9], [0, 0, 5]])
+    got = embrope.embed(table, ids)
+    assert got.dtype == torch.bfloat16
+    # torchao's own dequantization of the same rows.
+    assert torch.equal(got, weight.dequantize()[ids])
+    assert table.dequantize().dtype == torch.bfloat16
+
+
+def test_torchao_packed_int4_is_refused_not_read_as_int8():
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int4Tensor
+
+    # Int4Tensor keeps two int4 values per int8 ([V, D / 2]) and scales [D / group, V]: read
+    # as int8 it would be a table of half the width, in other values.
+    vocab, dim, group = 8, 256, 32
+    weight = Int4Tensor(torch.randint(-128, 128, (vocab, dim // 2), dtype=torch.int8),
+                        torch.rand(dim // group, vocab), torch.zeros(dim // group, vocab),
+                        block_size=[1, group], shape=torch.Size([vocab, dim]))
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match=r"qdata of shape \[8, 128\] for a weight of shape \[8, 256\].*"
+                             "not packed ones such as Int4Tensor"):
+        QuantizedTable.from_torchao(weight)
+
+
 def test_executorch_int4_packing_and_float64_reference():
     # ExecuTorch's embedding_4bit example: q = [-4, -4, -1, -2] packs to 0x44, 0x76.
     data = np.array([[0x44, 0x76], [0x08, 0x8f]], dtype=np.uint8)
@@ -144,12 +179,16 @@ def test_quantize_round_trips_within_the_formats_step(fmt, kw):
     assert torch.equal(t.dequantize().float(), torch.from_numpy(back.astype(np.float32)))
 
 
+# Magnitudes: a model's (0.01 to 3), and small ones whose float16 super-block scales are
+# float16 subnormals (rounded to nearest they were 0: all-zero Q6_K rows, Q4_K rows of minima).
+@pytest.mark.parametrize("magnitude", [1.0, 1e-4, 3e-6])
 @pytest.mark.parametrize("fmt", ["gguf_q4_k", "gguf_q6_k"])
-def test_quantize_k_quants_the_gguf_package_reads_back(fmt):
+def test_quantize_k_quants_the_gguf_package_reads_back(fmt, magnitude):
     gguf = pytest.importorskip("gguf")
     kind = gguf.GGMLQuantizationType[fmt[5:].upper()]
     rng = np.random.default_rng(11)
-    x = (rng.standard_normal((6, 512)) * rng.uniform(0.01, 3.0, (6, 1))).astype(np.float32)
+    x = (rng.standard_normal((6, 512)) * rng.uniform(0.01, 3.0, (6, 1)) * magnitude
+         ).astype(np.float32)
     x[2, :256] += 1.5  # a block of positive values (Q4_K's min is then 0)
     x[3, 256:] = 0.0   # an all-zero block (zero scales)
     table = QuantizedTable.quantize(x, fmt)
@@ -158,8 +197,8 @@ def test_quantize_k_quants_the_gguf_package_reads_back(fmt):
     ours = table.dequantize()
     np.testing.assert_array_equal(ours.view(np.uint32), theirs.astype(np.float32).view(np.uint32))
     # Each value within one step of its sub-block: Q4_K 15 steps over [min(x, 0), max(x, 0)]
-    # per 32 values, Q6_K 31 steps per max|x| of 16 values (the factors' own 6- and 8-bit
-    # rounding included).
+    # per 32 values, Q6_K 31 steps per max|x| of 16 values (half a step, and the factors' own
+    # 6- and 8-bit rounding, up: coarser where the super-block scale is a float16 subnormal).
     group, steps = (32, 15.0) if fmt == "gguf_q4_k" else (16, 31.0)
     xs = x.reshape(-1, group).astype(np.float64)
     if fmt == "gguf_q4_k":
@@ -167,7 +206,7 @@ def test_quantize_k_quants_the_gguf_package_reads_back(fmt):
     else:
         span = np.abs(xs).max(axis=1)
     error = np.abs(ours.reshape(-1, group) - xs).max(axis=1)
-    assert np.all(error <= span / steps + 1e-7)
+    assert np.all(error <= span / steps)
     assert np.all(ours.reshape(-1, group)[span == 0] == 0)
 
 
@@ -241,6 +280,13 @@ def test_torch_embed_takes_a_quantized_table_forward_only():
                            match="table.scales requires grad, and embed has no backward for "
                                  "quantized tables"):
             call(graded, ids)
+    # So is a learnable scale, as with a float table (it would be read as a number).
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match="embed: scale is a tensor that requires grad"):
+        et.embed(table, ids, scale=torch.tensor(0.5, requires_grad=True))
+    with torch.no_grad():
+        assert torch.equal(et.embed(table, ids, scale=torch.tensor(0.5, requires_grad=True)),
+                           embrope.embed(table, ids, scale=0.5))
 
 
 def test_a_big_endian_gguf_file_is_refused(tmp_path):
