@@ -99,8 +99,9 @@ struct QuantizedTable {
 // the dtype of position_table, type_table, and of norm_weight / norm_bias / pre_norm_out where
 // they are not float32. There is no backward for quantized tables (embed_backward takes a
 // float gradient table). On CUDA devices the values are dequantized by the element formula, a
-// chunk of 16 output bytes per lane where the scale groups allow (the quantized bytes are read
-// byte by byte: rows and GGUF blocks need no alignment).
+// chunk of 16 output bytes per lane where the scale groups allow, the quantized bytes in loads
+// of 2, 4 or 8 bytes where every row starts on a multiple of that size, else a value at a
+// time (rows and GGUF blocks need no alignment; docs/ops.md).
 EMBROPE_EXPORT void embed(const QuantizedTable& table, const Tensor& ids, const Tensor& out,
                           const EmbedOptions& options = {});
 

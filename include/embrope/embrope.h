@@ -12,7 +12,8 @@
  *   q_out (k_out) may be exactly q (k) (in place); see embrope.hpp.
  * - Tensors are non-owning DLTensor views. A null `strides` means row-major contiguous;
  *   `byte_offset` is honoured. dtypes: float32, float16, bfloat16 values; int32, int64 ids
- *   and positions; lanes must be 1. Devices: kDLCPU, kDLCUDA (and kDLCUDAHost/
+ *   and positions; float8_e4m3fn, float8_e5m2 (float8 outputs and caches), uint8 and int8
+ *   (quantized tables, float8 tables as bytes); lanes must be 1. Devices: kDLCPU, kDLCUDA (and kDLCUDAHost/
  *   kDLCUDAManaged memory is not accepted: pass it as the device it is read on). All
  *   tensors of one call live on one device.
  * - The last dimension of every value tensor has stride 1; other strides are free (>= 0).
@@ -77,7 +78,7 @@ EMBROPE_API int embrope_cuda_device_count(void);
 /* ---------------------------------------------------------------- cos/sin cache ---- */
 
 /* inv_freq_i = base^(-2i / rotary_dim), angle = position * inv_freq_i (float64). */
-/* RoPE scaling variants (see RopeScaling in rope_cache.hpp and the README). */
+/* RoPE scaling variants (see RopeScaling in types.hpp and docs/ops.md). */
 typedef enum embrope_rope_scaling_t {
   EMBROPE_ROPE_SCALING_NONE = 0,
   EMBROPE_ROPE_SCALING_LINEAR = 1,
