@@ -608,18 +608,13 @@ void embed_case(benchmark::State& state, DType dtype, std::int64_t dim, std::int
   const std::int64_t bytes = (reads + 1) * tokens * dim * es;
   std::function<void()> body = [&] { embrope::embed(tt, ti, to, options); };
   if (!fused) {
-    // Unfused baseline: lookup, then a second lookup of positions, then a separate add pass.
-    embrope::EmbedOptions lookup;
-    embrope::EmbedOptions add_positions;
-    add_positions.positions = positions;
-    add_positions.position_ids = tpi;
-    add_positions.position_table = options.position_table;
-    body = [&, lookup, add_positions] {
-      embrope::embed(tt, ti, to, lookup);
-      // positions only: a zero-scaled token row plus the position row, then out += tmp
-      embrope::EmbedOptions pos_only = add_positions;
-      pos_only.scale = 0.0f;
-      embrope::embed(tt, ti, Tensor(tmp.data(), dtype, {tokens, dim}, device()), pos_only);
+    // Unfused baseline (learned positions only): a lookup of the token rows, a lookup of the
+    // position rows (a plain lookup in the position table: no token row read), then a
+    // separate add pass.
+    const Tensor position_table = *options.position_table;
+    body = [&, position_table] {
+      embrope::embed(tt, ti, to);
+      embrope::embed(position_table, tpi, Tensor(tmp.data(), dtype, {tokens, dim}, device()));
 #ifdef EMBROPE_BENCH_CUDA
       if (g_gpu) {
         bench_add_rows(out.data(), tmp.data(), tokens * dim, es, dtype == DType::bfloat16, nullptr);

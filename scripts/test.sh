@@ -37,4 +37,4 @@ if [ "${EMBROPE_PYTHON_WITHOUT_CUDA:-0}" = 1 ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation \
   -Cbuild-dir="$build/pip" "${cmake_args[@]}" .
-.venv/bin/python -m pytest tests/python -q -p no:cacheprovider
+.venv/bin/python -m pytest tests/python -q -rs -p no:cacheprovider

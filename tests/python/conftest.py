@@ -28,15 +28,34 @@ def pytest_configure(config):
         "markers", "ci_required: must run in CI (CI=true): a skip there is a failure")
 
 
+def _missing_package(report) -> bool:
+    """A skip of pytest.importorskip: a package that the test needs is not installed."""
+    return report.skipped and "could not import" in str(report.longrepr)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Under CI=true, a ci_required test that skips (its PyPI package missing) fails."""
+    """Under CI=true, a ci_required test that skips fails, and so does any test skipped for a
+    package that is not installed (scripts/install-deps.sh --python installs every one)."""
     outcome = yield
     report = outcome.get_result()
-    if (report.skipped and os.environ.get("CI") == "true"
-            and item.get_closest_marker("ci_required") is not None):
+    if report.skipped and os.environ.get("CI") == "true" and (
+            item.get_closest_marker("ci_required") is not None or _missing_package(report)):
+        reason = str(report.longrepr)
         report.outcome = "failed"
-        report.longrepr = f"{item.nodeid}: skipped under CI=true, where it must run"
+        report.longrepr = f"{item.nodeid}: skipped under CI=true, where it must run ({reason})"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """Under CI=true, a test module skipped whole for a package that is not installed (a
+    module-level pytest.importorskip) fails: its tests never reach the hook above."""
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("CI") == "true" and _missing_package(report):
+        reason = str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"{collector.nodeid}: skipped under CI=true, where it must run ({reason})"
 
 
 @pytest.fixture
