@@ -61,6 +61,9 @@ TEST_CASE("GPU apply_qk_norm_rope and its backward equal the CPU bit for bit",
       // (rounds of 5 rows, the second with an empty slot).
       {DType::float16, 600, 3, 1, 64, 64, RopeLayout::neox, true, false, false},
       {DType::float32, 19, 6, 3, 256, 256, RopeLayout::neox, false, true, false},
+      // Rows in two rounds per block (Qwen3's 24 rows in blocks of 8, a token's rows split in
+      // two at 270 tokens: rounds of 8 and 4), the round's node buffers alternating.
+      {DType::bfloat16, 270, 16, 8, 64, 64, RopeLayout::neox, false, false, false},
   };
   for (const QkCase& c : cases) {
     INFO("dtype " << embrope::dtype_name(c.dtype) << " D " << c.dim << " R " << c.rotary
@@ -152,6 +155,54 @@ TEST_CASE("GPU apply_qk_norm_rope and its backward equal the CPU bit for bit",
     }
     CHECK(first_difference(q.download(), q.host) == -1);
     CHECK(first_difference(k.download(), k.host) == -1);
+  }
+}
+
+TEST_CASE("GPU apply_qk_norm_rope out of place, with caller cos/sin tables, equals the CPU",
+          "[gpu][qk_norm_rope]") {
+  // q_out and k_out (the inputs left as they were) and a caller's table: float32 (the neox
+  // fast path through the table overload) and bfloat16 (a 16-bit table: the general path).
+  const std::int64_t tokens = 40, hq = 4, hk = 2, dim = 128, positions = 64;
+  const DType dtype = DType::bfloat16;
+  const std::int64_t nq = tokens * hq * dim, nk = tokens * hk * dim;
+  for (DType table : {DType::float32, DType::bfloat16}) {
+    INFO("table " << embrope::dtype_name(table));
+    const int ts = embrope::dtype_size(table);
+    Buffer q(nq * 2), k(nk * 2), q_out(nq * 2), k_out(nk * 2), pos(tokens * 8), wq(dim * 4),
+        wk(dim * 4), cos(positions * dim / 2 * ts), sin(positions * dim / 2 * ts);
+    fill_random(q, dtype, nq, 401);
+    fill_random(k, dtype, nk, 402);
+    fill_random(wq, DType::float32, dim, 403);
+    fill_random(wk, DType::float32, dim, 404);
+    fill_random(cos, table, positions * dim / 2, 405);
+    fill_random(sin, table, positions * dim / 2, 406);
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const std::int64_t p = (t * 29) % positions;
+      std::memcpy(pos.host.data() + 8 * t, &p, 8);
+    }
+    for (Buffer* b : {&q, &k, &pos, &wq, &wk, &cos, &sin}) b->upload();
+    const std::vector<unsigned char> q_in = q.host, k_in = k.host;
+    q_out.poison_both(0x7f);
+    k_out.poison_both(0x7f);
+    for (bool gpu : {false, true}) {
+      auto v = gpu ? device_view : host_view;
+      embrope::QkNorm n;
+      n.q_weight = v(wq, DType::float32, {dim});
+      n.k_weight = v(wk, DType::float32, {dim});
+      embrope::RopeOptions o;
+      o.q_out = v(q_out, dtype, {tokens, hq, dim});
+      o.k_out = v(k_out, dtype, {tokens, hk, dim});
+      embrope::apply_qk_norm_rope(v(q, dtype, {tokens, hq, dim}), v(k, dtype, {tokens, hk, dim}),
+                                  v(pos, DType::int64, {tokens}),
+                                  v(cos, table, {positions, dim / 2}),
+                                  v(sin, table, {positions, dim / 2}), n, o);
+    }
+    cuda_check(cudaDeviceSynchronize());
+    CHECK(first_difference(q_out.download(), q_out.host) == -1);
+    CHECK(first_difference(k_out.download(), k_out.host) == -1);
+    CHECK(first_difference(q.download(), q_in) == -1);
+    CHECK(first_difference(k.download(), k_in) == -1);
+    CHECK(first_difference(q.host, q_in) == -1);
   }
 }
 

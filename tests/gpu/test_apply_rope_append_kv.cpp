@@ -254,7 +254,7 @@ TEST_CASE("GPU apply_rope_append_kv: dtypes, cache dtypes, layouts, page sizes",
           c.cache_dtype = cache;
           c.layout = layout;
           c.page_size = page_size;
-          c.tokens = page_size == 1 ? 1 : 20;  // decode and prefill launch shapes
+          c.tokens = page_size == 1 ? 1 : 20;  // decode, and rows split over blocks
           c.hq = 4;
           c.hk = 2;
           c.head_dim = c.rotary_dim = c.v_dim = 64;
@@ -267,6 +267,14 @@ TEST_CASE("GPU apply_rope_append_kv: dtypes, cache dtypes, layouts, page sizes",
       }
     }
   }
+  // Prefill: a block per token with all of its rows (from 4 blocks per multiprocessor's worth
+  // of tokens on: 528 on the emulated H100); below that a token's rows are split over blocks.
+  AppendCase prefill;
+  prefill.tokens = 560;
+  prefill.hq = 16;
+  prefill.hk = 4;
+  prefill.head_dim = prefill.rotary_dim = prefill.v_dim = 64;
+  run_case(prefill);
   AppendCase wide;  // float16 cache from float32 activations, interleaved, combined
   wide.dtype = DType::float32;
   wide.cache_dtype = DType::float16;
@@ -436,6 +444,16 @@ TEST_CASE("GPU apply_qk_norm_rope_append_kv: dtypes, caches, norms, bad slots an
   packed.tokens = 15;
   packed.page_size = 32;
   run_case(packed);
+  // Prefill on the neox fast path: a block per token, its 16 + 2 * 4 rows in three rounds of
+  // 8 (the rounds' node buffers alternating), a bad position among them.
+  AppendCase prefill;
+  prefill.norm = true;
+  prefill.tokens = 560;
+  prefill.hq = 16;
+  prefill.hk = 4;
+  prefill.head_dim = prefill.rotary_dim = prefill.v_dim = 64;
+  prefill.bad_position_token = 300;
+  run_case(prefill);
   AppendCase bad;  // a bad slot, then a bad position before it: the first bad token reported
   bad.norm = true;
   bad.tokens = 16;
