@@ -1,7 +1,7 @@
 // embrope-bench: every op against the memory ceiling of its own access pattern measured in
-// the same case (on the CPU: memcpy of the same bytes for ops that read one place and write
-// another, an in-place read-modify-write pass over them for in-place ops; on the GPU a
-// device-to-device copy; read + write counted, timed after every call of the op) and against
+// the same case (on the CPU: a copy of the same bytes, streaming past 16 MiB, for ops that read one
+// place and write another, an in-place read-modify-write pass over them for in-place ops; on the
+// GPU a device-to-device copy; read + write counted, timed after every call of the op) and against
 // an unfused baseline inside embrope.
 //
 //   embrope-bench [--device=auto|cpu|gpu] [--full] [Google Benchmark flags]
@@ -21,6 +21,10 @@
 #include <benchmark/benchmark.h>
 #include <embrope/embrope.hpp>
 #include <omp.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -180,10 +184,43 @@ const embrope::RopeCache& shared_cache(std::int64_t rotary_dim) {
   return *cache;
 }
 
+// A copy of n bytes (a multiple of 64, both ends 64-byte aligned) with streaming stores, the
+// widest the CPU has: lines written without being read for ownership first. On the 2-core
+// EPYC VM of docs/performance.md glibc's memcpy of 134-537 MiB ran at 21-34 GB/s and this
+// copy at 34-54 GB/s (1.2-1.7x), so held to memcpy the lookups, which stream their output
+// (src/cpu/simd.hpp's kStreamingOutputBytes), measured up to 151% of "the ceiling".
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) void stream_copy_avx512(char* d, const char* s, std::size_t n) {
+  for (std::size_t i = 0; i < n; i += 64) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i), _mm512_load_si512(s + i));
+  }
+  _mm_sfence();
+}
+__attribute__((target("avx2"))) void stream_copy_avx2(char* d, const char* s, std::size_t n) {
+  for (std::size_t i = 0; i < n; i += 32) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i),
+                        _mm256_load_si256(reinterpret_cast<const __m256i*>(s + i)));
+  }
+  _mm_sfence();
+}
+#endif
+void stream_copy(char* d, const char* s, std::size_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512f")) return stream_copy_avx512(d, s, n);
+  if (__builtin_cpu_supports("avx2")) return stream_copy_avx2(d, s, n);
+#endif
+  std::memcpy(d, s, n);
+}
+
+// Past this many bytes written a copy streams them (the CPU kernels' kStreamingOutputBytes:
+// an output this large will not stay in cache); below, memcpy, whose ordinary stores keep the
+// lines in cache as the ops' do.
+constexpr std::size_t kStreamingCopyBytes = std::size_t{1} << 24;
+
 // The ceiling: a copy of bytes/2 (read + write = bytes moved), a device-to-device copy on
-// the GPU (on `stream`), memcpy on the CPU split over the cores like the ops it bounds, and,
-// like them, on one thread below 32768 four-byte elements (where waking a team would cost
-// more than the copy).
+// the GPU (on `stream`); on the CPU split over the cores like the ops it bounds, with
+// streaming stores past kStreamingCopyBytes, and, like the ops, on one thread below 32768
+// four-byte elements (where waking a team would cost more than the copy).
 std::function<void()> copy_body(std::int64_t bytes, void* stream) {
   (void)stream;  // used by the CUDA build
   const std::size_t half = static_cast<std::size_t>(bytes / 2);
@@ -198,16 +235,21 @@ std::function<void()> copy_body(std::int64_t bytes, void* stream) {
   }
 #endif
   const bool threaded = half / 4 >= (1 << 15);
-  return [&src, &dst, half, threaded] {
+  const bool streaming = half >= kStreamingCopyBytes;
+  return [&src, &dst, half, threaded, streaming] {
 #pragma omp parallel if (threaded)
     {
       const std::size_t threads = static_cast<std::size_t>(omp_get_num_threads());
-      const std::size_t chunk = (half + threads - 1) / threads;
+      // Whole 64-byte lines per thread (the buffers start on one), the tail on the last.
+      const std::size_t chunk = ((half + threads - 1) / threads + 63) / 64 * 64;
       const std::size_t begin =
           std::min(half, chunk * static_cast<std::size_t>(omp_get_thread_num()));
       const std::size_t end = std::min(half, begin + chunk);
-      std::memcpy(static_cast<char*>(dst.data()) + begin,
-                  static_cast<const char*>(src.data()) + begin, end - begin);
+      char* d = static_cast<char*>(dst.data());
+      const char* s = static_cast<const char*>(src.data());
+      const std::size_t lines = streaming ? (end - begin) / 64 * 64 : 0;
+      if (lines > 0) stream_copy(d + begin, s + begin, lines);
+      std::memcpy(d + begin + lines, s + begin + lines, end - begin - lines);
     }
   };
 }
