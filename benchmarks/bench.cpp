@@ -186,9 +186,10 @@ const embrope::RopeCache& shared_cache(std::int64_t rotary_dim) {
 
 // A copy of n bytes (a multiple of 64, both ends 64-byte aligned) with streaming stores, the
 // widest the CPU has: lines written without being read for ownership first. On the 2-core
-// EPYC VM of docs/performance.md glibc's memcpy of 134-537 MiB ran at 21-34 GB/s and this
-// copy at 34-54 GB/s (1.2-1.7x), so held to memcpy the lookups, which stream their output
-// (src/cpu/simd.hpp's kStreamingOutputBytes), measured up to 151% of "the ceiling".
+// EPYC VM of docs/performance.md glibc's memcpy of 134-537 MiB ran at 21-31 GB/s and this
+// copy at 35-42 GB/s (1.2-1.9x), so held to memcpy the lookups, which stream their output
+// (src/cpu/simd.hpp's kStreamingOutputBytes), measured up to 145% of "the ceiling"
+// (benchmarks/results/cpu-2026-12-07-streaming-copy-ceiling/).
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target("avx512f"))) void stream_copy_avx512(char* d, const char* s, std::size_t n) {
   for (std::size_t i = 0; i < n; i += 64) {

@@ -540,7 +540,7 @@ NOTE = ("ceiling: a pass of the op's own access pattern over the same bytes on t
         "threads, timed after every call of the op in the same case, so that both see the "
         "machine's memory at the same moments: for an op that reads one place and writes "
         "another (or mixes in-place rows with cache writes) a copy (on the CPU with streaming "
-        "stores past 16 MiB, as the ops stream large outputs: glibc's memcpy was up to 1.7x "
+        "stores past 16 MiB, as the ops stream large outputs: glibc's memcpy was up to 1.9x "
         "slower there; a device copy on the GPU); for an in-place op on the CPU an in-place "
         "read-modify-write pass, which outruns a copy where the data fits in the caches (no "
         "second buffer to allocate lines for); for a partial rotation (Pythia, GPT-J) that pass over the first "
