@@ -72,8 +72,7 @@ embrope::Normalization normalization_of(const char* function, const embrope_norm
 // The C statuses are the C++ error codes' values, cast one to the other here.
 static_assert(EMBROPE_OK == static_cast<int>(ErrorCode::ok) &&
               EMBROPE_ERROR_INVALID_ARGUMENT == static_cast<int>(ErrorCode::invalid_argument) &&
-              EMBROPE_ERROR_INDEX_OUT_OF_RANGE ==
-                  static_cast<int>(ErrorCode::index_out_of_range) &&
+              EMBROPE_ERROR_INDEX_OUT_OF_RANGE == static_cast<int>(ErrorCode::index_out_of_range) &&
               EMBROPE_ERROR_NOT_IMPLEMENTED == static_cast<int>(ErrorCode::not_implemented) &&
               EMBROPE_ERROR_CUDA == static_cast<int>(ErrorCode::cuda_error) &&
               EMBROPE_ERROR_OUT_OF_MEMORY == static_cast<int>(ErrorCode::out_of_memory) &&

@@ -1509,7 +1509,8 @@ TEST_CASE("C structs of a newer header: zeros past the known fields, else a clea
   REQUIRE(embrope_rope_cache_info(cache.handle, newer_info, nullptr) == EMBROPE_OK);
   CHECK(newer_info->rotary_dim == 16);
   CHECK(newer_info->struct_size == newer_size);
-  for (std::size_t i = sizeof(embrope_rope_config_t); i < newer_size; ++i) CHECK(newer_bytes[i] == 0);
+  for (std::size_t i = sizeof(embrope_rope_config_t); i < newer_size; ++i)
+    CHECK(newer_bytes[i] == 0);
 }
 
 TEST_CASE("embrope_rope_options_t of the header before float8 outputs: its padding is not read",

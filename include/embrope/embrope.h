@@ -13,8 +13,8 @@
  * - Tensors are non-owning DLTensor views. A null `strides` means row-major contiguous;
  *   `byte_offset` is honoured. dtypes: float32, float16, bfloat16 values; int32, int64 ids
  *   and positions; float8_e4m3fn, float8_e5m2 (float8 outputs and caches), uint8 and int8
- *   (quantized tables, float8 tables as bytes); lanes must be 1. Devices: kDLCPU, kDLCUDA (and kDLCUDAHost/
- *   kDLCUDAManaged memory is not accepted: pass it as the device it is read on). All
+ *   (quantized tables, float8 tables as bytes); lanes must be 1. Devices: kDLCPU, kDLCUDA (and
+ * kDLCUDAHost/ kDLCUDAManaged memory is not accepted: pass it as the device it is read on). All
  *   tensors of one call live on one device.
  * - The last dimension of every value tensor has stride 1; other strides are free (>= 0).
  * - `stream` is a cudaStream_t (NULL: the default stream); ignored for CPU tensors.
