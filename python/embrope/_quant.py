@@ -244,8 +244,9 @@ class QuantizedTable:
           the blocks' layout, min/max per sub-block of 32 (Q4_K) and max|x| per group of 16
           (Q6_K), the sub-block factors quantized to 6 and 8 bits against a float16 super-block
           scale (rounded up, so that the levels cover each sub-block), the values then rounded
-          against the quantized factors. Every value lies within one step of its sub-block
-          (about half a step at a model's magnitudes); llama.cpp's ``llama-quantize`` searches the factors
+          against the quantized factors. Every value lies within half a step of its sub-block
+          plus half a step of the super-block's scale, which as a float16 is at least 2^-24
+          (so values far below 1e-6 keep an error of up to 3e-8); llama.cpp's ``llama-quantize`` searches the factors
           further (``make_qkx2_quants``) and gives other, slightly closer, blocks.
         """
         op = "QuantizedTable.quantize"

@@ -26,9 +26,12 @@ class PerThread {
  public:
   // One Item(args...) for each thread of the region the caller is about to open: as many as
   // OpenMP would start there when `threaded`, else one.
+  // Inside a caller's parallel region where no further level may be active, the team is the
+  // calling thread alone.
   template <typename... Args>
   explicit PerThread(bool threaded, const Args&... args) {
-    const int threads = threaded ? std::max(1, omp_get_max_threads()) : 1;
+    const bool nested_serial = omp_get_active_level() >= omp_get_max_active_levels();
+    const int threads = threaded && !nested_serial ? std::max(1, omp_get_max_threads()) : 1;
     items_.reserve(static_cast<std::size_t>(threads));
     for (int i = 0; i < threads; ++i) items_.emplace_back(args...);
   }
@@ -37,10 +40,17 @@ class PerThread {
   int threads() const { return static_cast<int>(items_.size()); }
 
   // The calling thread's item, inside the region.
-  Item& mine() { return items_[static_cast<std::size_t>(omp_get_thread_num())]; }
+  Item& mine() { return items_[static_cast<std::size_t>(omp_get_thread_num())].item; }
 
  private:
-  std::vector<Item> items_;
+  // Each item on cache lines of its own: a thread writes its item's members (a sinusoid row
+  // cache's positions, say), which must not share a line with another thread's.
+  struct alignas(64) Slot {
+    Item item;
+    template <typename... Args>
+    explicit Slot(const Args&... args) : item(args...) {}
+  };
+  std::vector<Slot> items_;
 };
 
 }  // namespace embrope::cpu
