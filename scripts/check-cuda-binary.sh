@@ -21,7 +21,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
+# An installed build's libembrope.so.X.Y.Z, else a pip build's libembrope.so.N.
 lib=$(find "$build" -maxdepth 1 -name 'libembrope.so.*.*.*' | head -n 1)
+[ -n "$lib" ] || lib=$(find "$build" -maxdepth 1 -name 'libembrope.so.[0-9]*' | head -n 1)
 [ -n "$lib" ] || lib="$build/libembrope.so"
 if [ ! -f "$lib" ]; then
   echo "check-cuda-binary: no libembrope.so in $build" >&2

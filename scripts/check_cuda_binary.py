@@ -51,33 +51,49 @@ def is_library(pretty):
     return pretty.startswith(("void cub::", "cub::", "void thrust::", "thrust::"))
 
 
+def by_architecture(listing):
+    """(architecture, text) for each cubin of a cuobjdump listing: a library built for several
+    architectures (CMAKE_CUDA_ARCHITECTURES "80;90") holds a cubin per architecture, each headed
+    "arch = sm_NN", with the same kernel names in each; every one is judged on its own."""
+    parts = re.split(r"^arch = (\S+)$", listing, flags=re.M)
+    return zip(parts[1::2], parts[2::2])
+
+
 # cuobjdump -res-usage, per function of each cubin:
 #  Function _Z...:
 #   REG:40 STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:568 TEXTURE:0 SURFACE:0 SAMPLER:0
-# STACK is the function's frame, including what it calls that is not inlined.
+# STACK is the function's frame, including what it calls that is not inlined. Keys are
+# (architecture, mangled name).
 report = {}
 registers = {}
-for m in re.finditer(r"Function ([^\s:]+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)",
-                     open(sys.argv[1]).read()):
-    name, reg, stack, local = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
-    report[name] = max(report.get(name, 0), stack + local)
-    registers[name] = max(registers.get(name, 0), reg)
-sass = open(sys.argv[2]).read()
+for arch, text in by_architecture(open(sys.argv[1]).read()):
+    for m in re.finditer(
+            r"Function ([^\s:]+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", text):
+        key = (arch, m.group(1))
+        reg, stack, local = int(m.group(2)), int(m.group(3)), int(m.group(4))
+        report[key] = max(report.get(key, 0), stack + local)
+        registers[key] = max(registers.get(key, 0), reg)
 bodies = {}
-for block in re.split(r"\n\s*Function : ", sass)[1:]:
-    name, _, body = block.partition("\n")
-    bodies[name.strip()] = body
-pretty = demangle(sorted(set(report) | set(bodies)))
+for arch, text in by_architecture(open(sys.argv[2]).read()):
+    for block in re.split(r"\n\s*Function : ", text)[1:]:
+        name, _, body = block.partition("\n")
+        bodies[(arch, name.strip())] = body
+keys = set(report) | set(bodies)
+pretty = demangle(sorted({name for _, name in keys}))
+architectures = sorted({arch for arch, _ in keys})
 
 failures = 0
 vector_checked = {"rope_vector_kernel": 0, "embed_kernel (vectorised)": 0}
-for name in sorted(pretty, key=lambda n: pretty[n]):
+for key in sorted(keys, key=lambda k: (pretty[k[1]], k[0])):
+    arch, name = key
     title = pretty[name]
-    if is_library(title):
-        print(f"note   {title[:110]}: CUB's kernel, {report.get(name, 0)} B stack (not judged)")
+    if len(architectures) > 1:
+        title = f"[{arch}] {title}"
+    if is_library(pretty[name]):
+        print(f"note   {title[:110]}: CUB's kernel, {report.get(key, 0)} B stack (not judged)")
         continue
     problems = []
-    stack = report.get(name)
+    stack = report.get(key)
     reason, stack_allowed = allowed(title)
     if stack is None:
         problems.append("not in the resource usage")
@@ -85,10 +101,10 @@ for name in sorted(pretty, key=lambda n: pretty[n]):
         problems.append(f"{stack} B stack frame (local memory: spills or arrays)" +
                         (f", not the {stack_allowed} B of {reason}" if reason else ""))
     for pattern, ceiling, why in REGISTER_CEILINGS:
-        used = registers.get(name)
+        used = registers.get(key)
         if pattern.search(title) and (used is None or used > ceiling):
             problems.append(f"{used} registers, over the ceiling of {ceiling} for {why}")
-    body = bodies.get(name, "")
+    body = bodies.get(key, "")
     if not body:
         problems.append("no SASS")
     elif not reason and re.search(r"\b(LDL|STL)(\.[A-Z0-9.]+)?\s", body):
@@ -125,7 +141,8 @@ for kind, n in vector_checked.items():
     if n == 0:
         print(f"FAIL   no {kind} instantiation found")
         failures += 1
-ours = sum(1 for n in pretty if not is_library(pretty[n]))
-print(f"check-cuda-binary: {ours} embrope kernels, {sum(vector_checked.values())} fast-path "
-      f"instantiations checked for 128-bit accesses, {failures} failures")
+ours = sum(1 for _, name in keys if not is_library(pretty[name]))
+print(f"check-cuda-binary: {ours} embrope kernels ({', '.join(architectures)}), "
+      f"{sum(vector_checked.values())} fast-path instantiations checked for 128-bit accesses, "
+      f"{failures} failures")
 sys.exit(1 if failures else 0)
