@@ -48,6 +48,7 @@ void check_norm_vector(const char* name, const Tensor& t, const CallShape& call)
 // The normalisation options (EmbedOptions::norm and the tensors that go with it).
 void set_norm(const Tensor& ids, const Tensor& out, const CallShape& call, const EmbedOptions& o,
               internal::EmbedParams& p) {
+  check_norm_eps(kOp, o.norm_eps);
   if (o.norm == Normalization::none) {
     if (o.norm_weight || o.norm_bias || o.pre_norm_out) {
       fail(kOp, "norm_weight, norm_bias or pre_norm_out is given but norm is none");

@@ -30,6 +30,12 @@ void check_vocab_start(const char* op, std::int64_t vocab_start, std::int64_t vo
   }
 }
 
+void check_norm_eps(const char* op, float eps) {
+  if (!(std::isfinite(eps) && eps >= 0.0f)) {
+    validate::fail(op, "norm_eps {} must be finite and >= 0", eps);
+  }
+}
+
 void check_norm_settings(const char* op, Normalization norm, bool vocab_shard, float eps,
                          bool unit_offset, bool has_weight) {
   if (norm != Normalization::layer_norm && norm != Normalization::rms_norm) {
@@ -40,9 +46,7 @@ void check_norm_settings(const char* op, Normalization norm, bool vocab_shard, f
                    "norm cannot be combined with vocab_shard: a shard's rows are partial sums; "
                    "normalise after the sum over shards");
   }
-  if (!(std::isfinite(eps) && eps >= 0.0f)) {
-    validate::fail(op, "norm_eps {} must be finite and >= 0", eps);
-  }
+  check_norm_eps(op, eps);
   if (unit_offset && !has_weight) {
     validate::fail(op,
                    "norm_unit_offset is set without a norm_weight (the weight applied is 1 + w)");

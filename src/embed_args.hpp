@@ -27,6 +27,10 @@ void check_like_ids(const char* op, const char* name, const Tensor& t, const Ten
 void set_row_positions(const char* op, const Tensor& ids, const std::optional<Tensor>& position_ids,
                        const std::optional<Tensor>& position_offsets, internal::EmbedParams& p);
 
+// norm_eps finite and >= 0, checked with or without a norm: a caller who passes -5 or NaN has
+// a bug whether or not this call normalises.
+void check_norm_eps(const char* op, float eps);
+
 // The settings of a norm given to embed or embed_backward (not none): a Normalization, not with
 // vocab_shard, eps finite and >= 0, a unit offset only with a weight.
 void check_norm_settings(const char* op, Normalization norm, bool vocab_shard, float eps,

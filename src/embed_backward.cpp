@@ -62,6 +62,7 @@ void check_norm_vector(const char* name, const Tensor& t, const Tensor& grad_out
 
 // The norm's options (EmbedBackwardOptions::norm and the tensors that go with it).
 void set_norm(const Tensor& grad_out, const EmbedBackwardOptions& o, Params& p) {
+  check_norm_eps(kOp, o.norm_eps);
   if (o.norm == Normalization::none) {
     if (o.pre_norm || o.norm_weight || o.grad_pre_norm || o.grad_norm_weight || o.grad_norm_bias) {
       fail(kOp,

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -387,6 +388,9 @@ TEST_CASE("embed_backward with a norm rejects broken options with a message nami
   o = EmbedBackwardOptions{};
   o.pre_norm = ref::view(pre, 0, {n, d});
   expect_error([&] { call(o); }, invalid, {"pre_norm", "norm is none"});
+  o = EmbedBackwardOptions{};  // eps is not ignored when there is no norm
+  o.norm_eps = std::numeric_limits<float>::quiet_NaN();
+  expect_error([&] { call(o); }, invalid, {"norm_eps", ">= 0"});
   o = with_norm();
   o.norm = static_cast<Normalization>(7);
   expect_error([&] { call(o); }, invalid, {"norm 7", "Normalization"});

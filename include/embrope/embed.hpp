@@ -53,7 +53,7 @@ struct EmbedOptions {
   Normalization norm = Normalization::none;
   std::optional<Tensor> norm_weight;
   std::optional<Tensor> norm_bias;
-  float norm_eps = 1e-5f;  // finite, >= 0 (with 0 an all-zero row gives NaN, as in PyTorch)
+  float norm_eps = 1e-5f;  // finite, >= 0, norm or not (with 0 an all-zero row gives NaN)
   bool norm_unit_offset = false;
   // With a norm: also write the summed row before normalisation (the residual stream of
   // pre-norm models), [ids.shape..., D] in the table's dtype or float32, rounded once.
