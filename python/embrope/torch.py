@@ -28,9 +28,9 @@ synchronise, which is what CUDA-graph capture needs.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import inspect
-import threading
 import weakref
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -51,7 +51,10 @@ __all__ = [
 
 # ------------------------------------------------------------ deferred reporting ----
 
-_local = threading.local()
+# A context variable, not a thread-local: per thread, and per asyncio task within a thread (a
+# task's block must not report into another task's status across an await).
+_status: contextvars.ContextVar[Optional[DeferredStatus]] = contextvars.ContextVar(
+    "embrope_deferred_status", default=None)
 
 
 @contextlib.contextmanager
@@ -60,7 +63,8 @@ def deferred_errors(status: DeferredStatus) -> Iterator[DeferredStatus]:
     instead of raising, and so never synchronise the stream (safe inside
     ``torch.cuda.graph`` capture). Call ``status.check()`` when you choose to.
 
-    The setting is per thread; `status` must be on the device of the tensors. A backward
+    The setting is per thread and per asyncio task; `status` must be on the device of the
+    tensors. A backward
     reports to the status in effect on its own thread, else to its forward's: autograd runs a
     CUDA backward on a thread of its own. A backward compiled by ``torch.compile`` reads only
     the status of the thread it runs on.
@@ -68,16 +72,15 @@ def deferred_errors(status: DeferredStatus) -> Iterator[DeferredStatus]:
     if not isinstance(status, DeferredStatus):
         raise TypeError(f"deferred_errors: status must be an embrope.DeferredStatus, not "
                         f"{type(status).__name__}")
-    previous = getattr(_local, "status", None)
-    _local.status = status
+    token = _status.set(status)
     try:
         yield status
     finally:
-        _local.status = previous
+        _status.reset(token)
 
 
 def _deferred(op: str, like: Tensor) -> Any:
-    status = getattr(_local, "status", None)
+    status = _status.get()
     if status is not None:
         return status._native
     if like.is_cuda and torch.cuda.is_current_stream_capturing():
@@ -146,16 +149,16 @@ def _register_autograd(name: str, backward: Callable[..., Any],
     raise and synchronise, and a captured backward be refused)."""
     def setup(ctx: Any, inputs: Any, output: Any) -> None:
         setup_context(ctx, inputs, output)
-        ctx.deferred = getattr(_local, "status", None)
+        ctx.deferred = _status.get()
 
     def run_backward(ctx: Any, *grads: Any) -> Any:
-        if ctx.deferred is None or getattr(_local, "status", None) is not None:
+        if ctx.deferred is None or _status.get() is not None:
             return backward(ctx, *grads)
-        _local.status = ctx.deferred
+        token = _status.set(ctx.deferred)
         try:
             return backward(ctx, *grads)
         finally:
-            _local.status = None
+            _status.reset(token)
 
     torch.library.register_autograd(f"embrope::{name}", run_backward, setup_context=setup)
 

@@ -344,6 +344,43 @@ def test_deferred_errors_mode_reports_without_raising():
             pass
 
 
+def test_deferred_errors_is_per_asyncio_task():
+    # Two requests served as asyncio tasks on one thread, their blocks overlapping across an
+    # await: each bad id goes to its own task's status, and neither raises.
+    import asyncio
+
+    table = torch.randn(10, 4)
+    statuses = {"a": embrope.DeferredStatus(), "b": embrope.DeferredStatus()}
+
+    async def first(opened, second_opened, done):
+        with et.deferred_errors(statuses["a"]):
+            opened.set()
+            await second_opened.wait()  # the second task's block opens inside this one
+            out = et.embed(table, torch.tensor([1, 11]))
+            done.set()
+        return out
+
+    async def second(first_opened, opened, first_done):
+        await first_opened.wait()
+        with et.deferred_errors(statuses["b"]):
+            opened.set()
+            await first_done.wait()  # the first task's block closes inside this one
+            return et.embed(table, torch.tensor([1, 12]))
+
+    async def serve():
+        a_open, b_open, a_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        return await asyncio.gather(first(a_open, b_open, a_done),
+                                    second(a_open, b_open, a_done))
+
+    outputs = asyncio.run(serve())
+    for out in outputs:
+        assert torch.all(out[1] == 0)
+    with pytest.raises(embrope.BadIndexError, match=r"ids\[1\] = 11"):
+        statuses["a"].check()
+    with pytest.raises(embrope.BadIndexError, match=r"ids\[1\] = 12"):
+        statuses["b"].check()
+
+
 def test_a_backward_on_another_thread_reports_to_its_forwards_status():
     # Autograd runs a CUDA backward on a thread of its own, where the forward thread's
     # deferred_errors is not in effect: a bad position raised there (and synchronised).
