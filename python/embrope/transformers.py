@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
+import threading
 import types
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -181,6 +182,16 @@ class _Tables:
             self.table = torch.cat([_table_tensor(short), self.table])
         self.original_table = self.table  # dynamic NTK: the table below the original context
         self.cached_length = self.original  # dynamic NTK: HF's max_seq_len_cached
+        self._dynamic_lock = threading.Lock()
+
+    def __getstate__(self) -> Dict[str, Any]:  # copy.deepcopy and pickle: a lock is neither
+        state = self.__dict__.copy()
+        del state["_dynamic_lock"]
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._dynamic_lock = threading.Lock()
 
     def describe(self) -> str:
         what = self.scaling.name
@@ -205,22 +216,27 @@ class _Tables:
             longer = (position_ids.max() + 1 > self.original).to(position_ids.dtype)
             return position_ids + longer * self.max_positions, self.table
         if self.scaling == _C.RopeScaling.dynamic:
-            self._dynamic_update(int(position_ids.max()) + 1, position_ids.device)
+            return position_ids, self._dynamic_update(int(position_ids.max()) + 1,
+                                                      position_ids.device)
         return position_ids, self.table
 
-    def _dynamic_update(self, sequence_length: int, device: torch.device) -> None:
-        # HF's dynamic_rope_update: grow past the longest length seen, reset below the
-        # original context once it had grown.
-        cached = self.cached_length
-        if sequence_length > cached:
-            cache = RopeCache.from_hf_config(
-                self.config, layer_type=self.layer_type, sequence_length=sequence_length,
-                max_positions=max(sequence_length, self.max_positions))
-            self.table = _table_tensor(cache).to(device)
-            self.cached_length = sequence_length
-        if sequence_length < self.original and cached > self.original:
-            self.table = self.original_table.to(device)
-            self.cached_length = self.original
+    def _dynamic_update(self, sequence_length: int, device: torch.device) -> Tensor:
+        """HF's dynamic_rope_update: grow past the longest length seen, reset below the
+        original context once it had grown; the table for this call. Under a lock, and the
+        table returned rather than read back: threads that share a model (building a table
+        releases the GIL) each get the table of their own update, not another's."""
+        with self._dynamic_lock:
+            cached = self.cached_length
+            if sequence_length > cached:
+                cache = RopeCache.from_hf_config(
+                    self.config, layer_type=self.layer_type, sequence_length=sequence_length,
+                    max_positions=max(sequence_length, self.max_positions))
+                self.table = _table_tensor(cache).to(device)
+                self.cached_length = sequence_length
+            if sequence_length < self.original and cached > self.original:
+                self.table = self.original_table.to(device)
+                self.cached_length = self.original
+            return self.table
 
 
 class _EmbropePositions(torch.nn.Module):

@@ -602,6 +602,36 @@ def test_dynamic_ntk_grows_and_resets_as_hf():
         assert logits_error(hf, patched, positions) < (2e-5 if start == 0 else FAR), start
 
 
+def test_dynamic_ntk_gives_each_thread_the_table_of_its_own_length():
+    # Threads sharing a patched model: a forward's table was read back after its update, so
+    # another thread's update in between (a reset below the original context) gave a long
+    # sequence the short one's table. Here that other thread's whole forward runs right after
+    # this one's update.
+    import threading
+
+    _, patched, _ = _pair("llama_dynamic")
+    positions = next(m for m in patched.modules() if type(m).__name__ == "_EmbropePositions")
+    tables = positions._tables[None]
+    short, long = torch.arange(100)[None], torch.arange(6000, 6012)[None]
+    _, long_alone = positions(None, long)
+    long_alone = long_alone.clone()
+    _, short_alone = positions(None, short)
+    short_alone = short_alone.clone()
+    update = tables._dynamic_update
+
+    def update_then_another_thread(sequence_length, device):
+        table = update(sequence_length, device)
+        if sequence_length > 1000:
+            other = threading.Thread(target=positions, args=(None, short))
+            other.start()
+            other.join()
+        return table
+
+    tables._dynamic_update = update_then_another_thread
+    _, got = positions(None, long)
+    assert torch.equal(got, long_alone) and not torch.equal(got, short_alone)
+
+
 def test_dynamic_ntk_starts_and_resets_at_hfs_context_whatever_the_table():
     # HF starts from the plain base and measures growth against max_position_embeddings only:
     # a table of 16K rows started scaled for 16K (logits off by about 4), and an
@@ -722,7 +752,7 @@ def _sabotaged(family: str, how: str):
         if how == "longrope_offset":
             tables.original = 1 << 30  # always the short factors
         else:
-            tables._dynamic_update = lambda *a: None
+            tables._dynamic_update = lambda *a: tables.table
     if how == "padding_positions":  # positions 0, 1, ... instead of counted from the padding
         block = patched.roberta.embeddings
         block.create_position_ids_from_input_ids = (
