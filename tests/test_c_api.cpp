@@ -1396,6 +1396,154 @@ TEST_CASE("C apply_qk_norm_rope and its backward give the C++ API's bytes",
   CHECK(embrope_rope_cache_destroy(cache) == EMBROPE_OK);
 }
 
+TEST_CASE("C _cos_sin variants of the KV append and qk-norm ops give the cache variants' bytes",
+          "[c_api][cos_sin][apply_rope_append_kv][qk_norm_rope]") {
+  // The caller's tables are the cache's own (copied out), so each pair must agree byte for
+  // byte; every output must also differ from its input (a call that did nothing would agree).
+  const std::int64_t t = 6, hq = 4, hk = 2, d = 64, r = 32, positions = 64, slots_n = 8;
+  const CCache cache(r, 10000.0, positions);
+  ref::Buffer cos(DType::float32, positions * r / 2), sin = cos, short_cos(DType::float32, 8);
+  REQUIRE(embrope_rope_cache_copy_to_host(cache.handle, static_cast<float*>(cos.data()),
+                                          static_cast<float*>(sin.data())) == EMBROPE_OK);
+  ref::Buffer q(DType::bfloat16, t * hq * d), k(DType::bfloat16, t * hk * d), v = k;
+  ref::Buffer pos(DType::int64, t), slots(DType::int64, t), w(DType::float32, d);
+  ref::fill_random(q, 111);
+  ref::fill_random(k, 112);
+  ref::fill_random(v, 113);
+  ref::fill_random(w, 114);
+  ref::fill_random_indices(pos, 115, 0, positions - 1);
+  for (std::int64_t i = 0; i < t; ++i) slots.set_index(i, (i * 5 + 3) % slots_n);
+  ref::Buffer kc(DType::bfloat16, slots_n * hk * d), vc = kc;
+  ref::poison(kc);
+  ref::poison(vc);
+  DL pd(pos, {t}), sd(slots, {t}), wd(w, {d}), cd(cos, {positions, r / 2}),
+      snd(sin, {positions, r / 2}), short_cd(short_cos, {2, 4});
+  embrope_qk_norm_t norm;
+  embrope_qk_norm_init(&norm);
+  norm.q_weight = &wd.t;
+  norm.k_weight = &wd.t;
+
+  // One call per form on its own copies of q, k, v and the cache; returns the copies.
+  struct Outputs {
+    ref::Buffer q, k, k_cache, v_cache;
+  };
+  auto run = [&](auto&& call) {
+    Outputs o{q, k, kc, vc};
+    DL qd(o.q, {t, hq, d}), kd(o.k, {t, hk, d}), vd(v, {t, hk, d});
+    DL kcd(o.k_cache, {2, slots_n / 2, hk, d}), vcd(o.v_cache, {2, slots_n / 2, hk, d});
+    embrope_kv_cache_t kv;
+    embrope_kv_cache_init(&kv);
+    kv.k_cache = &kcd.t;
+    kv.v_cache = &vcd.t;
+    kv.slot_mapping = &sd.t;
+    const embrope_status_t status = call(qd.t, kd.t, vd.t, kv);
+    INFO(last_error());
+    REQUIRE(status == EMBROPE_OK);
+    return o;
+  };
+  auto check_same = [&](const Outputs& a, const Outputs& b, bool appends) {
+    CHECK(a.q.snapshot() == b.q.snapshot());
+    CHECK(a.k.snapshot() == b.k.snapshot());
+    CHECK(a.q.snapshot() != q.snapshot());
+    if (appends) {
+      CHECK(a.k_cache.snapshot() == b.k_cache.snapshot());
+      CHECK(a.v_cache.snapshot() == b.v_cache.snapshot());
+      CHECK(a.k_cache.snapshot() != kc.snapshot());
+    }
+  };
+
+  SECTION("embrope_apply_rope_append_kv_cos_sin") {
+    auto with_cache = run([&](DLTensor& qt, DLTensor& kt, DLTensor& vt, embrope_kv_cache_t& kv) {
+      return embrope_apply_rope_append_kv(&qt, &kt, &vt, &pd.t, cache.handle, &kv, nullptr,
+                                          nullptr);
+    });
+    auto with_tables = run([&](DLTensor& qt, DLTensor& kt, DLTensor& vt, embrope_kv_cache_t& kv) {
+      return embrope_apply_rope_append_kv_cos_sin(&qt, &kt, &vt, &pd.t, &cd.t, &snd.t, &kv, nullptr,
+                                                  nullptr);
+    });
+    check_same(with_cache, with_tables, true);
+    Outputs o{q, k, kc, vc};
+    DL qd(o.q, {t, hq, d}), kd(o.k, {t, hk, d}), vd(v, {t, hk, d});
+    DL kcd(o.k_cache, {2, slots_n / 2, hk, d}), vcd(o.v_cache, {2, slots_n / 2, hk, d});
+    embrope_kv_cache_t kv;
+    embrope_kv_cache_init(&kv);
+    kv.k_cache = &kcd.t;
+    kv.v_cache = &vcd.t;
+    kv.slot_mapping = &sd.t;
+    CHECK(embrope_apply_rope_append_kv_cos_sin(&qd.t, &kd.t, &vd.t, &pd.t, &short_cd.t, &snd.t, &kv,
+                                               nullptr, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK(ref::mentions(last_error(), "embrope_apply_rope_append_kv_cos_sin"));
+    CHECK(ref::mentions(last_error(), "cos"));
+    CHECK(o.q.snapshot() == q.snapshot());
+    CHECK(o.k_cache.snapshot() == kc.snapshot());
+  }
+  SECTION("embrope_apply_qk_norm_rope_cos_sin") {
+    auto with_cache = run([&](DLTensor& qt, DLTensor& kt, DLTensor&, embrope_kv_cache_t&) {
+      return embrope_apply_qk_norm_rope(&qt, &kt, &pd.t, cache.handle, &norm, nullptr, nullptr);
+    });
+    auto with_tables = run([&](DLTensor& qt, DLTensor& kt, DLTensor&, embrope_kv_cache_t&) {
+      return embrope_apply_qk_norm_rope_cos_sin(&qt, &kt, &pd.t, &cd.t, &snd.t, &norm, nullptr,
+                                                nullptr);
+    });
+    check_same(with_cache, with_tables, false);
+    Outputs o{q, k, kc, vc};
+    DL qd(o.q, {t, hq, d}), kd(o.k, {t, hk, d});
+    CHECK(embrope_apply_qk_norm_rope_cos_sin(&qd.t, &kd.t, &pd.t, &cd.t, &short_cd.t, &norm,
+                                             nullptr, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK(ref::mentions(last_error(), "embrope_apply_qk_norm_rope_cos_sin"));
+    CHECK(ref::mentions(last_error(), "sin"));
+    CHECK(o.q.snapshot() == q.snapshot());
+  }
+  SECTION("embrope_apply_qk_norm_rope_append_kv_cos_sin") {
+    auto with_cache = run([&](DLTensor& qt, DLTensor& kt, DLTensor& vt, embrope_kv_cache_t& kv) {
+      return embrope_apply_qk_norm_rope_append_kv(&qt, &kt, &vt, &pd.t, cache.handle, &kv, &norm,
+                                                  nullptr, nullptr);
+    });
+    auto with_tables = run([&](DLTensor& qt, DLTensor& kt, DLTensor& vt, embrope_kv_cache_t& kv) {
+      return embrope_apply_qk_norm_rope_append_kv_cos_sin(&qt, &kt, &vt, &pd.t, &cd.t, &snd.t, &kv,
+                                                          &norm, nullptr, nullptr);
+    });
+    check_same(with_cache, with_tables, true);
+    Outputs o{q, k, kc, vc};
+    DL qd(o.q, {t, hq, d}), kd(o.k, {t, hk, d}), vd(v, {t, hk, d});
+    CHECK(embrope_apply_qk_norm_rope_append_kv_cos_sin(&qd.t, &kd.t, &vd.t, &pd.t, &cd.t, &snd.t,
+                                                       nullptr, &norm, nullptr,
+                                                       nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK(ref::mentions(last_error(), "embrope_apply_qk_norm_rope_append_kv_cos_sin"));
+    CHECK(ref::mentions(last_error(), "kv is null"));
+    CHECK(o.q.snapshot() == q.snapshot());
+  }
+  SECTION("embrope_apply_qk_norm_rope_backward_cos_sin") {
+    ref::Buffer grads(DType::float32, 4 * d);
+    DL gq1(grads, {d}, {}, 0), gk1(grads, {d}, {}, d), gq2(grads, {d}, {}, 2 * d),
+        gk2(grads, {d}, {}, 3 * d);
+    auto backward = [&](DL& gq, DL& gk, bool tables) {
+      embrope_qk_norm_gradients_t g;
+      embrope_qk_norm_gradients_init(&g);
+      g.q_weight = &gq.t;
+      g.k_weight = &gk.t;
+      return [&, g, tables](DLTensor& dq, DLTensor& dk, DLTensor&, embrope_kv_cache_t&) {
+        // dq, dk: the outputs' gradients (random, as q and k); the saved inputs: q and k.
+        ref::Buffer q_saved = q, k_saved = k;
+        DL qs(q_saved, {t, hq, d}), ks(k_saved, {t, hk, d});
+        return tables
+                   ? embrope_apply_qk_norm_rope_backward_cos_sin(
+                         &dq, &dk, &qs.t, &ks.t, &pd.t, &cd.t, &snd.t, &norm, &g, nullptr, nullptr)
+                   : embrope_apply_qk_norm_rope_backward(&dq, &dk, &qs.t, &ks.t, &pd.t,
+                                                         cache.handle, &norm, &g, nullptr, nullptr);
+      };
+    };
+    auto with_cache = run(backward(gq1, gk1, false));
+    auto with_tables = run(backward(gq2, gk2, true));
+    check_same(with_cache, with_tables, false);
+    for (std::int64_t i = 0; i < 2 * d; ++i) {
+      INFO("weight gradient element " << i);
+      CHECK(grads.get(i) == grads.get(2 * d + i));
+    }
+    CHECK(grads.get(0) != 0.0);
+  }
+}
+
 // ------------------------------------------------------- binary compatibility ------------
 
 namespace {

@@ -78,6 +78,13 @@ struct Inputs {
   std::vector<std::int64_t> positions3;  // [3, T]: temporal, height, width
   std::vector<std::int64_t> cu_seqlens{0, 10, 10, 40, T}, starts{0, 5, 100, 1000};
   std::vector<float> grad_out = random_values<float>(B * S * D, 9, -1, 1);
+  std::vector<float> norm_weight = random_values<float>(D, 10, 0.5, 1.5);
+  std::vector<float> norm_bias = random_values<float>(D, 11, -0.5, 0.5);
+  std::vector<std::int8_t> table_int8 = random_values<std::int8_t>(V * D, 12, -127, 127);
+  std::vector<float> row_scales = random_values<float>(V, 13, 0.001, 0.01);
+  std::vector<float> head_weight = random_values<float>(HD, 14, 0.5, 1.5);
+  std::vector<float> v = random_values<float>(T * Hk * HD, 15, -2, 2);
+  std::vector<std::int64_t> slots;  // a permutation of the cache's T slots
 
   Inputs() {
     std::mt19937_64 rng(8);
@@ -88,6 +95,7 @@ struct Inputs {
       type_ids.push_back(static_cast<std::int64_t>(rng() % Y));
     }
     for (std::int64_t t = 0; t < T; ++t) positions.push_back(static_cast<std::int64_t>(rng() % P));
+    for (std::int64_t t = 0; t < T; ++t) slots.push_back((t * 5 + 3) % T);
     for (std::int64_t t = 0; t < 3 * T; ++t) {
       positions3.push_back(static_cast<std::int64_t>(rng() % P));
     }
@@ -221,6 +229,78 @@ std::vector<Op> ops(Inputs& in) {
                     embrope::embed_backward(Tensor(in.grad_out.data(), DType::float32, {B, S, D}),
                                             ids, Tensor(out, DType::float32, {V, D}), o);
                   }});
+  list.push_back({"embed + layer_norm with pre_norm_out", 2 * embed_bytes, [=, &in](float* out) {
+                    embrope::EmbedOptions o;
+                    o.norm = embrope::Normalization::layer_norm;
+                    o.norm_weight = Tensor(in.norm_weight.data(), DType::float32, {D});
+                    o.norm_bias = Tensor(in.norm_bias.data(), DType::float32, {D});
+                    o.pre_norm_out = out_of(out + B * S * D);
+                    embrope::embed(table, ids, out_of(out), o);
+                  }});
+  list.push_back({"embed of an int8 table with row scales", embed_bytes, [=, &in](float* out) {
+                    embrope::QuantizedTable quantized;
+                    quantized.format = embrope::QuantFormat::int8;
+                    quantized.data = Tensor(in.table_int8.data(), DType::int8, {V, D});
+                    quantized.dim = D;
+                    quantized.scales = Tensor(in.row_scales.data(), DType::float32, {V});
+                    embrope::embed(quantized, ids, out_of(out));
+                  }});
+  embrope::QkNorm qk_norm;
+  qk_norm.q_weight = Tensor(in.head_weight.data(), DType::float32, {HD});
+  qk_norm.k_weight = qk_norm.q_weight;
+  list.push_back({"apply_qk_norm_rope q+k in place, shared cache", q_bytes + k_bytes,
+                  [&in, q_bytes, qk_norm](float* out) {
+                    float* q = out;
+                    float* k = out + q_bytes / sizeof(float);
+                    std::memcpy(q, in.q.data(), in.q.size() * sizeof(float));
+                    std::memcpy(k, in.k.data(), in.k.size() * sizeof(float));
+                    embrope::apply_qk_norm_rope(Tensor(q, DType::float32, {T, Hq, HD}),
+                                                Tensor(k, DType::float32, {T, Hk, HD}),
+                                                Tensor(in.positions.data(), DType::int64, {T}),
+                                                in.cache, qk_norm);
+                  }});
+  list.push_back(
+      {"apply_qk_norm_rope_backward with weight gradients",
+       q_bytes + k_bytes + 2 * HD * sizeof(float), [&in, q_bytes, k_bytes, qk_norm](float* out) {
+         float* dq = out;
+         float* dk = out + q_bytes / sizeof(float);
+         float* grads = dk + k_bytes / sizeof(float);
+         // The outputs' gradients: any values (v's for dk, q's for dq).
+         std::memcpy(dq, in.q.data(), q_bytes);
+         std::memcpy(dk, in.v.data(), k_bytes);
+         embrope::QkNormGradients g;
+         g.q_weight = Tensor(grads, DType::float32, {HD});
+         g.k_weight = Tensor(grads + HD, DType::float32, {HD});
+         embrope::apply_qk_norm_rope_backward(
+             Tensor(dq, DType::float32, {T, Hq, HD}), Tensor(dk, DType::float32, {T, Hk, HD}),
+             Tensor(in.q.data(), DType::float32, {T, Hq, HD}),
+             Tensor(in.k.data(), DType::float32, {T, Hk, HD}),
+             Tensor(in.positions.data(), DType::int64, {T}), in.cache, qk_norm, g);
+       }});
+  // q rotated in place, then the paged K and V caches [T / 8 pages, 8, Hk, HD].
+  auto append = [&in, q_bytes, k_bytes](float* out, const embrope::QkNorm* norm) {
+    float* q = out;
+    float* k_cache = out + q_bytes / sizeof(float);
+    float* v_cache = k_cache + k_bytes / sizeof(float);
+    std::memcpy(q, in.q.data(), in.q.size() * sizeof(float));
+    embrope::KvCache kv;
+    kv.k = Tensor(k_cache, DType::float32, {T / 8, 8, Hk, HD});
+    kv.v = Tensor(v_cache, DType::float32, {T / 8, 8, Hk, HD});
+    const Tensor qt(q, DType::float32, {T, Hq, HD});
+    const Tensor kt(in.k.data(), DType::float32, {T, Hk, HD});
+    const Tensor vt(in.v.data(), DType::float32, {T, Hk, HD});
+    const Tensor pt(in.positions.data(), DType::int64, {T});
+    const auto slots = embrope::KvSlots::paged(Tensor(in.slots.data(), DType::int64, {T}));
+    if (norm) {
+      embrope::apply_qk_norm_rope_append_kv(qt, kt, vt, pt, in.cache, kv, slots, *norm);
+    } else {
+      embrope::apply_rope_append_kv(qt, kt, vt, pt, in.cache, kv, slots);
+    }
+  };
+  list.push_back({"apply_rope_append_kv into a paged cache", q_bytes + 2 * k_bytes,
+                  [append](float* out) { append(out, nullptr); }});
+  list.push_back({"apply_qk_norm_rope_append_kv into a paged cache", q_bytes + 2 * k_bytes,
+                  [append, qk_norm](float* out) { append(out, &qk_norm); }});
   return list;
 }
 
