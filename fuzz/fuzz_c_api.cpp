@@ -353,9 +353,10 @@ class Call {
   std::abort();
 }
 
-// The error model of embrope.h, after one call.
+// The error model of embrope.h, after one call. deferred_given: the call's options carried a
+// deferred status, so a bad id or position is recorded there, never returned.
 void check(const char* function, embrope_status_t status, const std::vector<unsigned char>& before,
-           const Call& call) {
+           const Call& call, bool deferred_given = false) {
   const int s = static_cast<int>(status);
   const std::string message = embrope_last_error();
   if (s < EMBROPE_OK || s > EMBROPE_ERROR_INTERNAL) broken(function, "unknown status", s);
@@ -364,6 +365,9 @@ void check(const char* function, embrope_status_t status, const std::vector<unsi
   if (status == EMBROPE_OK) {
     if (!message.empty()) broken(function, "a message after success", s);
     return;
+  }
+  if (status == EMBROPE_ERROR_INDEX_OUT_OF_RANGE && deferred_given) {
+    broken(function, "index out of range returned where a deferred status was given", s);
   }
   if (message.rfind(std::string(function) + ": ", 0) != 0) {
     broken(function, "the message does not start with the function's name", s);
@@ -462,13 +466,28 @@ embrope_rope_cache_t* make_cache(Bytes& in, std::int64_t* rotary_dim, std::int64
   const embrope_status_t copied =
       embrope_rope_cache_copy_to_host(cache, in.chance(4) ? nullptr : c.get(), s.get());
   check("embrope_rope_cache_copy_to_host", copied, empty.snapshot(), empty);
-  // The frequencies agree with the cache, and cos^2 + sin^2 is the squared attention factor,
-  // up to float32 rounding.
+  // The frequencies agree with the cache (its row 1), and cos^2 + sin^2 is the squared
+  // attention factor, up to float32 rounding.
   std::vector<double> inv(static_cast<std::size_t>(config.rotary_dim / 2));
   double m = 0.0;
   if (embrope_rope_frequencies(&config, inv.data(), static_cast<std::int64_t>(inv.size()), &m) !=
       EMBROPE_OK) {
     broken("embrope_rope_frequencies", "fails for a configuration that built a cache", 0);
+  }
+  if (copied == EMBROPE_OK && config.max_positions > 1) {
+    // Row 1 holds the angles 1 * inv[i] themselves: m cos(inv[i]) and m sin(inv[i]), each
+    // rounded once to float32 from the exact value.
+    const std::size_t pairs = inv.size();
+    for (std::size_t i = 0; i < pairs; ++i) {
+      const double want_cos = m * std::cos(inv[i]), want_sin = m * std::sin(inv[i]);
+      if (!(std::fabs(c[pairs + i] - want_cos) <= 1e-6 * m &&
+            std::fabs(s[pairs + i] - want_sin) <= 1e-6 * m)) {
+        std::fprintf(stderr, "pair %zu: cos %g sin %g, frequency %g, attention factor %g\n", i,
+                     static_cast<double>(c[pairs + i]), static_cast<double>(s[pairs + i]), inv[i],
+                     m);
+        broken("embrope_rope_frequencies", "disagrees with the cache's row 1", 0);
+      }
+    }
   }
   if (copied == EMBROPE_OK) {
     for (std::size_t i = 0; i < half; ++i) {
@@ -592,12 +611,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const std::vector<unsigned char> before = call.snapshot();
       const embrope_status_t s = embrope_embed_quantized(in.chance(8) ? nullptr : &q, ids, out,
                                                          with_options ? &o : nullptr, nullptr);
-      check("embrope_embed_quantized", s, before, call);
+      check("embrope_embed_quantized", s, before, call, with_options && deferred != nullptr);
       return 0;
     }
     const std::vector<unsigned char> before = call.snapshot();
     const embrope_status_t s = embrope_embed(table, ids, out, with_options ? &o : nullptr, nullptr);
-    check("embrope_embed", s, before, call);
+    check("embrope_embed", s, before, call, with_options && deferred != nullptr);
     return 0;
   }
 
@@ -703,7 +722,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         op == 1 ? embrope_apply_rope(q, k, positions, table, with_options ? &o : nullptr, nullptr)
                 : embrope_apply_rope_cos_sin(q, k, positions, cos, sin, with_options ? &o : nullptr,
                                              nullptr);
-    check(op == 1 ? "embrope_apply_rope" : "embrope_apply_rope_cos_sin", s, before, call);
+    check(op == 1 ? "embrope_apply_rope" : "embrope_apply_rope_cos_sin", s, before, call,
+          with_options && deferred != nullptr);
     embrope_rope_cache_destroy(cache);
     embrope_rope_cache_destroy(axial_cache);
     return 0;
@@ -719,7 +739,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::vector<unsigned char> before = call.snapshot();
     check("embrope_packed_positions",
           embrope_packed_positions(cu_seqlens, start_offsets, positions, deferred, nullptr), before,
-          call);
+          call, deferred != nullptr);
     return 0;
   }
 
@@ -763,10 +783,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (in.chance(160)) o.grad_norm_weight = call.tensor(1, true, 0);
       if (in.chance(96)) o.grad_norm_bias = call.tensor(1, true, 0);
     }
+    const bool with_options = !in.chance(16);
     const std::vector<unsigned char> before = call.snapshot();
     check("embrope_embed_backward",
-          embrope_embed_backward(grad_out, ids, grad_table, in.chance(16) ? nullptr : &o, nullptr),
-          before, call);
+          embrope_embed_backward(grad_out, ids, grad_table, with_options ? &o : nullptr, nullptr),
+          before, call, with_options && deferred != nullptr);
     return 0;
   }
 
@@ -783,7 +804,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     o.deferred = deferred;
     const std::vector<unsigned char> before = call.snapshot();
     check("embrope_apply_rope_backward",
-          embrope_apply_rope_backward(dq, dk, positions, cache, &o, nullptr), before, call);
+          embrope_apply_rope_backward(dq, dk, positions, cache, &o, nullptr), before, call,
+          deferred != nullptr);
     embrope_rope_cache_destroy(cache);
     return 0;
   }
@@ -822,7 +844,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (op == 7) {
       const std::vector<unsigned char> before = call.snapshot();
       check("embrope_apply_qk_norm_rope",
-            embrope_apply_qk_norm_rope(q, k, positions, table, norm, &o, nullptr), before, call);
+            embrope_apply_qk_norm_rope(q, k, positions, table, norm, &o, nullptr), before, call,
+            deferred != nullptr);
     } else {
       const DLTensor* dq = call.tensor(rank, true, 0);
       const DLTensor* dk = k != nullptr && in.chance(224) ? call.tensor(rank, true, 0) : nullptr;
@@ -834,7 +857,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       check("embrope_apply_qk_norm_rope_backward",
             embrope_apply_qk_norm_rope_backward(dq, dk, q, k, positions, table, norm,
                                                 in.chance(16) ? nullptr : &g, &o, nullptr),
-            before, call);
+            before, call, deferred != nullptr);
     }
     embrope_rope_cache_destroy(cache);
     return 0;
@@ -930,11 +953,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       check("embrope_apply_qk_norm_rope_append_kv",
             embrope_apply_qk_norm_rope_append_kv(q, k, v, positions, table, kv_arg,
                                                  in.chance(16) ? nullptr : &n, &o, nullptr),
-            before, call);
+            before, call, deferred != nullptr);
     } else {
       check("embrope_apply_rope_append_kv",
             embrope_apply_rope_append_kv(q, k, v, positions, table, kv_arg, &o, nullptr), before,
-            call);
+            call, deferred != nullptr);
     }
     embrope_rope_cache_destroy(cache);
     return 0;

@@ -395,8 +395,17 @@ void read_rope(const json& j, ModelConfig& m, std::string_view layer_type) {
   if (one_of(m.model_type, {"gemma", "gemma2", "gemma3", "gemma3_text"})) {
     m.embedding_scale = std::sqrt(static_cast<double>(m.hidden_size));
   }
-  // The whole configuration is checked now, not when the cache is built.
-  (void)rope_frequencies(c);
+  // The whole configuration is checked now, not when the cache is built, and a rule it breaks
+  // is reported as the reader's ("RopeCache: rule" becomes "model_config_from_hf_json: the RoPE
+  // parameters give no table: rule").
+  try {
+    (void)rope_frequencies(c);
+  } catch (const Error& e) {
+    const std::string what = e.what(), prefix = "RopeCache: ";
+    throw Error(e.code(),
+                fmt::format("{}: the RoPE parameters give no table: {}", kOp,
+                            what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what));
+  }
 }
 
 }  // namespace

@@ -442,7 +442,7 @@ TEST_CASE("malformed or unsupported configs are clear errors", "[model_config][e
                 "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
                                  "high_freq_factor": 1.0, "original_max_position_embeddings": 64}})");
       },
-      {"RopeCache", "low_freq_factor 4", "high_freq_factor 1"});
+      {"model_config_from_hf_json", "RoPE parameters", "low_freq_factor 4", "high_freq_factor 1"});
   expect_invalid(
       [] { embrope::model_config_from_hf_json(R"({"model_type": "t5", "d_model": 512})"); },
       {"model_config_from_hf_json", "t5"});

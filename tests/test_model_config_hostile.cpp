@@ -73,7 +73,7 @@ std::vector<ArenaCase> model_config_cases() {
        {"factor", "number"}},
       {"max_position_embeddings -1",
        R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2, "max_position_embeddings": -1})",
-       "RopeCache",
+       "model_config_from_hf_json",
        {"max_positions", "positive"}},
   };
   for (const Json& k : json) {
