@@ -140,5 +140,32 @@ int main() {
     worst = std::fmax(worst, diff);
   }
   std::printf("   scores depend only on the relative position: %s\n", worst < 1e-4f ? "yes" : "NO");
-  return worst < 1e-4f ? 0 : 1;
+
+  // The same scores from the formula, in double: with pairs (a, b) = (i, i + d/2) rotated by
+  // the angle position * theta_i (theta_i = 10000^(-2i/d)), q_m . k_n is a function of n - m:
+  //   sum_i (q_a k_a + q_b k_b) cos((n - m) theta_i) + (q_b k_a - q_a k_b) sin((n - m) theta_i)
+  // (an identity rotation, the wrong direction or other frequencies would also pass the shift
+  // test above; they fail this one).
+  double formula_error = 0, largest = 0;
+  for (std::int64_t m = 0; m < tokens; ++m) {
+    for (std::int64_t n = 0; n < tokens; ++n) {
+      const float* qm = &q[m * kHeadDim];
+      const float* kn = &k[n * kHeadDim];
+      double score = 0;
+      for (std::int64_t i = 0; i < kHeadDim / 2; ++i) {
+        const std::int64_t a = i, b = i + kHeadDim / 2;
+        const double angle = static_cast<double>(n - m) *
+                             std::pow(10000.0, -2.0 * static_cast<double>(i) / kHeadDim);
+        score += (double(qm[a]) * kn[a] + double(qm[b]) * kn[b]) * std::cos(angle) +
+                 (double(qm[b]) * kn[a] - double(qm[a]) * kn[b]) * std::sin(angle);
+      }
+      score /= std::sqrt(double(kHeadDim));
+      formula_error = std::fmax(formula_error, std::fabs(score - at0[m * tokens + n]));
+      largest = std::fmax(largest, std::fabs(score));
+    }
+  }
+  const bool formula_holds = formula_error <= 1e-5 * std::fmax(1.0, largest);
+  std::printf("   scores equal that formula in double: %s (largest difference %.2e)\n",
+              formula_holds ? "yes" : "NO", formula_error);
+  return worst < 1e-4f && formula_holds ? 0 : 1;
 }

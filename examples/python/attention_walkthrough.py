@@ -55,9 +55,22 @@ def walkthrough(verbose: bool = True) -> bool:
     q0, k0 = embrope.apply_rope(q, k, near, cache, inplace=False)
     q1, k1 = embrope.apply_rope(q, k, near + 1000, cache, inplace=False)
     same = np.allclose(scores(q0, k0), scores(q1, k1), rtol=1e-4, atol=1e-4)
+    # The same scores from the formula in float64: pairs (a, b) = (i, i + D/2) rotated by
+    # position * theta_i, theta_i = 10000^(-2i/D), make q_m . k_n a function of n - m alone:
+    #   sum_i (q_a k_a + q_b k_b) cos((n - m) theta_i) + (q_b k_a - q_a k_b) sin((n - m) theta_i)
+    # (an identity rotation, the wrong direction or other frequencies pass the shift test
+    # above; they fail this one).
+    theta = 10000.0 ** (-2.0 * np.arange(DIM // 2) / DIM)
+    angle = (near[None, :] - near[:, None])[..., None] * theta  # [m, n, i]
+    q64, k64 = q[:, 0].astype(np.float64), k[:, 0].astype(np.float64)
+    qa, qb = q64[:, None, :DIM // 2], q64[:, None, DIM // 2:]  # [m, 1, i]
+    ka, kb = k64[None, :, :DIM // 2], k64[None, :, DIM // 2:]  # [1, n, i]
+    formula = ((qa * ka + qb * kb) * np.cos(angle) + (qb * ka - qa * kb) * np.sin(angle)).sum(-1)
+    exact = np.allclose(scores(q0, k0), formula, rtol=1e-5, atol=1e-5 * np.abs(formula).max())
     if verbose:
         print("scores depend only on the relative position:", "yes" if same else "NO")
-    return same
+        print("scores equal that formula in float64:", "yes" if exact else "NO")
+    return same and exact
 
 
 def relative_position_curves(base: float, distances: np.ndarray, offsets: list[int],

@@ -2,10 +2,12 @@
 
     python examples/python/distributed.py            # 2 processes: NCCL on GPUs, else gloo
 
-Each rank holds a shard of the embedding table (rows [vocab_start, vocab_start + V/world));
-ids outside its shard give zero rows (vocab_shard=True), so the all_reduce sum of the ranks'
-outputs is the full lookup. For context parallelism each rank rotates its own slice of the
-tokens with those tokens' explicit positions; gathering the slices gives the full call.
+Each rank holds a shard of the embedding table (rows [r V / world, (r + 1) V / world), rounded
+down: any world size, the shards within a row of each other); ids outside its shard give zero
+rows (vocab_shard=True), so the all_reduce sum of the ranks' outputs is the full lookup. For
+context parallelism each rank rotates its own slice of the tokens (24 per rank: all_gather
+takes slices of one size) with those tokens' explicit positions; gathering the slices gives
+the full call.
 """
 
 from __future__ import annotations
@@ -49,18 +51,20 @@ def run(rank: int, world: int, port: int, backend: str) -> None:
     device = torch.device(f"cuda:{rank}" if backend == "nccl" else "cpu")
     try:
         generator = torch.Generator().manual_seed(0)  # the same data on every rank
-        vocab, dim, tokens = 1000, 64, 96
+        vocab, dim, part = 1000, 64, 24
+        tokens = part * world
         table = torch.randn(vocab, dim, generator=generator).to(device)
-        ids = torch.randint(0, vocab, (4, tokens // 4), generator=generator).to(device)
-        shard = vocab // world
-        sharded = vocab_parallel_embed(table[rank * shard:(rank + 1) * shard], ids, rank * shard)
+        ids = torch.randint(0, vocab, (4, tokens // 4), generator=generator)
+        ids[0, 0] = vocab - 1  # the last row: in the last rank's shard whatever the world size
+        ids = ids.to(device)
+        start, end = rank * vocab // world, (rank + 1) * vocab // world
+        sharded = vocab_parallel_embed(table[start:end], ids, start)
         assert torch.equal(sharded, et.embed(table, ids)), "vocab-parallel embedding differs"
 
         cache = embrope.RopeCache.from_preset("llama-3.1-8b", max_positions=4096, device=device)
         q = torch.randn(tokens, 8, 128, generator=generator).to(device)
         k = torch.randn(tokens, 2, 128, generator=generator).to(device)
         positions = torch.randperm(4096, generator=generator)[:tokens].to(device)
-        part = tokens // world
         mine = slice(rank * part, (rank + 1) * part)
         q_cp, k_cp = context_parallel_rope(q[mine], k[mine], positions[mine], cache)
         q_full, k_full = et.apply_rope(q, k, positions, cache)

@@ -1,4 +1,4 @@
-"""torch.distributed with the gloo backend, two processes on loopback: the vocab-parallel
+"""torch.distributed with the gloo backend, two and three processes on loopback: the vocab-parallel
 embedding equals the unsharded lookup, context-parallel RoPE equals the full call (both
 bitwise; the ranks assert it, and a failing rank fails the spawn)."""
 
@@ -16,6 +16,7 @@ import distributed  # noqa: E402
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                     reason="torch.distributed with gloo is not available")
-def test_vocab_and_context_parallel_with_two_gloo_ranks():
-    torch.multiprocessing.spawn(distributed.run, args=(2, distributed.free_port(), "gloo"),
-                                nprocs=2, join=True)
+@pytest.mark.parametrize("world", [2, 3])  # 3 does not divide the vocabulary of 1000
+def test_vocab_and_context_parallel_with_gloo_ranks(world):
+    torch.multiprocessing.spawn(distributed.run, args=(world, distributed.free_port(), "gloo"),
+                                nprocs=world, join=True)
