@@ -6,8 +6,9 @@
  *   embrope_last_error() gives a message for the calling thread that starts with the
  *   function's name and names the argument, the value and the rule; after a success it is
  *   "". No C++ exception crosses this interface. A call that fails with INVALID_ARGUMENT or
- *   NOT_IMPLEMENTED has written nothing. Options structs hold enum fields as a C caller
- *   stores them: a value outside the enum is an INVALID_ARGUMENT error.
+ *   NOT_IMPLEMENTED has written no tensor (a create function sets its output handle, and
+ *   embrope_deferred_status_create its status, to NULL first). Options structs hold enum
+ *   fields as a C caller stores them: a value outside the enum is an INVALID_ARGUMENT error.
  * - Outputs share no memory with inputs, with each other or with themselves, except that
  *   q_out (k_out) may be exactly q (k) (in place); see embrope.hpp.
  * - Tensors are non-owning DLTensor views. A null `strides` means row-major contiguous;
