@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
 from . import _arrays
@@ -37,12 +38,26 @@ class DeferredStatus:
 
     def check(self, stream: Any = None) -> None:
         """Raise :class:`BadIndexError` if a bad row was recorded since the last check, then
-        clear the record. On a GPU, synchronises `stream` (default: the legacy stream) first."""
-        self._native.check(_arrays.stream_handle(stream))
+        clear the record. On a GPU, synchronises `stream` first (default: PyTorch's current
+        stream on the status's device once PyTorch has initialised CUDA, the stream
+        ``embrope.torch``'s ops ran on; else the legacy stream)."""
+        self._native.check(self._stream(stream))
 
     def ok(self, stream: Any = None) -> bool:
         """True when nothing has been recorded (synchronises like :meth:`check`)."""
-        return self._native.ok(_arrays.stream_handle(stream))
+        return self._native.ok(self._stream(stream))
+
+    def _stream(self, stream: Any) -> int:
+        if stream is not None:
+            return _arrays.stream_handle(stream)
+        kind, index = self._native.device
+        torch = sys.modules.get("torch")
+        if kind == 1 and torch is not None and torch.cuda.is_initialized():
+            # Under `with torch.cuda.stream(s)` the torch ops ran on s, which PyTorch creates
+            # non-blocking: a wait on the legacy stream would not wait for them, and the
+            # check would read the record before their kernels wrote it.
+            return int(torch.cuda.current_stream(index).cuda_stream)
+        return 0
 
     def __repr__(self) -> str:
         return f"DeferredStatus(device={self.device!r})"

@@ -381,6 +381,49 @@ def test_deferred_errors_is_per_asyncio_task():
         statuses["b"].check()
 
 
+def test_a_cuda_status_waits_on_torchs_current_stream(monkeypatch):
+    # The ops ran on torch's current stream (a non-blocking side stream under
+    # torch.cuda.stream(s)); check() and ok() without a stream must wait on that one, not the
+    # legacy stream, or they read the record before the kernels wrote it. Without a GPU the
+    # native status and torch.cuda are stand-ins that record the stream asked for.
+    class Native:
+        device = (1, 2)
+        waited: list = []
+
+        def check(self, stream):
+            self.waited.append(stream)
+
+        def ok(self, stream):
+            self.waited.append(stream)
+            return True
+
+    status = embrope.DeferredStatus()
+    monkeypatch.setattr(status, "_native", Native())
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda index: type("Stream", (), {"cuda_stream": 0x5000 + index})())
+    status.check()
+    status.ok()
+    status.check(stream=7)
+    assert Native.waited == [0x5002, 0x5002, 7]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # torch never used CUDA
+    status.check()
+    assert Native.waited[-1] == 0
+
+
+@pytest.mark.skipif(embrope.cuda_device_count() == 0 or not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU")
+def test_deferred_errors_on_a_side_stream_are_seen_by_check():
+    side = torch.cuda.Stream()
+    table = torch.randn(10, 64, device="cuda")
+    status = embrope.DeferredStatus("cuda")
+    with torch.cuda.stream(side), et.deferred_errors(status):
+        torch.cuda._sleep(200_000_000)  # the side stream is busy for a while
+        et.embed(table, torch.tensor([1, 12], device="cuda"))
+        with pytest.raises(embrope.BadIndexError, match=r"ids\[1\] = 12"):
+            status.check()
+
+
 def test_a_backward_on_another_thread_reports_to_its_forwards_status():
     # Autograd runs a CUDA backward on a thread of its own, where the forward thread's
     # deferred_errors is not in effect: a bad position raised there (and synchronised).
