@@ -11,7 +11,7 @@
 #   - the SONAME differs from the baseline's: the version was raised without regenerating
 #     the baseline (or the baseline without the version);
 #   - abidiff finds an incompatible change (a removed function, a struct or signature that
-#     changed) under the same SONAME: raise EMBROPE_ABI_VERSION in include/embrope/version.hpp and
+#     changed) under the same SONAME: raise EMBROPE_ABI_VERSION in include/embrope/version.h and
 #     regenerate, or make the change compatible (docs/abi.md).
 # Every field of the baseline's structs keeps its offset and type, a new field starts past the
 # previous sizeof, and every enumerator keeps its value (scripts/abi_layout_check.py: abidiff's
@@ -73,7 +73,7 @@ if [ "$update" = 1 ]; then
   if same_soname && ! compare compatible; then
     cat "$build/abidiff-compatible.txt"
     echo "abi-check: not updated: this change is incompatible under the same SONAME"
-    echo "  $(soname "$current"): raise EMBROPE_ABI_VERSION in include/embrope/version.hpp first (docs/abi.md)"
+    echo "  $(soname "$current"): raise EMBROPE_ABI_VERSION in include/embrope/version.h first (docs/abi.md)"
     exit 1
   fi
   cp "$current" "$baseline"
@@ -90,7 +90,7 @@ if ! compare compatible; then
   cat "$build/abidiff-compatible.txt"
   echo "abi-check: the C ABI changed incompatibly under the same SONAME $(soname "$current")."
   echo "  Make it compatible (append struct fields past the previous sizeof, add functions:"
-  echo "  docs/abi.md), or raise EMBROPE_ABI_VERSION in include/embrope/version.hpp and run"
+  echo "  docs/abi.md), or raise EMBROPE_ABI_VERSION in include/embrope/version.h and run"
   echo "  scripts/abi-check.sh --update"
   exit 1
 fi

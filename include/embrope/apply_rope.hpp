@@ -49,7 +49,8 @@ struct RopeOptions {
   // (deferred_status.hpp).
   DeferredStatus* deferred = nullptr;
   Stream stream{};
-  // Float8 outputs (apply_rope only; docs/ops.md, "Float8 outputs"): q_out of dtype
+  // Float8 outputs (apply_rope, and the q_out of the KV appends, apply_rope_append_kv.hpp;
+  // docs/ops.md, "Float8 outputs"): q_out of dtype
   // float8_e4m3fn or float8_e5m2, and k_out of the same dtype when k is given. Every element,
   // rotated or passed through, is stored as float8(value * scale), computed in float32 and
   // rounded once to nearest even, saturated to the finite range (NaN stays NaN): the scale

@@ -44,6 +44,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "embrope/version.h" /* EMBROPE_VERSION_*, EMBROPE_ABI_VERSION */
+
 #if defined(_WIN32)
 #define EMBROPE_API
 #else
@@ -114,8 +116,8 @@ typedef struct embrope_rope_config_t {
 /* Sets the defaults: rotary_dim 0, base 10000, max_positions 0, scaling NONE, factor 1,
  * beta_fast 32, beta_slow 1, truncate 1, low/high_freq_factor 1 and 4, the rest 0/NULL. */
 EMBROPE_API void embrope_rope_config_init_size(embrope_rope_config_t* config, size_t struct_size);
-static inline void embrope_rope_config_init(embrope_rope_config_t* config) {
-  embrope_rope_config_init_size(config, sizeof(*config));
+static inline void embrope_rope_config_init(embrope_rope_config_t* config_) {
+  embrope_rope_config_init_size(config_, sizeof(*config_));
 }
 
 /* The frequencies (rotary_dim / 2 doubles into inv_freq) and attention factor that a
@@ -208,7 +210,7 @@ typedef struct embrope_rope_options_t {
   /* Nonzero, with mrope_section: the streams interleaved over the frequencies (Qwen3-VL,
    * mrope_interleaved) rather than in contiguous sections. Default 0. */
   int32_t mrope_interleaved;
-  /* Float8 outputs (embrope_apply_rope and embrope_apply_rope_cos_sin): q_out of dtype
+  /* Float8 outputs (embrope_apply_rope[_cos_sin], and the q_out of the KV appends): q_out of dtype
    * float8_e4m3fn or float8_e5m2 (DLPack codes 10 and 12), and k_out of the same dtype when k
    * is given, store every element as float8(value * scale), rounded once to nearest even and
    * saturated to the finite range (FlashInfer's rope_quantize_fp8: the scale multiplies).
@@ -238,8 +240,8 @@ typedef struct embrope_rope_options_t {
 
 EMBROPE_API void embrope_rope_options_init_size(embrope_rope_options_t* options,
                                                 size_t struct_size);
-static inline void embrope_rope_options_init(embrope_rope_options_t* options) {
-  embrope_rope_options_init_size(options, sizeof(*options));
+static inline void embrope_rope_options_init(embrope_rope_options_t* options_) {
+  embrope_rope_options_init_size(options_, sizeof(*options_));
 }
 
 /* Rotates q [T, Hq, D] or [B, S, Hq, D] and, unless k is NULL, k [T, Hk, D] or
@@ -288,8 +290,8 @@ typedef struct embrope_kv_cache_t {
 } embrope_kv_cache_t;
 
 EMBROPE_API void embrope_kv_cache_init_size(embrope_kv_cache_t* kv, size_t struct_size);
-static inline void embrope_kv_cache_init(embrope_kv_cache_t* kv) {
-  embrope_kv_cache_init_size(kv, sizeof(*kv));
+static inline void embrope_kv_cache_init(embrope_kv_cache_t* kv_) {
+  embrope_kv_cache_init_size(kv_, sizeof(*kv_));
 }
 
 /* RoPE of q (in place or options->q_out) and k, fused with the write of rotated k and of v
@@ -368,8 +370,8 @@ typedef struct embrope_embed_options_t {
 
 EMBROPE_API void embrope_embed_options_init_size(embrope_embed_options_t* options,
                                                  size_t struct_size);
-static inline void embrope_embed_options_init(embrope_embed_options_t* options) {
-  embrope_embed_options_init_size(options, sizeof(*options));
+static inline void embrope_embed_options_init(embrope_embed_options_t* options_) {
+  embrope_embed_options_init_size(options_, sizeof(*options_));
 }
 
 /* out[n] = scale * table[ids[n] - vocab_start] (+ positional row) (+ type row), normalised
@@ -407,8 +409,8 @@ typedef struct embrope_quantized_table_t {
 
 EMBROPE_API void embrope_quantized_table_init_size(embrope_quantized_table_t* table,
                                                    size_t struct_size);
-static inline void embrope_quantized_table_init(embrope_quantized_table_t* table) {
-  embrope_quantized_table_init_size(table, sizeof(*table));
+static inline void embrope_quantized_table_init(embrope_quantized_table_t* table_) {
+  embrope_quantized_table_init_size(table_, sizeof(*table_));
 }
 
 /* embrope_embed from a quantized token table, each looked-up row dequantized in the same pass;
@@ -461,8 +463,8 @@ typedef struct embrope_embed_backward_options_t {
 
 EMBROPE_API void embrope_embed_backward_options_init_size(embrope_embed_backward_options_t* options,
                                                           size_t struct_size);
-static inline void embrope_embed_backward_options_init(embrope_embed_backward_options_t* options) {
-  embrope_embed_backward_options_init_size(options, sizeof(*options));
+static inline void embrope_embed_backward_options_init(embrope_embed_backward_options_t* options_) {
+  embrope_embed_backward_options_init_size(options_, sizeof(*options_));
 }
 
 /* The backward of embrope_embed (with options->norm, of its norm first: see above):
@@ -509,8 +511,8 @@ typedef struct embrope_qk_norm_t {
 } embrope_qk_norm_t;
 
 EMBROPE_API void embrope_qk_norm_init_size(embrope_qk_norm_t* norm, size_t struct_size);
-static inline void embrope_qk_norm_init(embrope_qk_norm_t* norm) {
-  embrope_qk_norm_init_size(norm, sizeof(*norm));
+static inline void embrope_qk_norm_init(embrope_qk_norm_t* norm_) {
+  embrope_qk_norm_init_size(norm_, sizeof(*norm_));
 }
 
 /* Normalises every head row of q (and k, unless NULL) with norm (NULL: no weights, eps 1e-6),
@@ -558,8 +560,8 @@ typedef struct embrope_qk_norm_gradients_t {
 
 EMBROPE_API void embrope_qk_norm_gradients_init_size(embrope_qk_norm_gradients_t* grads,
                                                      size_t struct_size);
-static inline void embrope_qk_norm_gradients_init(embrope_qk_norm_gradients_t* grads) {
-  embrope_qk_norm_gradients_init_size(grads, sizeof(*grads));
+static inline void embrope_qk_norm_gradients_init(embrope_qk_norm_gradients_t* grads_) {
+  embrope_qk_norm_gradients_init_size(grads_, sizeof(*grads_));
 }
 
 /* The gradient of embrope_apply_qk_norm_rope: dq and dk (the outputs' gradients) become the

@@ -1,14 +1,7 @@
 #pragma once
 
-#define EMBROPE_VERSION_MAJOR 0
-#define EMBROPE_VERSION_MINOR 1
-#define EMBROPE_VERSION_PATCH 0
-#define EMBROPE_VERSION_STRING "0.1.0"
-
-// The ABI version: the SONAME's number (libembrope.so.N; CMakeLists.txt reads it from here).
-// Raised with every change that breaks a program built against an earlier header
-// (docs/abi.md).
-#define EMBROPE_ABI_VERSION 1
+// The version numbers and EMBROPE_ABI_VERSION (the SONAME's number): one home, shared with C.
+#include "embrope/version.h"
 
 // The C++ API lives in an inline namespace named after the ABI version (fmt's
 // FMT_BEGIN_NAMESPACE): code names embrope::Tensor, binaries record embrope::v1::Tensor, so a

@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_every_place_holds_the_same_version():
-    header = (ROOT / "include" / "embrope" / "version.hpp").read_text()
+    header = (ROOT / "include" / "embrope" / "version.h").read_text()
     parts = [re.search(rf"#define EMBROPE_VERSION_{p} (\d+)", header).group(1)
              for p in ("MAJOR", "MINOR", "PATCH")]
     version = ".".join(parts)

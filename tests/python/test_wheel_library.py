@@ -20,7 +20,7 @@ pytestmark = pytest.mark.ci_required
 
 
 def _abi_version() -> int:
-    header = (PACKAGE / "include" / "embrope" / "version.hpp").read_text()
+    header = (PACKAGE / "include" / "embrope" / "version.h").read_text()
     return int(re.search(r"^#define EMBROPE_ABI_VERSION (\d+)$", header, re.M).group(1))
 
 

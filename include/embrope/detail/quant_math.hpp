@@ -168,7 +168,8 @@ EMBROPE_HD float gguf_value(GgufBlock f, const std::uint8_t* block, int e) {
       return q4_0_value(block, e);
     case GgufBlock::q4_k:
       return q4_k_value(block, e);
-    default:
+    case GgufBlock::q6_k:
+    default:  // every value has its case (-Wswitch-enum); a return on every path for the compilers
       return q6_k_value(block, e);
   }
 }
