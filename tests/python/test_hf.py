@@ -89,6 +89,15 @@ FORCED = {
                  "short_factor": [1.0 + 0.01 * i for i in range(64)],
                  "long_factor": [1.0 + 0.25 * i for i in range(64)],
                  "original_max_position_embeddings": 2048},
+    # factor <= 1: the attention factor's other branch (1, where the formulas give 0.93 and
+    # 0.95)
+    "yarn_factor_below_1": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 0.5,
+                            "original_max_position_embeddings": 2048, "beta_fast": 32.0,
+                            "beta_slow": 1.0},
+    "longrope_factor_below_1": {"rope_type": "longrope", "rope_theta": 10000.0, "factor": 0.5,
+                                "short_factor": [1.0 + 0.01 * i for i in range(64)],
+                                "long_factor": [1.0 + 0.25 * i for i in range(64)],
+                                "original_max_position_embeddings": 2048},
 }
 
 
