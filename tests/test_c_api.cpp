@@ -1423,11 +1423,11 @@ TEST_CASE("C _cos_sin variants of the KV append and qk-norm ops give the cache v
   norm.q_weight = &wd.t;
   norm.k_weight = &wd.t;
 
-  // One call per form on its own copies of q, k, v and the cache; returns the copies.
+  // One call on its own copies of q, k, v and the cache, which it returns; `want` its status.
   struct Outputs {
     ref::Buffer q, k, k_cache, v_cache;
   };
-  auto run = [&](auto&& call) {
+  auto attempt = [&](auto&& call, embrope_status_t want) {
     Outputs o{q, k, kc, vc};
     DL qd(o.q, {t, hq, d}), kd(o.k, {t, hk, d}), vd(v, {t, hk, d});
     DL kcd(o.k_cache, {2, slots_n / 2, hk, d}), vcd(o.v_cache, {2, slots_n / 2, hk, d});
@@ -1438,8 +1438,17 @@ TEST_CASE("C _cos_sin variants of the KV append and qk-norm ops give the cache v
     kv.slot_mapping = &sd.t;
     const embrope_status_t status = call(qd.t, kd.t, vd.t, kv);
     INFO(last_error());
-    REQUIRE(status == EMBROPE_OK);
+    REQUIRE(status == want);
     return o;
+  };
+  auto run = [&](auto&& call) { return attempt(call, EMBROPE_OK); };
+  // A refused call writes nothing and names itself and the argument.
+  auto refused = [&](auto&& call, const char* function, const char* argument) {
+    const Outputs o = attempt(call, EMBROPE_ERROR_INVALID_ARGUMENT);
+    CHECK(ref::mentions(last_error(), function));
+    CHECK(ref::mentions(last_error(), argument));
+    CHECK(o.q.snapshot() == q.snapshot());
+    CHECK(o.k_cache.snapshot() == kc.snapshot());
   };
   auto check_same = [&](const Outputs& a, const Outputs& b, bool appends) {
     CHECK(a.q.snapshot() == b.q.snapshot());
@@ -1462,20 +1471,12 @@ TEST_CASE("C _cos_sin variants of the KV append and qk-norm ops give the cache v
                                                   nullptr);
     });
     check_same(with_cache, with_tables, true);
-    Outputs o{q, k, kc, vc};
-    DL qd(o.q, {t, hq, d}), kd(o.k, {t, hk, d}), vd(v, {t, hk, d});
-    DL kcd(o.k_cache, {2, slots_n / 2, hk, d}), vcd(o.v_cache, {2, slots_n / 2, hk, d});
-    embrope_kv_cache_t kv;
-    embrope_kv_cache_init(&kv);
-    kv.k_cache = &kcd.t;
-    kv.v_cache = &vcd.t;
-    kv.slot_mapping = &sd.t;
-    CHECK(embrope_apply_rope_append_kv_cos_sin(&qd.t, &kd.t, &vd.t, &pd.t, &short_cd.t, &snd.t, &kv,
-                                               nullptr, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
-    CHECK(ref::mentions(last_error(), "embrope_apply_rope_append_kv_cos_sin"));
-    CHECK(ref::mentions(last_error(), "cos"));
-    CHECK(o.q.snapshot() == q.snapshot());
-    CHECK(o.k_cache.snapshot() == kc.snapshot());
+    refused(
+        [&](DLTensor& qt, DLTensor& kt, DLTensor& vt, embrope_kv_cache_t& kv) {
+          return embrope_apply_rope_append_kv_cos_sin(&qt, &kt, &vt, &pd.t, &short_cd.t, &snd.t,
+                                                      &kv, nullptr, nullptr);
+        },
+        "embrope_apply_rope_append_kv_cos_sin", "cos");
   }
   SECTION("embrope_apply_qk_norm_rope_cos_sin") {
     auto with_cache = run([&](DLTensor& qt, DLTensor& kt, DLTensor&, embrope_kv_cache_t&) {
@@ -1486,13 +1487,12 @@ TEST_CASE("C _cos_sin variants of the KV append and qk-norm ops give the cache v
                                                 nullptr);
     });
     check_same(with_cache, with_tables, false);
-    Outputs o{q, k, kc, vc};
-    DL qd(o.q, {t, hq, d}), kd(o.k, {t, hk, d});
-    CHECK(embrope_apply_qk_norm_rope_cos_sin(&qd.t, &kd.t, &pd.t, &cd.t, &short_cd.t, &norm,
-                                             nullptr, nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
-    CHECK(ref::mentions(last_error(), "embrope_apply_qk_norm_rope_cos_sin"));
-    CHECK(ref::mentions(last_error(), "sin"));
-    CHECK(o.q.snapshot() == q.snapshot());
+    refused(
+        [&](DLTensor& qt, DLTensor& kt, DLTensor&, embrope_kv_cache_t&) {
+          return embrope_apply_qk_norm_rope_cos_sin(&qt, &kt, &pd.t, &cd.t, &short_cd.t, &norm,
+                                                    nullptr, nullptr);
+        },
+        "embrope_apply_qk_norm_rope_cos_sin", "sin");
   }
   SECTION("embrope_apply_qk_norm_rope_append_kv_cos_sin") {
     auto with_cache = run([&](DLTensor& qt, DLTensor& kt, DLTensor& vt, embrope_kv_cache_t& kv) {
@@ -1504,14 +1504,12 @@ TEST_CASE("C _cos_sin variants of the KV append and qk-norm ops give the cache v
                                                           &norm, nullptr, nullptr);
     });
     check_same(with_cache, with_tables, true);
-    Outputs o{q, k, kc, vc};
-    DL qd(o.q, {t, hq, d}), kd(o.k, {t, hk, d}), vd(v, {t, hk, d});
-    CHECK(embrope_apply_qk_norm_rope_append_kv_cos_sin(&qd.t, &kd.t, &vd.t, &pd.t, &cd.t, &snd.t,
-                                                       nullptr, &norm, nullptr,
-                                                       nullptr) == EMBROPE_ERROR_INVALID_ARGUMENT);
-    CHECK(ref::mentions(last_error(), "embrope_apply_qk_norm_rope_append_kv_cos_sin"));
-    CHECK(ref::mentions(last_error(), "kv is null"));
-    CHECK(o.q.snapshot() == q.snapshot());
+    refused(
+        [&](DLTensor& qt, DLTensor& kt, DLTensor& vt, embrope_kv_cache_t&) {
+          return embrope_apply_qk_norm_rope_append_kv_cos_sin(&qt, &kt, &vt, &pd.t, &cd.t, &snd.t,
+                                                              nullptr, &norm, nullptr, nullptr);
+        },
+        "embrope_apply_qk_norm_rope_append_kv_cos_sin", "kv is null");
   }
   SECTION("embrope_apply_qk_norm_rope_backward_cos_sin") {
     ref::Buffer grads(DType::float32, 4 * d);
