@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "bad_index.hpp"
+#include "cpu/fork.hpp"
 #include "embrope/deferred_status.hpp"
 #include "embrope/embrope.hpp"
 #include "embrope/types.hpp"
@@ -94,6 +95,7 @@ void run_kernel(const char* op, Device device, Stream stream, DeferredStatus* de
       // The instruction set is chosen here, on the calling thread: a bad EMBROPE_CPU_ISA
       // throws, which inside a kernel's thread team would terminate the process.
       cpu_isa();
+      cpu::note_openmp_use();  // a child forked from this thread must not start a team
       cpu_kernel(params);
     } else {
       gpu_kernel(params, device, stream);

@@ -63,8 +63,9 @@ def deferred_errors(status: DeferredStatus) -> Iterator[DeferredStatus]:
     instead of raising, and so never synchronise the stream (safe inside
     ``torch.cuda.graph`` capture). Call ``status.check()`` when you choose to.
 
-    The setting is per thread and per asyncio task; `status` must be on the device of the
-    tensors. A backward
+    The setting is per thread and per asyncio task (a context variable: a context copied into
+    another thread, as ``asyncio.to_thread`` does, carries it along; a status must not be used
+    by two threads at once); `status` must be on the device of the tensors. A backward
     reports to the status in effect on its own thread, else to its forward's: autograd runs a
     CUDA backward on a thread of its own. A backward compiled by ``torch.compile`` reads only
     the status of the thread it runs on.

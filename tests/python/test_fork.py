@@ -1,6 +1,7 @@
 """A process forked after threaded calls (Python's multiprocessing, PyTorch's DataLoader
 workers) runs embrope in the child: GCC's OpenMP runtime cannot start a team on the forking
-thread there, so the library runs that thread's calls on one thread (src/cpu/fork.cpp)."""
+thread there, so the library runs that thread's calls on one thread once it had called the
+library (src/cpu/fork.cpp)."""
 
 import os
 import time
@@ -31,23 +32,29 @@ def test_a_forked_child_runs_the_ops_and_gets_the_parents_bits():
     parent = _calls()  # the parent's threads have run: the forking thread has a pool
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: no pytest machinery from here, only an exit code
+    if pid == 0:  # the child: no pytest machinery from here, only its answer and exit code
+        code = 1
         try:
+            os.close(read)
             child = _calls()
             same = all(np.array_equal(a, b) for a, b in zip(parent, child))
             os.write(write, b"same" if same else b"differ")
+            code = 0
         finally:
-            os._exit(0)
+            os._exit(code)
     os.close(write)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child's calls did not finish in 60 s (a hung OpenMP team)")
-    assert os.waitstatus_to_exitcode(status) == 0
-    assert os.read(read, 16) == b"same"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's calls did not finish in 60 s (a hung OpenMP team)")
+        assert os.waitstatus_to_exitcode(status) == 0, "the child's calls raised"
+        assert os.read(read, 16) == b"same"
+    finally:
+        os.close(read)

@@ -7,7 +7,9 @@ round float32 to bfloat16 / float16 to nearest even):
 - apply_rope: ``a cos - b sin`` and ``a sin + b cos`` in float32, each product and the sum
   rounded, then one rounding to the output dtype.
 The tolerance-based tests elsewhere would pass a float64 rotation or a float32 ``cos * m``;
-these would not."""
+these would not (each test shows its data tells them apart: the table for every scaled
+variant, the rotation for float32 outputs; for 16-bit outputs the float32 steps and a float64
+rotation round alike on this data, so those cases check the one narrowing)."""
 
 import math
 

@@ -5,6 +5,7 @@ against the package's CMake package or pkg-config file records and loads (docs/a
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 
@@ -66,7 +67,9 @@ def test_a_cmake_program_builds_against_the_package_and_records_the_soname(tmp_p
     name = f"libembrope.so.{_abi_version()}"
     build = tmp_path / "build"
     # find_package(embrope) finds <prefix>/embrope/lib/cmake/embrope under site-packages.
-    _check([cmake, "-S", ROOT / "tests" / "consumer", "-B", build,
+    # Ninja where there is one (scripts/install-deps.sh installs it; make may be absent).
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    _check([cmake, "-S", ROOT / "tests" / "consumer", "-B", build, *generator,
             f"-DCMAKE_PREFIX_PATH={PACKAGE.parent}"])
     _check([cmake, "--build", build])
     for program in ("consumer", "consumer_c"):
@@ -76,10 +79,11 @@ def test_a_cmake_program_builds_against_the_package_and_records_the_soname(tmp_p
 def test_a_c_program_builds_with_the_package_pkg_config_file(tmp_path):
     _need("readelf")
     pkg_config = _need("pkg-config")
-    compiler = _need(os.environ.get("CC", "cc"))
+    compiler = shlex.split(os.environ.get("CC", "cc"))  # "ccache gcc" too
+    compiler[0] = _need(compiler[0])
     name = f"libembrope.so.{_abi_version()}"
     env = dict(os.environ, PKG_CONFIG_PATH=str(LIBDIR / "pkgconfig"))
     flags = _check([pkg_config, "--cflags", "--libs", "embrope"], env=env).split()
     binary = tmp_path / "consumer_c"
-    _check([compiler, ROOT / "tests" / "consumer" / "consumer.c", *flags, "-o", binary])
+    _check([*compiler, ROOT / "tests" / "consumer" / "consumer.c", *flags, "-o", binary])
     _run_consumer(binary, name)
