@@ -14,8 +14,10 @@
 // so AddressSanitizer reports any read or write the library makes outside a tensor. After the
 // call the target checks the error model (embrope.h): the status is a known one and never
 // INTERNAL or OUT_OF_MEMORY (no input here asks for much memory); on failure the message is
-// non-empty and starts with the function's name, on success it is empty; and a call rejected
-// as an invalid argument (or not implemented) wrote nothing.
+// non-empty and starts with the function's name, on success it is empty; a call rejected
+// as an invalid argument (or not implemented) wrote nothing; and whatever its status, a call
+// wrote nothing outside the elements of its outputs (no input, no byte between or around an
+// output's elements in a block it shares).
 //
 // Built with -fsanitize=fuzzer (EMBROPE_BUILD_FUZZERS) it is the fuzzer; linked with
 // replay_main.cpp it replays saved inputs (fuzz/regressions, fuzz/corpus) in every build.
@@ -24,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <string>
@@ -314,11 +317,39 @@ class Call {
     }
   }
 
-  // Everything the call may legitimately change, to compare after a rejected call.
-  std::vector<unsigned char> snapshot() const {
-    std::vector<unsigned char> all;
-    for (const auto& b : blocks_) all.insert(all.end(), b->bytes.get(), b->bytes.get() + b->size);
-    return all;
+  // The blocks' bytes before a call: all of them (a rejected call writes nothing), and those
+  // outside the elements of `written`, the tensors the call may write (any call writes its
+  // outputs' elements and nothing else: no input, no byte between or around an output's
+  // elements in a block it shares).
+  struct Snapshot {
+    std::vector<unsigned char> all, outside;
+    std::vector<const DLTensor*> written;
+  };
+  Snapshot snapshot(std::initializer_list<const DLTensor*> written = {}) const {
+    Snapshot s;
+    for (const auto& b : blocks_)
+      s.all.insert(s.all.end(), b->bytes.get(), b->bytes.get() + b->size);
+    s.written.assign(written.begin(), written.end());
+    s.outside = outside(s.written);
+    return s;
+  }
+
+  // The bytes of every block outside the elements of `written` (null entries ignored).
+  std::vector<unsigned char> outside(const std::vector<const DLTensor*>& written) const {
+    std::vector<std::vector<bool>> in_output(blocks_.size());
+    for (std::size_t b = 0; b < blocks_.size(); ++b) in_output[b].assign(blocks_[b]->size, false);
+    for (const DLTensor* t : written) {
+      for (const auto& d : described_) {
+        if (t != nullptr && &d->t == t) mark_elements(*d, in_output);
+      }
+    }
+    std::vector<unsigned char> bytes;
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      for (std::size_t i = 0; i < blocks_[b]->size; ++i) {
+        if (!in_output[b][i]) bytes.push_back(blocks_[b]->bytes[i]);
+      }
+    }
+    return bytes;
   }
 
  private:
@@ -342,6 +373,50 @@ class Call {
     }
   }
 
+  // Marks in `in_output` the bytes of the blocks that hold an element of `d`'s view, as its
+  // dtype now reads it. A view the library must refuse (no shape, a negative size or stride, a
+  // dtype it does not know, an address outside every block) marks nothing: a call given it
+  // fails and writes nothing.
+  void mark_elements(const Described& d, std::vector<std::vector<bool>>& in_output) const {
+    const DLTensor& t = d.t;
+    const std::size_t es = library_dtype_bytes(t.dtype);
+    if (es == 0 || t.data == nullptr || t.shape == nullptr || t.ndim <= 0 ||
+        static_cast<std::size_t>(t.ndim) != d.shape.size()) {
+      return;
+    }
+    const std::size_t dims = d.shape.size();
+    std::vector<std::int64_t> strides(dims);
+    __int128 count = 1;
+    for (std::size_t i = dims; i-- > 0;) {
+      if (d.shape[i] <= 0) return;  // empty (or refused): no element
+      strides[i] = t.strides != nullptr ? t.strides[i]
+                   : i + 1 == dims      ? 1
+                                        : strides[i + 1] * d.shape[i + 1];
+      if (strides[i] < 0) return;
+      count *= d.shape[i];
+      if (count > (1 << 22)) return;  // never the case of a view a call accepts here
+    }
+    const auto start = reinterpret_cast<std::uintptr_t>(t.data) + t.byte_offset;
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      const auto base = reinterpret_cast<std::uintptr_t>(blocks_[b]->bytes.get());
+      const std::size_t size = blocks_[b]->size;
+      if (start < base || start >= base + size) continue;
+      std::vector<std::int64_t> index(dims, 0);
+      for (;;) {
+        __int128 offset = 0;
+        for (std::size_t i = 0; i < dims; ++i)
+          offset += static_cast<__int128>(index[i]) * strides[i];
+        const __int128 first = static_cast<__int128>(start - base) + offset * es;
+        for (std::size_t k = 0; k < es; ++k) {
+          if (first + k < size) in_output[b][static_cast<std::size_t>(first + k)] = true;
+        }
+        std::size_t i = dims;
+        while (i-- > 0 && ++index[i] == d.shape[i]) index[i] = 0;
+        if (i == SIZE_MAX) break;
+      }
+    }
+  }
+
   Bytes& in_;
   std::vector<std::unique_ptr<Block>> blocks_;
   std::vector<std::unique_ptr<Described>> described_;
@@ -355,13 +430,16 @@ class Call {
 
 // The error model of embrope.h, after one call. deferred_given: the call's options carried a
 // deferred status, so a bad id or position is recorded there, never returned.
-void check(const char* function, embrope_status_t status, const std::vector<unsigned char>& before,
+void check(const char* function, embrope_status_t status, const Call::Snapshot& before,
            const Call& call, bool deferred_given = false) {
   const int s = static_cast<int>(status);
   const std::string message = embrope_last_error();
   if (s < EMBROPE_OK || s > EMBROPE_ERROR_INTERNAL) broken(function, "unknown status", s);
   if (status == EMBROPE_ERROR_INTERNAL) broken(function, "internal error", s);
   if (status == EMBROPE_ERROR_OUT_OF_MEMORY) broken(function, "out of memory", s);
+  if (call.outside(before.written) != before.outside) {
+    broken(function, "a call wrote outside its outputs' elements", s);
+  }
   if (status == EMBROPE_OK) {
     if (!message.empty()) broken(function, "a message after success", s);
     return;
@@ -373,7 +451,7 @@ void check(const char* function, embrope_status_t status, const std::vector<unsi
     broken(function, "the message does not start with the function's name", s);
   }
   if ((status == EMBROPE_ERROR_INVALID_ARGUMENT || status == EMBROPE_ERROR_NOT_IMPLEMENTED) &&
-      call.snapshot() != before) {
+      call.snapshot().all != before.all) {
     broken(function, "a rejected call wrote to a tensor", s);
   }
 }
@@ -608,13 +686,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       DLTensor* zero_points = in.chance(96) ? call.tensor(in.u8() % 3, true, 0) : nullptr;
       if (zero_points != nullptr && in.chance(128)) call.retype(zero_points, {kDLInt, 8, 1});
       q.zero_points = zero_points;
-      const std::vector<unsigned char> before = call.snapshot();
+      const Call::Snapshot before = call.snapshot({out, with_options ? o.pre_norm_out : nullptr});
       const embrope_status_t s = embrope_embed_quantized(in.chance(8) ? nullptr : &q, ids, out,
                                                          with_options ? &o : nullptr, nullptr);
       check("embrope_embed_quantized", s, before, call, with_options && deferred != nullptr);
       return 0;
     }
-    const std::vector<unsigned char> before = call.snapshot();
+    const Call::Snapshot before = call.snapshot({out, with_options ? o.pre_norm_out : nullptr});
     const embrope_status_t s = embrope_embed(table, ids, out, with_options ? &o : nullptr, nullptr);
     check("embrope_embed", s, before, call, with_options && deferred != nullptr);
     return 0;
@@ -717,7 +795,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         broken("embrope_rope_cache_create_axial", "a handle after failure", created);
       }
     }
-    const std::vector<unsigned char> before = call.snapshot();
+    // In place where no output is given (all of the options ignored without them).
+    const Call::Snapshot before =
+        with_options ? call.snapshot({o.q_out != nullptr ? o.q_out : q,
+                                      o.k_out != nullptr ? o.k_out : k, o.q_nope_out, o.k_nope_out})
+                     : call.snapshot({q, k});
     const embrope_status_t s =
         op == 1 ? embrope_apply_rope(q, k, positions, table, with_options ? &o : nullptr, nullptr)
                 : embrope_apply_rope_cos_sin(q, k, positions, cos, sin, with_options ? &o : nullptr,
@@ -736,7 +818,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const DLTensor* start_offsets = in.chance(128) ? call.tensor(1, false, 1000) : nullptr;
     const DLTensor* positions =
         in.chance(16) ? cu_seqlens : call.tensor(1 + (in.chance(16) ? 1 : 0), false, 64);
-    const std::vector<unsigned char> before = call.snapshot();
+    const Call::Snapshot before = call.snapshot({positions});
     check("embrope_packed_positions",
           embrope_packed_positions(cu_seqlens, start_offsets, positions, deferred, nullptr), before,
           call, deferred != nullptr);
@@ -784,7 +866,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (in.chance(96)) o.grad_norm_bias = call.tensor(1, true, 0);
     }
     const bool with_options = !in.chance(16);
-    const std::vector<unsigned char> before = call.snapshot();
+    const Call::Snapshot before =
+        with_options ? call.snapshot({grad_table, o.grad_position_table, o.grad_type_table,
+                                      o.grad_norm_weight, o.grad_norm_bias})
+                     : call.snapshot({grad_table});
     check("embrope_embed_backward",
           embrope_embed_backward(grad_out, ids, grad_table, with_options ? &o : nullptr, nullptr),
           before, call, with_options && deferred != nullptr);
@@ -802,7 +887,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     embrope_rope_options_init(&o);
     set_enum(o.layout, in.chance(8) ? static_cast<int>(in.u64()) : in.u8() % 2);
     o.deferred = deferred;
-    const std::vector<unsigned char> before = call.snapshot();
+    const Call::Snapshot before = call.snapshot({dq, dk});
     check("embrope_apply_rope_backward",
           embrope_apply_rope_backward(dq, dk, positions, cache, &o, nullptr), before, call,
           deferred != nullptr);
@@ -842,7 +927,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const embrope_qk_norm_t* norm = in.chance(16) ? nullptr : &n;
     const embrope_rope_cache_t* table = in.chance(4) ? nullptr : cache;
     if (op == 7) {
-      const std::vector<unsigned char> before = call.snapshot();
+      const Call::Snapshot before =
+          call.snapshot({o.q_out != nullptr ? o.q_out : q, o.k_out != nullptr ? o.k_out : k});
       check("embrope_apply_qk_norm_rope",
             embrope_apply_qk_norm_rope(q, k, positions, table, norm, &o, nullptr), before, call,
             deferred != nullptr);
@@ -853,10 +939,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       embrope_qk_norm_gradients_init(&g);
       if (in.chance(128)) g.q_weight = call.tensor(1, true, 0);
       if (in.chance(96)) g.k_weight = call.tensor(1, true, 0);
-      const std::vector<unsigned char> before = call.snapshot();
+      const embrope_qk_norm_gradients_t* grads = in.chance(16) ? nullptr : &g;
+      const Call::Snapshot before = call.snapshot(
+          {o.q_out != nullptr ? o.q_out : dq, o.k_out != nullptr ? o.k_out : dk,
+           grads != nullptr ? g.q_weight : nullptr, grads != nullptr ? g.k_weight : nullptr});
       check("embrope_apply_qk_norm_rope_backward",
-            embrope_apply_qk_norm_rope_backward(dq, dk, q, k, positions, table, norm,
-                                                in.chance(16) ? nullptr : &g, &o, nullptr),
+            embrope_apply_qk_norm_rope_backward(dq, dk, q, k, positions, table, norm, grads, &o,
+                                                nullptr),
             before, call, deferred != nullptr);
     }
     embrope_rope_cache_destroy(cache);
@@ -948,7 +1037,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (o.q_nope_out != nullptr && in.chance(224)) call.retype(o.q_nope_out, {code, 8, 1});
       }
     }
-    const std::vector<unsigned char> before = call.snapshot();
+    // q in place where no q_out is given; k written only into k_out.
+    const Call::Snapshot before =
+        call.snapshot({o.q_out != nullptr ? o.q_out : q, o.k_out, o.q_nope_out, kv.k_cache,
+                       kv.v_cache, kv.kv_cache});
     if (normed) {
       check("embrope_apply_qk_norm_rope_append_kv",
             embrope_apply_qk_norm_rope_append_kv(q, k, v, positions, table, kv_arg,
