@@ -33,14 +33,14 @@ void build_rope_cache(float* table, std::int64_t max_positions, std::int64_t rot
   const std::size_t bytes = static_cast<std::size_t>(rotary_dim / 2) * sizeof(double);
   double* freqs = nullptr;
   check(cudaMallocAsync(reinterpret_cast<void**>(&freqs), bytes, s), "cudaMallocAsync");
-  check(cudaMemcpyAsync(freqs, inv_freq, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
   constexpr int threads = 256;
   try {
+    check(cudaMemcpyAsync(freqs, inv_freq, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
     build_rope_cache_kernel<<<grid_for(max_positions * (rotary_dim / 2), threads, threads), threads,
                               0, s>>>(table, max_positions, rotary_dim, freqs, attention_factor);
     check_launch("build_rope_cache_kernel");
   } catch (...) {
-    cudaFreeAsync(freqs, s);
+    if (cudaFreeAsync(freqs, s) != cudaSuccess) (void)cudaGetLastError();
     throw;
   }
   check(cudaFreeAsync(freqs, s), "cudaFreeAsync");

@@ -29,7 +29,7 @@ DeviceGuard::DeviceGuard(Device device) {
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
 }
 
 int device_count() {
@@ -42,8 +42,41 @@ int device_count() {
   return count;
 }
 
+namespace {
+// While another thread captures a CUDA graph in the global mode (torch.cuda.graph's
+// default), cudaMalloc and cudaFree from this thread are refused and invalidate that capture;
+// in the relaxed mode they are allowed (as PyTorch's caching allocator calls them). The memory
+// allocate and release handle (a thread's bad-index record, a deferred status, a cos/sin
+// table) belongs to no graph.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() noexcept {
+#if defined(CUDART_VERSION)
+    if (cudaThreadExchangeStreamCaptureMode(&mode_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      exchanged_ = false;
+    }
+#endif
+  }
+  ~RelaxedCaptureMode() {
+#if defined(CUDART_VERSION)
+    if (exchanged_) (void)cudaThreadExchangeStreamCaptureMode(&mode_);
+#endif
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+#if defined(CUDART_VERSION)
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool exchanged_ = true;
+#endif
+};
+}  // namespace
+
 void* allocate(std::size_t bytes, Device device) {
   DeviceGuard guard(device);
+  const RelaxedCaptureMode relaxed;
   void* pointer = nullptr;
   check(cudaMalloc(&pointer, bytes == 0 ? 1 : bytes), "cudaMalloc");
   return pointer;
@@ -55,7 +88,10 @@ void release(void* pointer, Device device) noexcept {
   if (cudaGetDevice(&previous) == cudaSuccess && previous != device.index) {
     (void)cudaSetDevice(device.index);
   }
-  (void)cudaFree(pointer);
+  {
+    const RelaxedCaptureMode relaxed;
+    (void)cudaFree(pointer);
+  }
   if (previous >= 0 && previous != device.index) (void)cudaSetDevice(previous);
   (void)cudaGetLastError();
 }
@@ -78,6 +114,19 @@ void copy_to_device(void* device_pointer, const void* host, std::size_t bytes, D
 void synchronize(Stream stream, Device device) {
   DeviceGuard guard(device);
   check(cudaStreamSynchronize(to_cuda(stream)), "cudaStreamSynchronize");
+}
+
+bool capturing(Stream stream, Device device) {
+#if defined(CUDART_VERSION)
+  DeviceGuard guard(device);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(to_cuda(stream), &capture), "cudaStreamIsCapturing");
+  return capture != cudaStreamCaptureStatusNone;
+#else
+  (void)stream;
+  (void)device;
+  return false;
+#endif
 }
 
 namespace {

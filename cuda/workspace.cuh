@@ -78,7 +78,11 @@ class Workspace {
     base_ = base + (kWorkspaceAlign - address % kWorkspaceAlign) % kWorkspaceAlign;
   }
   ~Workspace() {
-    if (owned_ != nullptr) (void)cudaFreeAsync(owned_, stream_);
+    // A failed free (the capture it was queued in invalidated) must not leave its error for
+    // the next launch check, ours or the caller's framework's, to report.
+    if (owned_ != nullptr && cudaFreeAsync(owned_, stream_) != cudaSuccess) {
+      (void)cudaGetLastError();
+    }
   }
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;

@@ -7,10 +7,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 #include "bad_index.hpp"
 #include "cpu/fork.hpp"
 #include "embrope/deferred_status.hpp"
+#include "embrope/error.hpp"
 #include "embrope/embrope.hpp"
 #include "embrope/types.hpp"
 #include "embrope/version.hpp"
@@ -84,23 +87,32 @@ EMBROPE_BEGIN_NAMESPACE
 
 // Runs an op's kernel on the tensors' device under the caller's bad-index policy: `bad` (the
 // params' record pointer) is pointed at the caller's DeferredStatus or at a record of this
-// call, then cpu_kernel(params) or gpu_kernel(params, device, stream) runs.
+// call, then cpu_kernel(params) or gpu_kernel(params, device, stream) runs. A CUDA runtime
+// error ("rope_vector_kernel: invalid resource handle", from a launch, a copy or an
+// allocation) is reported with the op's name first, as every other error of the op is.
 template <typename Params, typename CpuKernel, typename GpuKernel>
 void run_kernel(const char* op, Device device, Stream stream, DeferredStatus* deferred,
                 Params& params, internal::BadIndexRecord*& bad, CpuKernel cpu_kernel,
                 GpuKernel gpu_kernel) {
-  run_with_bad_index_policy(op, device, stream, deferred, [&](internal::BadIndexRecord* record) {
-    bad = record;
-    if (device.kind == DeviceKind::cpu) {
-      // The instruction set is chosen here, on the calling thread: a bad EMBROPE_CPU_ISA
-      // throws, which inside a kernel's thread team would terminate the process.
-      cpu_isa();
-      cpu::note_openmp_use();  // a child forked from this thread must not start a team
-      cpu_kernel(params);
-    } else {
-      gpu_kernel(params, device, stream);
-    }
-  });
+  try {
+    run_with_bad_index_policy(op, device, stream, deferred, [&](internal::BadIndexRecord* record) {
+      bad = record;
+      if (device.kind == DeviceKind::cpu) {
+        // The instruction set is chosen here, on the calling thread: a bad EMBROPE_CPU_ISA
+        // throws, which inside a kernel's thread team would terminate the process.
+        cpu_isa();
+        cpu::note_openmp_use();  // a child forked from this thread must not start a team
+        cpu_kernel(params);
+      } else {
+        gpu_kernel(params, device, stream);
+      }
+    });
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::cuda_error && e.code() != ErrorCode::out_of_memory) throw;
+    const std::string prefix = std::string(op) + ": ";
+    if (std::string_view(e.what()).substr(0, prefix.size()) == prefix) throw;
+    throw Error(e.code(), prefix + e.what());
+  }
 }
 
 EMBROPE_END_NAMESPACE

@@ -115,10 +115,27 @@ void run_with_bad_index_policy(const char* op, Device device, Stream stream,
   if (device.kind == DeviceKind::cpu) {
     launch(&record);
   } else {
+    if (gpu::capturing(stream, device)) {
+      validate::fail(op,
+                     "called during CUDA graph capture without a deferred status: reporting a bad "
+                     "index would synchronise the stream; give options.deferred a DeferredStatus "
+                     "and check it after the graph runs");
+    }
     thread_local ScratchRecords scratch;
     BadIndexRecord* on_device = scratch.get(device);
     gpu::copy_to_device(on_device, &record, sizeof record, device, stream);
-    launch(on_device);
+    try {
+      launch(on_device);
+    } catch (...) {
+      // A launch refused after an earlier kernel of the op was queued leaves that kernel
+      // writing this thread's record, which the thread's next call resets and reads on its
+      // own stream: wait for it here. Best effort; the error reported is the launch's.
+      try {
+        gpu::synchronize(stream, device);
+      } catch (...) {
+      }
+      throw;
+    }
     gpu::copy_to_host(&record, on_device, sizeof record, device, stream);  // synchronises
   }
   if (record.key != internal::kNoBadIndex) throw_bad_index(record);

@@ -28,6 +28,9 @@ void copy_to_device(void*, const void*, std::size_t, Device, Stream) {
 void synchronize(Stream, Device) {
   unavailable("synchronize");
 }
+bool capturing(Stream, Device) {
+  unavailable("capturing");
+}
 void embed(const internal::EmbedParams&, Device, Stream) {
   unavailable("embed");
 }

@@ -37,6 +37,11 @@ void DeferredStatus::read(Stream stream, bool clear, BadIndexRecord* out) {
     *out = *record_;
     if (clear) *record_ = empty;
   } else {
+    if (gpu::capturing(stream, device_)) {
+      validate::fail("DeferredStatus",
+                     "check or ok called on a stream capturing a CUDA graph, which it would "
+                     "synchronise; call it after the graph runs");
+    }
     gpu::copy_to_host(out, record_, sizeof *out, device_, stream);
     if (clear) gpu::copy_to_device(record_, &empty, sizeof empty, device_, stream);
   }

@@ -17,5 +17,7 @@ void copy_to_host(void* host, const void* device_pointer, std::size_t bytes, Dev
 void copy_to_device(void* device_pointer, const void* host, std::size_t bytes, Device device,
                     Stream stream);
 void synchronize(Stream stream, Device device);
+// Whether `stream` is capturing a CUDA graph, where nothing may synchronise it.
+bool capturing(Stream stream, Device device);
 
 }  // namespace embrope::gpu

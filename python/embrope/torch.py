@@ -403,7 +403,7 @@ def _cos_sin_tensor(op: str, cache: Union[RopeCache, Tensor], device: torch.devi
             _refuse_table_gradient(op, cache)
         return cache
     if isinstance(cache, RopeCache):
-        return _cache_tensor(cache, device)
+        return _cache_tensor(op, cache, device)
     raise TypeError(f"{op}: cache must be a RopeCache or a cos_sin_cache tensor "
                     f"[max_positions, rotary_dim], not {type(cache).__name__}")
 
@@ -415,7 +415,7 @@ _cache_tables: "weakref.WeakKeyDictionary[RopeCache, dict]" = weakref.WeakKeyDic
 # A constant to torch.compile: evaluated when the graph is traced (a RopeCache is immutable),
 # so that a function compiled with a cache it has never used eagerly still traces whole.
 @torch.compiler.assume_constant_result
-def _cache_tensor(cache: RopeCache, device: torch.device) -> Tensor:
+def _cache_tensor(op: str, cache: RopeCache, device: torch.device) -> Tensor:
     """The cache's table as a tensor on `device`: zero-copy on the cache's own device, a
     copy (made once and kept) on another."""
     tables = _cache_tables.setdefault(cache, {})
@@ -424,7 +424,17 @@ def _cache_tensor(cache: RopeCache, device: torch.device) -> Tensor:
     if table is None:
         table = torch.from_dlpack(_native.dlpack_table(cache))
         if table.device != device:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                # A copy made in a capture is a node of the graph, run at its replays only,
+                # in the graph's memory: kept, it would give later calls memory never written.
+                raise _C.InvalidArgumentError(
+                    f"{op}: the RopeCache lives on {table.device}, and its first use on "
+                    f"{device} is inside CUDA graph capture, where its copy cannot be made; "
+                    f"call the op once on {device} before capturing, or build the cache there")
             table = table.to(device)
+            if table.is_cuda:
+                # The copy is ordered on one stream; the kept copy serves calls on any stream.
+                torch.cuda.synchronize(table.device)
         tables[key] = table
     return table
 
@@ -822,7 +832,8 @@ class RotaryEmbedding(torch.nn.Module):
     Parameters
     ----------
     cache : RopeCache or Tensor [max_positions, R]
-        The table (copied into the buffer once; a CPU RopeCache is shared without a copy).
+        The table, held without a copy (a RopeCache's own memory, or the tensor detached);
+        ``.to(device)`` copies it to another device.
     layout, mrope_section, mrope_interleaved, axes_dim : optional
         As in :func:`apply_rope`; default: the cache's.
     """

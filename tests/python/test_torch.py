@@ -411,6 +411,25 @@ def test_a_cuda_status_waits_on_torchs_current_stream(monkeypatch):
     assert Native.waited[-1] == 0
 
 
+def test_a_caches_first_copy_inside_a_cuda_graph_capture_is_refused(monkeypatch):
+    # A copy made during capture is a node of the graph, run at its replays only, in the
+    # graph's memory: kept for later calls, it would give eager calls a table never written.
+    # So a RopeCache's first use on another device inside a capture is refused, naming the op
+    # and what to do, and nothing is kept. Without a GPU torch's capture query is a stand-in;
+    # the refusal comes before any copy is attempted.
+    cache = embrope.RopeCache(16, 32)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(embrope.InvalidArgumentError,
+                       match=r"^apply_rope: the RopeCache lives on cpu, and its first use on "
+                             r"cuda:1 is inside CUDA graph capture.*call the op once on cuda:1 "
+                             r"before capturing"):
+        et._cache_tensor("apply_rope", cache, torch.device("cuda:1"))
+    assert "cuda:1" not in et._cache_tables.get(cache, {})
+    # On the cache's own device the table is a view, which a capture may take.
+    table = et._cache_tensor("apply_rope", cache, torch.device("cpu"))
+    assert table.data_ptr() == cache.table.ctypes.data
+
+
 @pytest.mark.skipif(embrope.cuda_device_count() == 0 or not torch.cuda.is_available(),
                     reason="needs a CUDA GPU")
 def test_deferred_errors_on_a_side_stream_are_seen_by_check():
