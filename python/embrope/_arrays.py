@@ -9,6 +9,8 @@ which framework a new output is allocated (the framework of the array it is shap
 from __future__ import annotations
 
 import numbers
+import operator
+import sys
 from typing import Any, Optional
 
 import numpy as np
@@ -108,15 +110,20 @@ def is_immutable(x: Any) -> bool:
 
 def check_writable(op: str, name: str, x: Any) -> None:
     """Raise ValueError for an array the op would write but may not (a read-only NumPy array,
-    an immutable JAX array)."""
+    an immutable JAX array, an array whose DLPack export is marked read-only)."""
     _check_written_tensor(op, name, x)
     check_array(op, name, x)
-    if isinstance(x, np.ndarray) and not x.flags.writeable:
-        raise _C.InvalidArgumentError(f"{op}: {name} is read-only, and this call writes it")
+    if isinstance(x, np.ndarray):
+        if not x.flags.writeable:
+            raise _C.InvalidArgumentError(f"{op}: {name} is read-only, and this call writes it")
+        return
     if is_immutable(x):
         raise _C.InvalidArgumentError(
-            f"{op}: {name} is a {type(x).__name__}, which is immutable, and this call writes it "
+            f"{op}: {name} is immutable ({type(x).__name__}), and this call writes it "
             "(pass inplace=False, or leave the output to embrope)")
+    if not _is_torch(x) and not _C.dlpack_writable(x):
+        raise _C.InvalidArgumentError(
+            f"{op}: {name} is read-only (its DLPack export says so), and this call writes it")
 
 
 def _check_written_tensor(op: str, name: str, x: Any) -> None:
@@ -182,8 +189,22 @@ def dlpack_device(x: Any) -> tuple[int, int]:
     return _KDL_CPU, 0
 
 
+def current_cuda_device() -> int:
+    """The device a bare 'cuda' names: the current one of the framework in use, as
+    ``torch.device('cuda')`` means in PyTorch (``torch.cuda.set_device``, else CuPy's
+    ``cupy.cuda.Device(n).use()``); 0 where neither is imported."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return int(torch.cuda.current_device())
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        return int(cupy.cuda.runtime.getDevice())
+    return 0
+
+
 def parse_device(device: Any) -> tuple[int, int]:
-    """'cpu', 'cuda', 'cuda:1', a torch.device or an int (CUDA ordinal) -> (0 | 1, index)."""
+    """'cpu', 'cuda' (the current device), 'cuda:1', a torch.device or an int (CUDA ordinal)
+    -> (0 | 1, index)."""
     if device is None:
         return 0, 0
     if isinstance(device, numbers.Integral) and not isinstance(device, bool):
@@ -192,7 +213,7 @@ def parse_device(device: Any) -> tuple[int, int]:
     if text == "cpu":
         return 0, 0
     if text == "cuda":
-        return 1, 0
+        return 1, current_cuda_device()
     if text.startswith("cuda:") and text[5:].isdigit():
         return 1, int(text[5:])
     raise _C.InvalidArgumentError(
@@ -230,7 +251,10 @@ def stream_handle(stream: Any, like: Any = None) -> int:
 
             return int(cupy.cuda.get_current_stream().ptr)
         return 0
-    if isinstance(stream, numbers.Integral):
+    if isinstance(stream, numbers.Integral) and not isinstance(stream, (bool, np.bool_)):
+        if not 0 <= stream < 2**64:
+            raise _C.InvalidArgumentError(
+                f"stream {int(stream)} is not a cudaStream_t handle (0 <= stream < 2**64)")
         return int(stream)
     if hasattr(stream, "__cuda_stream__"):
         return int(stream.__cuda_stream__()[1])
@@ -306,8 +330,15 @@ def to_framework(like: Any, out: Any) -> Any:
     return out
 
 
-def shape_of(x: Any) -> tuple[int, ...]:
-    return tuple(int(n) for n in x.shape)
+def shape_of(x: Any, op: str = "embrope", name: str = "array") -> tuple[int, ...]:
+    """The shape of an array that an output is allocated like (an object with only
+    ``__dlpack__`` has none to allocate from: its outputs are the caller's to pass)."""
+    shape = getattr(x, "shape", None)
+    if shape is None or not hasattr(x, "dtype"):
+        raise TypeError(
+            f"{op}: {name} is a {type(x).__name__} without shape and dtype; embrope cannot "
+            "allocate an output like it: pass the output array")
+    return tuple(int(n) for n in shape)
 
 
 _ENUM_MEMBERS: dict = {}
@@ -340,10 +371,35 @@ _ENUM_FIELDS = {
 }
 
 
+def integer(op: str, name: str, value: Any) -> int:
+    """`value` as an int: an integer (Python's, NumPy's, a 0-d integer array), never a float,
+    a string or a bool, which int() would truncate, parse or count silently."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{op}: {name} must be an integer, not a bool ({value})")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{op}: {name} must be an integer, not {type(value).__name__} ({value!r})") from None
+
+
+def real(op: str, name: str, value: Any) -> float:
+    """`value` as a float: a real number (or a 0-d array of one), never a string, which
+    float() would parse silently."""
+    if not isinstance(value, (str, bytes)):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise TypeError(f"{op}: {name} must be a real number, not {type(value).__name__} ({value!r})")
+
+
 def settings(op: str, cls: Any, **fields: Any) -> Any:
     """A native settings object (``_C.RopeOptions``, ``_C.EmbedOptions``, ``_C.RopeConfig``,
     ...) built by keyword: its defaults are the C++ struct's, a field given as None keeps its
-    default, and a name the class does not have is an error rather than a silent no-op."""
+    default, and a name the class does not have is an error rather than a silent no-op. An
+    integer field takes integers only (:func:`integer`); a value the field cannot hold is a
+    TypeError naming the op and the field."""
     value = cls()
     for name, field in fields.items():
         if field is None:
@@ -353,5 +409,13 @@ def settings(op: str, cls: Any, **fields: Any) -> Any:
             field = enum_value(op, name, enum, field)
         if not hasattr(value, name):
             raise TypeError(f"{op}: {cls.__name__} has no field {name!r}")
-        setattr(value, name, field)
+        default = getattr(value, name)
+        if type(default) is int and type(field) is not int:
+            field = integer(op, name, field)
+        try:
+            setattr(value, name, field)
+        except TypeError:
+            raise TypeError(
+                f"{op}: {name} cannot be {type(field).__name__} ({field!r}); it takes "
+                f"{type(default).__name__} values") from None
     return value

@@ -115,11 +115,11 @@ def embed(table: Any, ids: Any, *, out: Any = None, scale: float = 1.0, vocab_st
     dtype = table.default_dtype() if quantized else None
     allocated = out is None
     if allocated:
-        table_shape = table.shape if quantized else _arrays.shape_of(table)
+        table_shape = table.shape if quantized else _arrays.shape_of(table, op, "table")
         if len(table_shape) != 2:
             raise _C.InvalidArgumentError(
                 f"{op}: table has shape {list(table_shape)}; it must be [V, D]")
-        out_shape = _arrays.shape_of(ids) + (table_shape[1],)
+        out_shape = _arrays.shape_of(ids, op, "ids") + (table_shape[1],)
         out_dtype = like.dtype if dtype is None else dtype
         out = _arrays.empty_like(op, like, out_shape, out_dtype)
     _arrays.check_writable(op, "out", out)

@@ -161,9 +161,10 @@ def rope_settings(op: str, cache: Any, *, layout: Optional[str] = None, inverse:
         axes_dim = cache.axes_dim
     sections = _mrope_tuple(op, mrope_section) or (0, 0, 0)
     return RopeSettings(_arrays.enum_value(op, "layout", _C.RopeLayout, layout).value,
-                        bool(inverse), int(rotary_dim),
+                        bool(inverse), _arrays.integer(op, "rotary_dim", rotary_dim),
                         sections + (int(bool(mrope_interleaved)),) + _axes_tuple(op, axes_dim),
-                        float(q_out_scale), float(k_out_scale))
+                        _arrays.real(op, "q_out_scale", q_out_scale),
+                        _arrays.real(op, "k_out_scale", k_out_scale))
 
 
 def dlpack_table(cache: RopeCache) -> Any:
@@ -219,7 +220,8 @@ def embed_options(op: str, *, scale: Any, vocab_start: Any, vocab_shard: Any, po
                   positions, sinusoid_layout, norm):
         if not (value is None or isinstance(value, _KEY_VALUES)):
             return build()
-    key = ("embed arguments", op, scale, _sign(scale), vocab_start, vocab_shard, positions,
+    key = ("embed arguments", op, scale, _sign(scale), vocab_start, type(vocab_start),
+           vocab_shard, positions,
            position_table is None, sinusoid_base, sinusoid_layout, norm, norm_eps,
            norm_unit_offset)
     return _shared_options(key, build)
@@ -240,12 +242,13 @@ def embed_settings(op: str, *, scale: float = 1.0, vocab_start: int = 0,
     if positions is None:
         positions = "learned" if position_table is not None else "none"
     return EmbedSettings(
-        float(scale), int(vocab_start), bool(vocab_shard),
+        _arrays.real(op, "scale", scale), _arrays.integer(op, "vocab_start", vocab_start),
+        bool(vocab_shard),
         _arrays.enum_value(op, "positions", _C.PositionEncoding, positions).value,
-        float(sinusoid_base),
+        _arrays.real(op, "sinusoid_base", sinusoid_base),
         _arrays.enum_value(op, "sinusoid_layout", _C.SinusoidLayout, sinusoid_layout).value,
         _arrays.enum_value(op, "norm", _C.Normalization, "none" if norm is None else norm).value,
-        float(norm_eps), bool(norm_unit_offset))
+        _arrays.real(op, "norm_eps", norm_eps), bool(norm_unit_offset))
 
 
 def embed_backward_options(op: str, *, scale: float, vocab_start: int, vocab_shard: bool,
@@ -253,8 +256,10 @@ def embed_backward_options(op: str, *, scale: float, vocab_start: int, vocab_sha
                            norm_eps: float = 1e-5, norm_unit_offset: bool = False) -> Any:
     """The ``EmbedBackwardOptions`` settings of an embed_backward call (norm None: no norm)."""
     return _arrays.settings(
-        op, _C.EmbedBackwardOptions, scale=float(scale), vocab_start=int(vocab_start),
+        op, _C.EmbedBackwardOptions, scale=_arrays.real(op, "scale", scale),
+        vocab_start=_arrays.integer(op, "vocab_start", vocab_start),
         vocab_shard=bool(vocab_shard),
-        padding_idx=None if padding_idx is None else int(padding_idx), mode=mode,
-        norm="none" if norm is None else norm,
-        norm_eps=float(norm_eps), norm_unit_offset=bool(norm_unit_offset))
+        padding_idx=None if padding_idx is None else _arrays.integer(op, "padding_idx",
+                                                                     padding_idx),
+        mode=mode, norm="none" if norm is None else norm,
+        norm_eps=_arrays.real(op, "norm_eps", norm_eps), norm_unit_offset=bool(norm_unit_offset))

@@ -19,9 +19,9 @@ class _Outputs:
         self.allocated_q = q_out is None and not inplace
         self.allocated_k = k is not None and k_out is None and not inplace
         if self.allocated_q:
-            q_out = _arrays.empty_like(op, q, _arrays.shape_of(q))
+            q_out = _arrays.empty_like(op, q, _arrays.shape_of(q, op, q_name))
         if self.allocated_k:
-            k_out = _arrays.empty_like(op, k, _arrays.shape_of(k))
+            k_out = _arrays.empty_like(op, k, _arrays.shape_of(k, op, k_name))
         # q and k are written in place, or read only (then a torch tensor that requires
         # grad is refused as any argument that is read: its results carry no gradient).
         if q_out is None:
@@ -209,7 +209,8 @@ def _qk_arguments(op: str, like: Any, cache: Any, q_weight: Any, k_weight: Any, 
     _arrays.check_optional(op, "q_weight", q_weight)
     _arrays.check_optional(op, "k_weight", k_weight)
     return dict(
-        norm=_arrays.settings(op, _C.QkNorm, eps=float(eps), unit_offset=bool(unit_offset)),
+        norm=_arrays.settings(op, _C.QkNorm, eps=_arrays.real(op, "eps", eps),
+                              unit_offset=bool(unit_offset)),
         q_weight=q_weight, k_weight=k_weight, **_native.rope_table(op, cache),
         options=_native.rope_settings(op, cache, **settings).options(op),
         deferred=_status.native(deferred), stream=_arrays.stream_handle(stream, like))
@@ -504,7 +505,8 @@ def _append_kv(op: str, norm: Optional[dict], q: Any, k: Any, v: Any, positions:
         _native.call(
             native, q, k, v, positions, k_cache=k_cache, v_cache=v_cache, kv_cache=kv_cache,
             kv_layout=_arrays.enum_value(op, "kv_layout", _C.KvCacheLayout, kv_layout),
-            k_scale=float(k_scale), v_scale=float(v_scale), slot_mapping=slot_mapping,
+            k_scale=_arrays.real(op, "k_scale", k_scale),
+            v_scale=_arrays.real(op, "v_scale", v_scale), slot_mapping=slot_mapping,
             cache_offsets=cache_offsets, cu_seqlens=cu_seqlens, **call, q_out=q_out, k_out=k_out,
             q_out_head_scales=q_out_head_scales)
     return (q if q_out is None else q_out), k_out

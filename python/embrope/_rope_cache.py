@@ -61,7 +61,8 @@ class RopeCache:
         mscale_all_dim, low_freq_factor, high_freq_factor, attention_factor, short_factor,
         long_factor (``RopeConfig.fields`` lists them).
     device : str, torch.device or int, default "cpu"
-        Where the table lives ("cpu", "cuda", "cuda:1").
+        Where the table lives ("cpu", "cuda", "cuda:1"); "cuda" is the current device
+        (``torch.cuda.set_device``'s), as in PyTorch.
     layout : {"neox", "interleaved"}, default "neox"
         The pairing :func:`apply_rope` uses with this cache when its own `layout` is None.
     mrope_section : sequence of 3 ints, optional
@@ -148,7 +149,8 @@ class RopeCache:
         InvalidArgumentError
             Naming the axis and the rule.
         """
-        dims = [int(d) for d in axes_dim]
+        dims = [_arrays.integer("RopeCache", "axes_dim", d)
+                for d in _sequence("RopeCache", "axes_dim", axes_dim)]
         bases = [float(base)] * len(dims) if isinstance(base, (int, float)) else \
             [float(b) for b in base]
         if len(bases) != len(dims):
@@ -410,11 +412,20 @@ def _config_dict(config: Any) -> dict:
     raise TypeError(f"RopeCache: cannot read a config from {type(config).__name__}")
 
 
+def _sequence(op: str, name: str, value: Any) -> Any:
+    """A sequence of integers as given: a list, a tuple or a 1-d array, never a string (whose
+    characters int() would read as digits) or a lone number."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{op}: {name} must be a sequence of integers, not "
+                        f"{type(value).__name__} ({value!r})")
+    return value
+
+
 def _axes_tuple(op: str, axes_dim: Optional[Sequence[int]]) -> tuple[int, int, int, int]:
     """axes_dim as RopeOptions holds it: four entries, unused ones 0."""
     if axes_dim is None:
         return (0, 0, 0, 0)
-    dims = tuple(int(d) for d in axes_dim)
+    dims = tuple(_arrays.integer(op, "axes_dim", d) for d in _sequence(op, "axes_dim", axes_dim))
     if not 1 <= len(dims) <= 4:
         raise _C.InvalidArgumentError(
             f"{op}: axes_dim has {len(dims)} entries; axial RoPE has 1 to 4 axes")
@@ -424,7 +435,8 @@ def _axes_tuple(op: str, axes_dim: Optional[Sequence[int]]) -> tuple[int, int, i
 def _mrope_tuple(op: str, sections: Optional[Sequence[int]]) -> Optional[tuple[int, int, int]]:
     if sections is None:
         return None
-    sections = tuple(int(s) for s in sections)
+    sections = tuple(_arrays.integer(op, "mrope_section", s)
+                     for s in _sequence(op, "mrope_section", sections))
     if len(sections) != 3:
         raise _C.InvalidArgumentError(
             f"{op}: mrope_section has {len(sections)} entries; it needs 3 (temporal, height, "

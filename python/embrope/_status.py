@@ -21,7 +21,8 @@ class DeferredStatus:
     Parameters
     ----------
     device : str, torch.device or int, default "cpu"
-        The device of the ops that report to it ("cpu", "cuda", "cuda:1").
+        The device of the ops that report to it ("cpu", "cuda", "cuda:1"); "cuda" is the
+        current device (``torch.cuda.set_device``'s), as in PyTorch.
 
     Notes
     -----

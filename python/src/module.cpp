@@ -945,6 +945,13 @@ NB_MODULE(_embrope, m) {
     // DLPack 1.1's kDLFloat8_e5m2 and kDLFloat8_e4m3fn (src/dlpack.cpp reads them).
     return bits_view<std::uint8_t>(array, {static_cast<std::uint8_t>(e5m2 ? 12 : 10), 8, 1});
   });
+  // Whether `array` imports as a writable array: false where its DLPack export marks it
+  // read-only (a read-only NumPy array behind another object's __dlpack__, say), which the
+  // ops' read-only import (Array) does not look at.
+  m.def("dlpack_writable", [](nb::handle array) {
+    nb::ndarray<> writable;
+    return nb::try_cast(array, writable, /*convert=*/false);
+  });
   m.def("cpu_isa", [] { return std::string(embrope::cpu_isa()); });
   m.def("cuda_device_count", [] {
     nb::gil_scoped_release nogil;
