@@ -120,7 +120,14 @@ bool capturing(Stream stream, Device device) {
 #if defined(CUDART_VERSION)
   DeviceGuard guard(device);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(to_cuda(stream), &capture), "cudaStreamIsCapturing");
+  const cudaError_t status = cudaStreamIsCapturing(to_cuda(stream), &capture);
+  if (status == cudaErrorStreamCaptureImplicit) {
+    // The legacy stream while a blocking stream of the device captures: using it would
+    // invalidate that capture, as a capture of its own would be.
+    (void)cudaGetLastError();
+    return true;
+  }
+  check(status, "cudaStreamIsCapturing");
   return capture != cudaStreamCaptureStatusNone;
 #else
   (void)stream;

@@ -123,7 +123,8 @@ def check_writable(op: str, name: str, x: Any) -> None:
             "(pass inplace=False, or leave the output to embrope)")
     if not _is_torch(x) and not _C.dlpack_writable(x):
         raise _C.InvalidArgumentError(
-            f"{op}: {name} is read-only (its DLPack export says so), and this call writes it")
+            f"{op}: {name} is read-only (its DLPack export says so, or it refused a writable "
+            "export), and this call writes it")
 
 
 def _check_written_tensor(op: str, name: str, x: Any) -> None:
@@ -372,10 +373,15 @@ _ENUM_FIELDS = {
 
 
 def integer(op: str, name: str, value: Any) -> int:
-    """`value` as an int: an integer (Python's, NumPy's, a 0-d integer array), never a float,
-    a string or a bool, which int() would truncate, parse or count silently."""
+    """`value` as an int: an integer (Python's, NumPy's, a 0-d integer array or tensor) or a
+    float holding a whole number (``embed_dim / num_heads``); never a fraction, a string or a
+    bool, which int() would truncate, parse or count silently."""
+    if type(value) is int:
+        return value
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{op}: {name} must be an integer, not a bool ({value})")
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
     try:
         return operator.index(value)
     except TypeError:

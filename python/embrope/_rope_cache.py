@@ -19,7 +19,7 @@ def _rope_config(op: str, **fields: Any) -> Any:
     # a name that is not one of them is a TypeError from _arrays.settings.
     for name in ("short_factor", "long_factor"):
         if fields.get(name) is not None:
-            fields[name] = [float(v) for v in fields[name]]
+            fields[name] = [_arrays.real(op, name, v) for v in fields[name]]
     return _arrays.settings(op, _C.RopeConfig, **fields)
 
 
@@ -151,8 +151,9 @@ class RopeCache:
         """
         dims = [_arrays.integer("RopeCache", "axes_dim", d)
                 for d in _sequence("RopeCache", "axes_dim", axes_dim)]
-        bases = [float(base)] * len(dims) if isinstance(base, (int, float)) else \
-            [float(b) for b in base]
+        bases = [_arrays.real("RopeCache", "base", base)] * len(dims) \
+            if isinstance(base, (int, float)) else \
+            [_arrays.real("RopeCache", "base", b) for b in _sequence("RopeCache", "base", base)]
         if len(bases) != len(dims):
             raise _C.InvalidArgumentError(
                 f"RopeCache: base has {len(bases)} entries but axes_dim has {len(dims)}; give "
@@ -190,6 +191,7 @@ class RopeCache:
         """The vision tower of Qwen2-VL and Qwen2.5-VL (HF's ``VisionRotaryEmbedding(head_dim
         // 2)`` and ``apply_rotary_pos_emb_vision``): axes (row, column) of ``head_dim / 2``
         features each, rotate-half pairs; positions ``[2, T]``, each patch's row and column."""
+        head_dim = _arrays.integer("RopeCache", "head_dim", head_dim)
         return cls.axial([head_dim // 2, head_dim // 2], max_positions, base, device=device,
                          layout="neox")
 
@@ -199,6 +201,7 @@ class RopeCache:
         """Wan 2.1's rotary table (diffusers' ``WanRotaryPosEmbed``): axes (frame, row,
         column) of ``head_dim - 4 (head_dim // 6)``, ``2 (head_dim // 6)`` and ``2 (head_dim
         // 6)`` features, adjacent pairs; positions ``[3, T]``."""
+        head_dim = _arrays.integer("RopeCache", "head_dim", head_dim)
         hw = 2 * (head_dim // 6)
         return cls.axial([head_dim - 2 * hw, hw, hw], max_positions, base, device=device,
                          layout="interleaved")
@@ -210,6 +213,7 @@ class RopeCache:
         in_pixels=False)`` without ``ref_feat_shape``, EVA-02's layout): axes (row, column) of
         ``head_dim / 2`` features each, temperature `base`, adjacent pairs; positions
         ``[2, T]``."""
+        head_dim = _arrays.integer("RopeCache", "head_dim", head_dim)
         return cls.axial([head_dim // 2, head_dim // 2], max_positions, base, device=device,
                          layout="interleaved")
 
@@ -240,9 +244,10 @@ class RopeCache:
                 "not rotary ones")
         config = copy.copy(model.rope)
         if max_positions is not None:
-            config.max_positions = int(max_positions)
+            config.max_positions = _arrays.integer("RopeCache", "max_positions", max_positions)
         if sequence_length is not None:
-            config.sequence_length = int(sequence_length)
+            config.sequence_length = _arrays.integer("RopeCache", "sequence_length",
+                                                     sequence_length)
         sections = tuple(model.mrope_section)
         return cls.from_config(config, device=device, layout=model.layout,
                                mrope_section=sections if any(sections) else None,
@@ -415,7 +420,8 @@ def _config_dict(config: Any) -> dict:
 def _sequence(op: str, name: str, value: Any) -> Any:
     """A sequence of integers as given: a list, a tuple or a 1-d array, never a string (whose
     characters int() would read as digits) or a lone number."""
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+    if (isinstance(value, (str, bytes)) or not hasattr(value, "__iter__")
+            or getattr(value, "ndim", 1) == 0):
         raise TypeError(f"{op}: {name} must be a sequence of integers, not "
                         f"{type(value).__name__} ({value!r})")
     return value

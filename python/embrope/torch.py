@@ -424,19 +424,29 @@ def _cache_tensor(op: str, cache: RopeCache, device: torch.device) -> Tensor:
     if table is None:
         table = torch.from_dlpack(_native.dlpack_table(cache))
         if table.device != device:
-            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            if device.type == "cuda" and _capturing(device):
                 # A copy made in a capture is a node of the graph, run at its replays only,
                 # in the graph's memory: kept, it would give later calls memory never written.
                 raise _C.InvalidArgumentError(
                     f"{op}: the RopeCache lives on {table.device}, and its first use on "
                     f"{device} is inside CUDA graph capture, where its copy cannot be made; "
                     f"call the op once on {device} before capturing, or build the cache there")
+            source = table.device
             table = table.to(device)
-            if table.is_cuda:
-                # The copy is ordered on one stream; the kept copy serves calls on any stream.
-                torch.cuda.synchronize(table.device)
+            # The copy is ordered on the devices' current streams; the kept copy serves calls
+            # on any stream. (Those streams alone: a device-wide wait would break another
+            # thread's capture.)
+            for side in (source, device):
+                if side.type == "cuda":
+                    torch.cuda.current_stream(side).synchronize()
         tables[key] = table
     return table
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether the current stream of `device` (not of the current device) is capturing."""
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
 
 
 def _rope_arguments(op: str, cache: Any, layout: Optional[str], inverse: bool, rotary_dim: int,

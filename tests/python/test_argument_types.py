@@ -35,12 +35,12 @@ def test_an_array_whose_dlpack_export_is_read_only_is_never_written():
     q = read_only((2, 1, 8))
     before = q.copy()
     with pytest.raises(embrope.InvalidArgumentError,
-                       match=r"^apply_rope: q is read-only \(its DLPack export says so\)"):
+                       match=r"^apply_rope: q is read-only \(its DLPack export says so"):
         embrope.apply_rope(DLPackOnly(q), None, np.arange(2), cache)
     table = np.arange(24, dtype=np.float32).reshape(3, 8)
     out = read_only((2, 8), 5.0)
     with pytest.raises(embrope.InvalidArgumentError,
-                       match=r"^embed: out is read-only \(its DLPack export says so\)"):
+                       match=r"^embed: out is read-only \(its DLPack export says so"):
         embrope.embed(table, np.array([2, 0]), out=DLPackOnly(out))
     np.testing.assert_array_equal(q, before)
     np.testing.assert_array_equal(out, np.full((2, 8), 5.0, np.float32))
@@ -90,13 +90,24 @@ def test_an_output_like_an_array_known_only_through_dlpack_is_refused_by_name():
                                           mrope_section="123"),
      r"^apply_rope: mrope_section must be a sequence of integers, not str"),
     (lambda t, ids, c: embrope.apply_rope(np.ones((1, 1, 8), np.float32), None, ids, c,
-                                          mrope_section=(1.0, 1, 2)),
-     r"^apply_rope: mrope_section must be an integer, not float"),
+                                          mrope_section=(1.5, 1, 2)),
+     r"^apply_rope: mrope_section must be an integer, not float \(1\.5\)"),
     (lambda t, ids, c: embrope.apply_rope(np.ones((1, 1, 8), np.float32), None, ids, c,
                                           axes_dim=8),
      r"^apply_rope: axes_dim must be a sequence of integers, not int"),
-    (lambda t, ids, c: embrope.RopeCache(8.0, 4),
-     r"^RopeCache: rotary_dim must be an integer, not float \(8\.0\)"),
+    (lambda t, ids, c: embrope.RopeCache(8.5, 4),
+     r"^RopeCache: rotary_dim must be an integer, not float \(8\.5\)"),
+    (lambda t, ids, c: embrope.RopeCache.vit_2d(64.5, 16),
+     r"^RopeCache: head_dim must be an integer, not float \(64\.5\)"),
+    (lambda t, ids, c: embrope.RopeCache.from_preset("llama-3-8b", max_positions=64.9),
+     r"^RopeCache: max_positions must be an integer, not float \(64\.9\)"),
+    (lambda t, ids, c: embrope.RopeCache(8, 4, scaling="longrope", factor=2.0,
+                                         original_max_positions=2, short_factor=["1"] * 4,
+                                         long_factor=[1.0] * 4),
+     r"^RopeCache: short_factor must be a real number, not str"),
+    (lambda t, ids, c: embrope.apply_rope(np.ones((1, 1, 8), np.float32), None, ids, c,
+                                          mrope_section=np.array(3)),
+     r"^apply_rope: mrope_section must be a sequence of integers, not ndarray"),
     (lambda t, ids, c: embrope.RopeCache("8", 4),
      r"^RopeCache: rotary_dim must be an integer, not str"),
     (lambda t, ids, c: embrope.RopeCache(8, 4, scaling="linear", factor="2"),
@@ -110,12 +121,28 @@ def test_a_value_of_the_wrong_kind_is_refused_naming_the_op_and_argument(call, m
 
 
 def test_integers_of_every_kind_are_taken_as_they_are():
+    # Integers of every framework, and floats holding whole numbers (a head dim computed as
+    # embed_dim / num_heads), as int() took them before; only fractions are refused.
+    torch = pytest.importorskip("torch")
     table = np.arange(32, dtype=np.float32).reshape(4, 8)
-    for start in (1, np.int64(1), np.int32(1), np.array(1)):
+    for start in (1, np.int64(1), np.int32(1), np.array(1), torch.tensor(1), 1.0,
+                  np.float32(1.0)):
         out = embrope.embed(table, np.array([2]), vocab_start=start)
         np.testing.assert_array_equal(out, table[[1]])
-    cache = embrope.RopeCache(np.int64(8), np.int32(4))
-    assert (cache.rotary_dim, cache.max_positions) == (8, 4)
+    for cache in (embrope.RopeCache(np.int64(8), np.int32(4)), embrope.RopeCache(8.0, 4.0)):
+        assert (cache.rotary_dim, cache.max_positions) == (8, 4)
+    assert embrope.RopeCache.vit_2d(768 / 12, 16).axes_dim == (32, 32)
+    out = embrope.embed(table, np.array([2]), scale=torch.tensor(2.0))
+    np.testing.assert_array_equal(out, 2 * table[[2]])
+
+
+def test_a_bool_is_refused_even_where_the_equal_integer_was_seen_before():
+    # The embed options are shared between calls by their arguments' values, and True == 1:
+    # the type is part of the key, so a cached vocab_start=1 does not let True through.
+    table = np.arange(32, dtype=np.float32).reshape(4, 8)
+    embrope.embed(table, np.array([2]), vocab_start=1)
+    with pytest.raises(TypeError, match=r"^embed: vocab_start must be an integer, not a bool"):
+        embrope.embed(table, np.array([2]), vocab_start=True)
 
 
 def test_a_stream_that_is_not_a_handle_is_refused():

@@ -415,16 +415,18 @@ def test_a_caches_first_copy_inside_a_cuda_graph_capture_is_refused(monkeypatch)
     # A copy made during capture is a node of the graph, run at its replays only, in the
     # graph's memory: kept for later calls, it would give eager calls a table never written.
     # So a RopeCache's first use on another device inside a capture is refused, naming the op
-    # and what to do, and nothing is kept. Without a GPU torch's capture query is a stand-in;
-    # the refusal comes before any copy is attempted.
+    # and what to do, and nothing is kept. Without a GPU the capture query of the target
+    # device is a stand-in; the refusal comes before any copy is attempted.
     cache = embrope.RopeCache(16, 32)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    asked = []
+    monkeypatch.setattr(et, "_capturing", lambda device: asked.append(device) or True)
     with pytest.raises(embrope.InvalidArgumentError,
                        match=r"^apply_rope: the RopeCache lives on cpu, and its first use on "
                              r"cuda:1 is inside CUDA graph capture.*call the op once on cuda:1 "
                              r"before capturing"):
         et._cache_tensor("apply_rope", cache, torch.device("cuda:1"))
     assert "cuda:1" not in et._cache_tables.get(cache, {})
+    assert asked == [torch.device("cuda:1")]  # the target device's stream, not the current one
     # On the cache's own device the table is a view, which a capture may take.
     table = et._cache_tensor("apply_rope", cache, torch.device("cpu"))
     assert table.data_ptr() == cache.table.ctypes.data
